@@ -1,0 +1,47 @@
+"""The `stepcal` command line. Each subcommand lives in experiments/commands/<name>.py.
+
+Command modules import only argparse at load time (torch, sklearn and mlflow load inside
+the handlers), so `stepcal --help` stays instant.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from simulator.errors import InputError
+
+# Module names under experiments.commands; each defines register(subparsers).
+COMMAND_MODULES = ("simulate", "trace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepcal",
+        description="Calibrate LLM-serving performance models on real hardware: profile kernels, "
+                    "fit step-time models, simulate schedulers, and measure how right they are.")
+    parser.add_argument("--version", action="version", version="stepcal 0.1.0")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"experiments.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"stepcal: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stepcal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

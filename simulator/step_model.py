@@ -1,0 +1,78 @@
+"""StepTimeModel: a step batch in, milliseconds out; and the built-in what-if models."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from simulator.batch import StepBatch, StepFeatures
+from simulator.errors import InputError
+
+
+@runtime_checkable
+class StepTimeModel(Protocol):
+    def step_ms(self, batch: StepBatch) -> float: ...
+
+    def decode_run_ms(self, kv_lens: np.ndarray, num_steps: int) -> np.ndarray: ...
+
+
+class FeatureStepModel:
+    """Base for models that read only the batch features.
+
+    Both the one-step and the decode-run paths go through `features_ms`, so that the
+    simulator's fast path gives bit-identical step times to its step-by-step path.
+    """
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        raise NotImplementedError
+
+    def step_ms(self, batch: StepBatch) -> float:
+        return float(self.features_ms(batch.features())[0])
+
+    def decode_run_ms(self, kv_lens: np.ndarray, num_steps: int) -> np.ndarray:
+        return self.features_ms(StepFeatures.decode_run(np.asarray(kv_lens), num_steps))
+
+
+@dataclass(frozen=True)
+class ConstStepModel(FeatureStepModel):
+    step_time_ms: float
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        return np.full(len(features), float(self.step_time_ms))
+
+    def describe(self) -> str:
+        return f"const:{self.step_time_ms:g}"
+
+
+@dataclass(frozen=True)
+class LinearStepModel(FeatureStepModel):
+    """step_ms = A + B·num_tokens + C·Σ(s_i + q_i)."""
+    base_ms: float
+    per_token_ms: float
+    per_context_token_ms: float
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        context = features.kv_sum + features.num_tokens
+        return self.base_ms + self.per_token_ms * features.num_tokens + self.per_context_token_ms * context
+
+    def describe(self) -> str:
+        return f"linear:{self.base_ms:g},{self.per_token_ms:g},{self.per_context_token_ms:g}"
+
+
+def parse_builtin_step_model(spec: str) -> FeatureStepModel | None:
+    """`const:MS` or `linear:A,B,C`; None when spec names neither (e.g. a table directory)."""
+    kind, _, args = spec.partition(":")
+    if kind not in ("const", "linear") or not _:
+        return None
+    try:
+        values = [float(x) for x in args.split(",")]
+    except ValueError:
+        raise InputError(f"--step-model {spec!r}: values must be numbers") from None
+    if kind == "const":
+        if len(values) != 1 or values[0] <= 0:
+            raise InputError(f"--step-model {spec!r}: expected const:MS with MS > 0")
+        return ConstStepModel(values[0])
+    if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
+        raise InputError(f"--step-model {spec!r}: expected linear:A,B,C with non-negative A,B,C")
+    return LinearStepModel(*values)

@@ -1,0 +1,94 @@
+"""Trace: the requests of a workload, as columns (DESIGN.md contract 3)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from simulator.errors import InputError
+
+REQUIRED_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
+OPTIONAL_COLUMNS = ("request_id", "priority", "slo_ttft_ms", "slo_tpot_ms")
+
+
+@dataclass
+class Trace:
+    arrival_s: np.ndarray            # float64, seconds from the trace start, sorted
+    num_prompt_tokens: np.ndarray    # int64 > 0
+    num_output_tokens: np.ndarray    # int64 > 0
+    request_id: np.ndarray           # int64, unique
+    priority: np.ndarray | None = None       # int64, larger = more latency-sensitive
+    slo_ttft_ms: np.ndarray | None = None    # float64, NaN where absent
+    slo_tpot_ms: np.ndarray | None = None
+    prefix_hash_ids: list | None = None      # per request, a list of prefix block hashes
+    source: str = "generated"
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @classmethod
+    def from_arrays(cls, arrival_s, num_prompt_tokens, num_output_tokens, *, request_id=None,
+                    source: str = "generated", **optional) -> "Trace":
+        """Validate, sort by arrival (with a warning) and build a trace."""
+        arrival = np.asarray(arrival_s, dtype=np.float64)
+        prompt = np.asarray(num_prompt_tokens)
+        output = np.asarray(num_output_tokens)
+        n = len(arrival)
+        if n == 0:
+            raise InputError(f"{source}: the trace has no requests")
+        for name, col in (("num_prompt_tokens", prompt), ("num_output_tokens", output)):
+            _check_positive_ints(source, name, col)
+        if not np.isfinite(arrival).all():
+            raise InputError(f"{source}: row {_first(~np.isfinite(arrival))}: arrival_s is not a finite number")
+        if (arrival < 0).any():
+            raise InputError(f"{source}: row {_first(arrival < 0)}: arrival_s is negative")
+        ids = np.arange(n, dtype=np.int64) if request_id is None else np.asarray(request_id, dtype=np.int64)
+        if len(np.unique(ids)) != n:
+            raise InputError(f"{source}: request_id values are not unique")
+        trace = cls(arrival, prompt.astype(np.int64), output.astype(np.int64), ids, source=source,
+                    **{k: (None if v is None else np.asarray(v)) for k, v in optional.items()})
+        if (np.diff(arrival) < 0).any():
+            trace = trace.take(np.argsort(arrival, kind="stable"))
+            trace.warnings.append(f"{source}: arrivals were not sorted; sorted them by arrival_s")
+        return trace
+
+    def take(self, index) -> "Trace":
+        """The requests at `index` (an int array or a boolean mask), keeping their ids."""
+        def pick(col):
+            return None if col is None else col[index]
+        hashes = None
+        if self.prefix_hash_ids is not None:
+            hashes = [self.prefix_hash_ids[i] for i in np.arange(len(self))[index]]
+        return replace(self, arrival_s=self.arrival_s[index], num_prompt_tokens=self.num_prompt_tokens[index],
+                       num_output_tokens=self.num_output_tokens[index], request_id=self.request_id[index],
+                       priority=pick(self.priority), slo_ttft_ms=pick(self.slo_ttft_ms),
+                       slo_tpot_ms=pick(self.slo_tpot_ms), prefix_hash_ids=hashes,
+                       warnings=list(self.warnings))
+
+    def to_frame(self):
+        import pandas as pd
+        data = {"request_id": self.request_id, "arrival_s": self.arrival_s,
+                "num_prompt_tokens": self.num_prompt_tokens, "num_output_tokens": self.num_output_tokens}
+        for name in ("priority", "slo_ttft_ms", "slo_tpot_ms"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        if self.prefix_hash_ids is not None:
+            data["prefix_hash_ids"] = self.prefix_hash_ids
+        return pd.DataFrame(data)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _check_positive_ints(source: str, name: str, col: np.ndarray) -> None:
+    if col.dtype.kind == "f":
+        bad = ~np.isfinite(col) | (col != np.round(col))
+        if bad.any():
+            raise InputError(f"{source}: row {_first(bad)}: {name} must be a positive integer, got {col[_first(bad)]!r}")
+    elif col.dtype.kind not in "iu":
+        raise InputError(f"{source}: {name} must hold integers, found {col.dtype}")
+    if (col <= 0).any():
+        row = _first(col <= 0)
+        raise InputError(f"{source}: row {row}: {name} must be a positive integer, got {col[row]!r}")
