@@ -15,8 +15,15 @@ from simulator.errors import InputError
 COMMAND_MODULES = ("simulate", "trace")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (`stepcal simulate: ...`) and exit code 2, like every other input error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stepcal",
         description="Calibrate LLM-serving performance models on real hardware: profile kernels, "
                     "fit step-time models, simulate schedulers, and measure how right they are.")

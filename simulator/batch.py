@@ -42,7 +42,7 @@ class StepBatch:
         return bool(self.is_decode.all())
 
     def features(self) -> "StepFeatures":
-        return StepFeatures.from_batches([self])
+        return StepFeatures.from_row(feature_row(self.q_lens, self.kv_lens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +62,14 @@ class StepFeatures:
 
     @classmethod
     def from_batches(cls, batches) -> "StepFeatures":
-        rows = [_batch_row(b.q_lens, b.kv_lens) for b in batches]
-        cols = np.array(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
-        return cls(*(cols[:, i] for i in range(len(FEATURE_NAMES))))
+        rows = [feature_row(b.q_lens, b.kv_lens) for b in batches]
+        cols = np.array(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES)).T
+        return cls(*cols)
+
+    @classmethod
+    def from_row(cls, row: tuple) -> "StepFeatures":
+        """One batch's features from its feature_row() tuple."""
+        return cls(*np.array(row, dtype=np.float64).reshape(len(FEATURE_NAMES), 1))
 
     @classmethod
     def decode_run(cls, kv_lens: np.ndarray, num_steps: int) -> "StepFeatures":
@@ -81,6 +86,10 @@ class StepFeatures:
                    decode_kv_sum=kv_sum, decode_kv_max=float(kv_lens.max()) + j,
                    prefill_tokens=zeros, prefill_attn_work=zeros.copy(), kv_sum=kv_sum.copy())
 
+    def head(self, n: int) -> "StepFeatures":
+        """The first n batches."""
+        return StepFeatures(*(getattr(self, name)[:n] for name in FEATURE_NAMES))
+
     @classmethod
     def from_columns(cls, columns) -> "StepFeatures":
         """From a mapping (a DataFrame or dict) holding every feature column."""
@@ -90,18 +99,25 @@ class StepFeatures:
         return {name: getattr(self, name) for name in FEATURE_NAMES}
 
 
-def _batch_row(q_lens: np.ndarray, kv_lens: np.ndarray) -> tuple:
-    q = np.asarray(q_lens, dtype=np.int64)
-    s = np.asarray(kv_lens, dtype=np.int64)
-    dec = (q == 1) & (s > 0)
-    pre = ~dec
-    qp, sp = q[pre], s[pre]
-    attn_work = float((qp * sp).sum()) + float((qp * (qp + 1)).sum()) / 2.0
-    sd = s[dec]
-    return (len(q), int(q.sum()), int(dec.sum()), int(sd.sum()), int(sd.max()) if len(sd) else 0,
-            int(qp.sum()), attn_work, int(s.sum()))
+def feature_row(q_lens, kv_lens) -> tuple:
+    """The FEATURE_NAMES values of one batch, in order."""
+    # Plain Python over lists: for the few dozen sequences of a step this beats numpy's per-call cost.
+    num_decode = decode_kv_sum = decode_kv_max = prefill_tokens = pair_sum = tri_sum = 0
+    q_list, s_list = q_lens.tolist(), kv_lens.tolist()
+    for q, s in zip(q_list, s_list):
+        if q == 1 and s > 0:
+            num_decode += 1
+            decode_kv_sum += s
+            if s > decode_kv_max:
+                decode_kv_max = s
+        else:
+            prefill_tokens += q
+            pair_sum += q * s
+            tri_sum += q * (q + 1)
+    return (len(q_list), sum(q_list), num_decode, decode_kv_sum, decode_kv_max, prefill_tokens,
+            pair_sum + tri_sum / 2.0, sum(s_list))
 
 
 def batch_row(q_lens, kv_lens) -> dict:
     """The derived quantities of one batch as a plain dict (for logs and profile rows)."""
-    return dict(zip(FEATURE_NAMES, _batch_row(np.asarray(q_lens), np.asarray(kv_lens))))
+    return dict(zip(FEATURE_NAMES, feature_row(np.asarray(q_lens), np.asarray(kv_lens))))

@@ -29,7 +29,7 @@ class Trace:
 
     @classmethod
     def from_arrays(cls, arrival_s, num_prompt_tokens, num_output_tokens, *, request_id=None,
-                    source: str = "generated", **optional) -> "Trace":
+                    source: str = "generated", prefix_hash_ids: list | None = None, **optional) -> "Trace":
         """Validate, sort by arrival (with a warning) and build a trace."""
         arrival = np.asarray(arrival_s, dtype=np.float64)
         prompt = np.asarray(num_prompt_tokens)
@@ -47,6 +47,7 @@ class Trace:
         if len(np.unique(ids)) != n:
             raise InputError(f"{source}: request_id values are not unique")
         trace = cls(arrival, prompt.astype(np.int64), output.astype(np.int64), ids, source=source,
+                    prefix_hash_ids=None if prefix_hash_ids is None else list(prefix_hash_ids),
                     **{k: (None if v is None else np.asarray(v)) for k, v in optional.items()})
         if (np.diff(arrival) < 0).any():
             trace = trace.take(np.argsort(arrival, kind="stable"))

@@ -1,0 +1,113 @@
+"""`stepcal trace`: summarise a workload, or write one (generated or converted) in our format."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # simulator.workload.TRACE_FORMATS, kept
+                                                      # here so --help loads no numpy
+
+TRACE_HELP = """\
+TRACE is a trace file or a generator spec.
+
+Files: our CSV/Parquet (arrival_s,num_prompt_tokens,num_output_tokens[,request_id,priority,
+slo_ttft_ms,slo_tpot_ms,prefix_hash_ids]), Azure LLM 2023 CSV, Mooncake JSONL, Vidur trace CSV;
+the format is detected from the columns or forced with --trace-format. Imported traces start at 0 s.
+
+Generator spec: PROCESS:KEY=VALUE,KEY=VALUE,...
+  PROCESS    poisson | gamma (cv=X: CV of inter-arrival times, 1 = Poisson, >1 bursty)
+             | onoff (on=S,off=S: Poisson at rate= for on= seconds, then off= seconds of silence)
+  rate=RPS   request rate while arriving (requests/s); --rate overrides it
+  n=INT, duration=SECONDS   size (one or both; with both, whichever ends first)
+  seed=INT   random seed (default: --seed, 0)
+  prompt=DIST, output=DIST  independent length distributions, DIST one of
+             fixed:N | uniform:LO:HI (inclusive) | lognormal:MEAN:SIGMA[:MAX] (mean in tokens,
+             sigma of the underlying normal, clamped to [1, MAX]) | empirical:PATH (resampled
+             from a trace file; the same file for both resamples (prompt, output) pairs)
+  lengths=empirical:PATH    both lengths, as pairs, from one trace file
+Examples:
+  poisson:rate=5,n=1000,prompt=lognormal:512:1.0,output=uniform:16:256,seed=0
+  gamma:rate=5,cv=3,duration=600,prompt=fixed:1024,output=fixed:128
+  onoff:rate=20,on=10,off=30,n=2000,lengths=empirical:AzureLLMInferenceTrace_conv.csv"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "trace", help="summarise a workload, or generate / convert one",
+        description="Summarise a workload trace, or write one in stepcal's format.",
+        epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+
+    stats = actions.add_parser(
+        "stats", help="print requests, duration, rate, burstiness and length percentiles",
+        description="Print a summary of TRACE: number of requests, duration, mean rate,\n"
+                    "burstiness (CV of inter-arrival times) and prompt / output length percentiles.",
+        epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    stats.add_argument("trace", metavar="TRACE", help="trace file or generator spec")
+    _add_workload_flags(stats)
+    stats.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    stats.set_defaults(func=run)
+
+    gen = actions.add_parser(
+        "generate", help="write a generated (or converted) trace in stepcal's format",
+        description="Write TRACE (a generator spec, or a file in any supported format) as a\n"
+                    "stepcal trace: CSV or Parquet by the suffix of --out, written atomically.",
+        epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen.add_argument("trace", metavar="TRACE", help="generator spec or trace file")
+    gen.add_argument("--out", required=True, metavar="FILE", help="output path, .csv or .parquet")
+    _add_workload_flags(gen)
+    gen.set_defaults(func=run)
+
+
+def _add_workload_flags(parser) -> None:
+    parser.add_argument("--trace-format", choices=FORMATS, default=None,
+                        help="force the format of a trace file (default: detect)")
+    parser.add_argument("--rate", type=float, default=None, metavar="RPS",
+                        help="mean request rate: rescales a file, overrides a spec's rate=")
+    parser.add_argument("--num-requests", type=int, default=None, metavar="N",
+                        help="keep the first N requests (sizes a spec that has no n= / duration=)")
+    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                        help="keep requests arriving within SECONDS of the first")
+    parser.add_argument("--seed", type=int, default=0, help="seed for a spec without seed= (default 0)")
+
+
+def run(args) -> int:
+    from simulator.workload import load_workload, trace_stats, write_trace
+
+    trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
+                          num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,
+                          arg_name="TRACE")
+    for warning in trace.warnings:
+        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    stats = trace_stats(trace)
+    if args.trace_command == "generate":
+        path = write_trace(trace, args.out)
+        print(f"wrote {stats['num_requests']} requests over {stats['duration_s']:.1f} s "
+              f"({_number(stats['rate_rps'])} req/s) to {path}")
+    elif args.json:
+        import json
+        print(json.dumps(stats, indent=2))
+    else:
+        print(format_stats(stats))
+    return 0
+
+
+def format_stats(stats: dict) -> str:
+    """A short human-readable table of trace_stats(...)."""
+    lines = [
+        f"trace        {stats['source']}",
+        f"requests     {stats['num_requests']}",
+        f"duration     {stats['duration_s']:.1f} s",
+        f"rate         {_number(stats['rate_rps'])} req/s",
+        f"burstiness   {_number(stats['burstiness_cv'])} (CV of inter-arrival times; Poisson = 1)",
+        "",
+        f"{'tokens':<8}" + "".join(f"{s:>10}" for s in ("mean", "p50", "p90", "p99", "max")),
+    ]
+    for label, prefix in (("prompt", "num_prompt_tokens"), ("output", "num_output_tokens")):
+        lines.append(f"{label:<8}" + "".join(f"{stats[f'{prefix}_{s}']:>10.1f}"
+                                             for s in ("mean", "p50", "p90", "p99", "max")))
+    return "\n".join(lines)
+
+
+def _number(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}" if abs(value) < 100 else f"{value:.1f}"

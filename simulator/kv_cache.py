@@ -1,0 +1,74 @@
+"""Paged KV block manager: the accounting that bounds admission and triggers preemption."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import InputError
+from simulator.model_spec import ModelSpec
+from simulator.request import Request
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def kv_blocks_from_memory(spec: ModelSpec, block_size: int, device_memory_gb: float,
+                          utilization: float = 0.9, activation_reserve_gb: float = 0.0) -> int:
+    """Blocks that fit in device memory × utilisation after the weights (as vLLM sizes its cache)."""
+    if not 0 < utilization <= 1:
+        raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
+    budget = device_memory_gb * 2**30 * utilization - spec.weight_bytes - activation_reserve_gb * 2**30
+    num_blocks = int(budget // (spec.kv_bytes_per_token * block_size))
+    if num_blocks <= 0:
+        raise InputError(f"--device-memory-gb {device_memory_gb}: the weights of {spec.name} "
+                         f"({spec.weight_bytes / 2**30:.1f} GiB) leave no room for a KV cache")
+    return num_blocks
+
+
+@dataclass
+class BlockManager:
+    """Counts blocks per request; allocation happens as tokens are scheduled, freeing on finish or preemption."""
+    num_blocks: int
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_blocks <= 0 or self.block_size <= 0:
+            raise InputError(f"KV cache needs positive --kv-blocks and --block-size, got "
+                             f"{self.num_blocks} and {self.block_size}")
+        self.num_free_blocks = self.num_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        total = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - request.num_blocks)
+
+    def allocate(self, request: Request, num_new_tokens: int) -> bool:
+        """Reserve room for num_new_tokens more tokens of `request`; False (and no change) if it does not fit."""
+        total = request.num_computed_tokens + num_new_tokens
+        if total <= request.num_blocks * self.block_size:
+            return True   # the common decode case: room left in the last block
+        need = -(-total // self.block_size) - request.num_blocks
+        if need > self.num_free_blocks:
+            return False
+        self.num_free_blocks -= need
+        request.num_blocks += need
+        return True
+
+    def grow_to(self, request: Request, num_tokens: int) -> None:
+        """Hold enough blocks for num_tokens cached tokens (used by decode runs, whose fit is checked first)."""
+        need = -(-num_tokens // self.block_size) - request.num_blocks
+        if need > 0:
+            assert need <= self.num_free_blocks, "decode run outgrew the KV cache"
+            self.num_free_blocks -= need
+            request.num_blocks += need
+
+    def free(self, request: Request) -> None:
+        self.num_free_blocks += request.num_blocks
+        request.num_blocks = 0
+
+    def fits_ever(self, request: Request) -> bool:
+        """Whether the request could finish with the whole cache to itself."""
+        return blocks_for(request.max_kv_tokens, self.block_size) <= self.num_blocks

@@ -1,0 +1,26 @@
+"""Serving schedulers behind one contract (see base.SchedulerBase); SCHEDULERS maps CLI names to classes."""
+from simulator.schedulers.base import ItlSamples, SchedulerBase, SchedulerConfig
+from simulator.schedulers.continuous import ContinuousScheduler
+from simulator.schedulers.sarathi import SarathiScheduler
+from simulator.schedulers.slo import SloScheduler, SloSettings
+from simulator.schedulers.static import StaticScheduler
+from simulator.schedulers.vllm import VllmScheduler
+from simulator.errors import InputError
+
+SCHEDULERS = {
+    "static": StaticScheduler,
+    "continuous": ContinuousScheduler,
+    "vllm": VllmScheduler,
+    "sarathi": SarathiScheduler,
+    "slo": SloScheduler,
+}
+
+
+def make_scheduler(name: str, block_manager, config: SchedulerConfig | None = None) -> SchedulerBase:
+    if name not in SCHEDULERS:
+        raise InputError(f"--scheduler: unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
+    return SCHEDULERS[name](block_manager, config)
+
+
+__all__ = ["SCHEDULERS", "make_scheduler", "SchedulerBase", "SchedulerConfig", "ItlSamples", "SloSettings",
+           "StaticScheduler", "ContinuousScheduler", "VllmScheduler", "SarathiScheduler", "SloScheduler"]

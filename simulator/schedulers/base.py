@@ -1,0 +1,215 @@
+"""What every scheduler shares: queues, KV accounting, preemption, and applying a step's results.
+
+Contract (one scheduler, two drivers): `schedule(now_s)` returns the next StepBatch (or None) and
+reserves its KV blocks; the driver runs it (simulated or on a device) and calls
+`on_step_done(batch, end_s)`, which advances every request and returns those that finished.
+`decode_run_length(batch)` lets a driver advance a run of identical decode-only steps in one move.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.batch import StepBatch
+from simulator.kv_cache import BlockManager
+from simulator.request import Request, Status
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None   # None: the scheduler's own default
+    chunk_size: int = 512                       # sarathi / slo: prefill chunk, the token budget per step
+
+
+class ItlSamples:
+    """Inter-token latencies as (value_s, weight) chunks, so decode runs never expand per token."""
+
+    def __init__(self) -> None:
+        self.values: list[np.ndarray] = []
+        self.weights: list[np.ndarray] = []
+        self._scalars: list[float] = []
+
+    def add(self, value_s: float) -> None:
+        self._scalars.append(value_s)
+
+    def add_many(self, values_s: np.ndarray, weight: int | np.ndarray = 1) -> None:
+        self.values.append(np.asarray(values_s, dtype=np.float64))
+        self.weights.append(np.broadcast_to(np.asarray(weight, dtype=np.int64), len(values_s)).copy())
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        values = self.values + [np.asarray(self._scalars, dtype=np.float64)]
+        weights = self.weights + [np.ones(len(self._scalars), dtype=np.int64)]
+        return np.concatenate(values), np.concatenate(weights)
+
+
+class SchedulerBase:
+    name = "base"
+    default_max_batched_tokens: int | None = 8192
+
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig | None = None) -> None:
+        self.kv = block_manager
+        self.config = config or SchedulerConfig()
+        budget = self.config.max_num_batched_tokens
+        self.token_budget = budget if budget is not None else self.default_max_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.itl = ItlSamples()
+        self.num_outstanding_tokens = 0   # tokens still to compute, for least-outstanding-tokens routing
+        self.num_preemptions = 0
+        self.in_flight: list[Request] = []   # the requests of the batch last returned by schedule()
+        self.in_flight_is_decode = False
+
+    # -- the contract -------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        request.status = Status.WAITING
+        self.waiting.append(request)
+        self.num_outstanding_tokens += request.max_kv_tokens
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, now_s: float) -> StepBatch | None:
+        raise NotImplementedError
+
+    def on_step_done(self, batch: StepBatch, end_s: float) -> list[Request]:
+        """Advance each request of the batch by its q tokens; return the ones that finished.
+
+        Written for speed: this loop runs once per request per step."""
+        finished = []
+        itl = self.itl._scalars
+        for request, q in zip(self.in_flight, batch.q_lens.tolist()):
+            request.num_computed_tokens += q
+            if request.num_computed_tokens == request.num_prompt_tokens + request.num_generated_tokens:
+                # the step fed every known token: it emits the next one
+                if request.last_token_s is None:
+                    request.first_token_s = end_s
+                else:
+                    itl.append(end_s - request.last_token_s)
+                request.last_token_s = end_s
+                request.num_generated_tokens += 1
+                if request.num_generated_tokens == request.num_output_tokens:
+                    finished.append(request)
+        self.num_outstanding_tokens -= batch.num_tokens
+        self._retire(finished, end_s)
+        return finished
+
+    def decode_run_length(self, batch: StepBatch) -> int:
+        """How many consecutive steps, this one included, repeat this decode-only batch if nothing arrives.
+
+        The run ends at the first step where a request finishes, where the KV cache could not hold
+        the next tokens (a preemption would follow), or earlier if the policy might admit a waiting
+        request (then 1).
+        """
+        requests = self.in_flight
+        if not self.in_flight_is_decode or len(requests) != len(self.running) or self._may_admit(batch):
+            return 1
+        num_steps = min(r.num_remaining_output_tokens for r in requests)
+        if num_steps <= 1:
+            return 1
+        return self._kv_limited_steps(requests, num_steps)
+
+    def on_decode_run_done(self, batch: StepBatch, ends_s: np.ndarray) -> list[Request]:
+        """Apply a run of len(ends_s) - 1 decode steps of `batch`; ends_s[0] is the run's start."""
+        requests = self.in_flight
+        num_steps = len(ends_s) - 1
+        gaps = np.diff(ends_s)
+        first_end = float(ends_s[1])
+        grow_to, block_size = self.kv.grow_to, self.kv.block_size
+        for request in requests:
+            if request.num_computed_tokens + num_steps > request.num_blocks * block_size:
+                grow_to(request, request.num_computed_tokens + num_steps)
+            request.num_computed_tokens += num_steps
+            if request.last_token_s is None:
+                request.first_token_s = first_end
+            else:
+                self.itl.add(first_end - request.last_token_s)
+            request.num_generated_tokens += num_steps
+            request.last_token_s = float(ends_s[-1])
+        if num_steps > 1:
+            self.itl.add_many(gaps[1:], len(requests))
+        self.num_outstanding_tokens -= num_steps * len(requests)
+        finished = [r for r in requests if r.num_generated_tokens == r.num_output_tokens]
+        self._retire(finished, float(ends_s[-1]))
+        return finished
+
+    # -- shared mechanics -----------------------------------------------------------------------
+    def _may_admit(self, batch: StepBatch) -> bool:
+        """Could the next schedule() admit a waiting request? Blocked stays blocked during a decode run,
+        because free KV blocks only shrink and the budget left after the decodes is fixed."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        budget_left = (self.token_budget or 1 << 62) - batch.num_seqs
+        if budget_left <= 0:
+            return False
+        head = self.waiting[0]
+        return self.kv.blocks_needed(head, min(head.num_pending_tokens, budget_left)) <= self.kv.num_free_blocks
+
+    def _kv_limited_steps(self, requests: list[Request], max_steps: int) -> int:
+        """Largest k ≤ max_steps whose extra blocks (beyond step 1, already reserved) fit in the free ones."""
+        computed = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
+        held = np.fromiter((r.num_blocks for r in requests), np.int64, len(requests))
+        bs, free = self.kv.block_size, self.kv.num_free_blocks
+
+        def extra_blocks(k: int) -> int:
+            return int(np.maximum(0, -(-(computed + k) // bs) - held).sum())
+
+        if extra_blocks(max_steps) <= free:
+            return max_steps
+        lo, hi = 1, max_steps   # extra_blocks(1) == 0 <= free; extra_blocks(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if extra_blocks(mid) <= free else (lo, mid)
+        return lo
+
+    def _retire(self, finished: list[Request], end_s: float) -> None:
+        if not finished:
+            return
+        done = set(map(id, finished))
+        self.running = [r for r in self.running if id(r) not in done]
+        for request in finished:
+            request.status = Status.FINISHED
+            request.finish_s = end_s
+            self.kv.free(request)
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute policy: drop the cache, go back to the front of the queue."""
+        self.kv.free(request)
+        self.num_outstanding_tokens += request.num_computed_tokens
+        request.num_computed_tokens = 0
+        request.status = Status.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _reserve_or_preempt(self, request: Request, num_tokens: int) -> bool:
+        """Reserve KV for a running request, preempting the newest running ones until it fits.
+
+        Returns False when `request` itself had to go (it was the newest left)."""
+        while not self.kv.allocate(request, num_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _admit(self, request: Request) -> None:
+        self.waiting.popleft()
+        request.status = Status.RUNNING
+        self.running.append(request)
+
+    def _batch(self, scheduled: list[tuple[Request, int]]) -> StepBatch | None:
+        """The StepBatch of (request, num_new_tokens) pairs; remembers the requests as in flight."""
+        self.in_flight = requests = [r for r, _ in scheduled]
+        if not scheduled:
+            return None
+        q_lens = [q for _, q in scheduled]
+        kv_lens = [r.num_computed_tokens for r in requests]
+        # A pure decode batch (what decode runs repeat): each request feeds its one pending token over a
+        # non-empty cache and emits. A 1-token prefill chunk with more prompt after it is not one.
+        self.in_flight_is_decode = len(scheduled) == sum(q_lens) and min(kv_lens) > 0 and all(
+            r.num_prompt_tokens + r.num_generated_tokens - r.num_computed_tokens == 1 for r in requests)
+        return StepBatch(tuple([r.request_id for r in requests]), np.array(q_lens, dtype=np.int64),
+                         np.array(kv_lens, dtype=np.int64))

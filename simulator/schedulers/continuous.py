@@ -1,0 +1,48 @@
+"""Continuous batching, Orca / vLLM v0 style: iteration-level, prefill-prioritised."""
+from __future__ import annotations
+
+from simulator.batch import StepBatch
+from simulator.request import Status
+from simulator.schedulers.base import SchedulerBase
+
+
+class ContinuousScheduler(SchedulerBase):
+    """Each iteration: if waiting requests can be admitted, run a prefill-only step of as many as fit
+    (max_num_seqs, max_num_batched_tokens, KV blocks for their whole prompt); otherwise one decode
+    step over every running request, preempting the newest when the KV cache is full.
+
+    A prompt longer than the token budget is admitted alone rather than rejected.
+    """
+    name = "continuous"
+
+    def schedule(self, now_s: float) -> StepBatch | None:
+        prefills = self._admit_prefills()
+        if prefills:
+            return self._batch(prefills)
+        scheduled = []
+        for request in list(self.running):
+            if request.status is not Status.RUNNING:
+                continue   # preempted earlier in this loop
+            if self._reserve_or_preempt(request, 1):
+                scheduled.append((request, 1))
+        return self._batch(scheduled)
+
+    def _admit_prefills(self):
+        scheduled, num_tokens = [], 0
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            n = request.num_pending_tokens
+            if scheduled and num_tokens + n > self.token_budget:
+                break
+            if not self.kv.allocate(request, n):
+                break
+            self._admit(request)
+            scheduled.append((request, n))
+            num_tokens += n
+        return scheduled
+
+    def _may_admit(self, batch: StepBatch) -> bool:
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        head = self.waiting[0]
+        return self.kv.blocks_needed(head, head.num_pending_tokens) <= self.kv.num_free_blocks

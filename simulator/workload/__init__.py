@@ -1,0 +1,44 @@
+"""Workloads: read trace files, generate synthetic ones, reshape them, and summarise them.
+
+`load_workload` is the entry point for commands; the rest is for tools and tests.
+"""
+from simulator.workload.generators import (
+    Empirical,
+    Fixed,
+    Gamma,
+    LogNormal,
+    OnOff,
+    Poisson,
+    Uniform,
+    WorkloadSpec,
+    arrivals_s,
+    generate,
+)
+from simulator.workload.load import load_workload
+from simulator.workload.readers import TRACE_FORMATS, read_trace
+from simulator.workload.spec import parse_spec
+from simulator.workload.stats import trace_stats
+from simulator.workload.transforms import cut, mean_rate_rps, rescale_rate
+from simulator.workload.writer import write_trace
+
+__all__ = [
+    "TRACE_FORMATS",
+    "Empirical",
+    "Fixed",
+    "Gamma",
+    "LogNormal",
+    "OnOff",
+    "Poisson",
+    "Uniform",
+    "WorkloadSpec",
+    "arrivals_s",
+    "cut",
+    "generate",
+    "load_workload",
+    "mean_rate_rps",
+    "parse_spec",
+    "read_trace",
+    "rescale_rate",
+    "trace_stats",
+    "write_trace",
+]

@@ -1,0 +1,170 @@
+"""Synthetic workloads: an arrival process and two length distributions, sampled with a seed.
+
+Arrival processes draw inter-arrival gaps; the first request arrives at 0 s. A workload is
+sized by a number of requests, a duration, or both (whichever ends it first).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.trace import Trace
+
+# ---- arrival processes ----
+
+@dataclass(frozen=True)
+class Poisson:
+    """Exponential gaps with mean 1 / rate_rps."""
+    rate_rps: float
+
+    def gaps_s(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.exponential(1.0 / self.rate_rps, size)
+
+    def warp_s(self, busy_s: np.ndarray) -> np.ndarray:
+        return busy_s
+
+
+@dataclass(frozen=True)
+class Gamma:
+    """Gamma gaps with mean 1 / rate_rps and coefficient of variation cv (1 = Poisson, >1 bursty)."""
+    rate_rps: float
+    cv: float
+
+    def gaps_s(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        shape = 1.0 / self.cv**2   # CV of a gamma variable is 1 / sqrt(shape)
+        return rng.gamma(shape, 1.0 / (self.rate_rps * shape), size)
+
+    def warp_s(self, busy_s: np.ndarray) -> np.ndarray:
+        return busy_s
+
+
+@dataclass(frozen=True)
+class OnOff:
+    """Poisson at rate_rps during on periods of on_s seconds, separated by off_s of silence."""
+    rate_rps: float
+    on_s: float
+    off_s: float
+
+    def gaps_s(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.exponential(1.0 / self.rate_rps, size)
+
+    def warp_s(self, busy_s: np.ndarray) -> np.ndarray:
+        # Arrivals are drawn on a clock that runs only while "on"; each completed on
+        # period pushes the later ones back by one off period.
+        return busy_s + np.floor(busy_s / self.on_s) * self.off_s
+
+
+ArrivalProcess = Poisson | Gamma | OnOff
+
+
+def arrivals_s(process: ArrivalProcess, rng: np.random.Generator, *,
+               num_requests: int | None = None, duration_s: float | None = None) -> np.ndarray:
+    """Sorted arrival times starting at 0, `num_requests` of them and/or within [0, duration_s)."""
+    if num_requests is None and duration_s is None:
+        raise InputError("a generated workload needs a size: n= (requests) or duration= (seconds)")
+    if duration_s is None:
+        return process.warp_s(_cumulative(process.gaps_s(rng, num_requests - 1)))
+    # Unknown count: draw gaps in chunks until the clock passes duration_s.
+    times = np.zeros(1)
+    chunk = int(process.rate_rps * duration_s * 1.1) + 16
+    while process.warp_s(times[-1:])[0] < duration_s and (num_requests is None or len(times) < num_requests):
+        times = np.concatenate([times, times[-1] + np.cumsum(process.gaps_s(rng, chunk))])
+    real = process.warp_s(times)
+    real = real[real < duration_s]
+    return real if num_requests is None else real[:num_requests]
+
+
+def _cumulative(gaps: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+# ---- length distributions (token counts, int64 >= 1) ----
+
+@dataclass(frozen=True)
+class Fixed:
+    num_tokens: int
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return np.full(size, self.num_tokens, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Integers uniform on [lo, hi], both included."""
+    lo: int
+    hi: int
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.integers(self.lo, self.hi, size, endpoint=True, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Log-normal with the given mean (tokens) and sigma of the underlying normal.
+
+    Rounded to integers and clamped to [1, max_tokens]; the clamp shifts the mean a little
+    when it bites.
+    """
+    mean: float
+    sigma: float
+    max_tokens: int | None = None
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        mu = np.log(self.mean) - self.sigma**2 / 2   # E[exp(N(mu, s^2))] = exp(mu + s^2/2)
+        values = np.rint(rng.lognormal(mu, self.sigma, size))
+        upper = np.inf if self.max_tokens is None else self.max_tokens
+        return np.clip(values, 1, upper).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Empirical:
+    """Resampled with replacement from a trace file's prompt or output lengths."""
+    path: str
+    trace_format: str | None = None
+
+    def load(self) -> Trace:
+        from simulator.workload.readers import read_trace
+        return read_trace(self.path, self.trace_format)
+
+
+LengthDistribution = Fixed | Uniform | LogNormal | Empirical
+
+
+# ---- a whole workload ----
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    process: ArrivalProcess
+    prompt: LengthDistribution
+    output: LengthDistribution
+    num_requests: int | None = None
+    duration_s: float | None = None
+    seed: int = 0
+    text: str = field(default="generated", compare=False)   # the spec as written, for messages
+
+
+def generate(spec: WorkloadSpec) -> Trace:
+    """Sample the workload: arrivals first, then lengths, all from one seeded Generator."""
+    rng = np.random.default_rng(spec.seed)
+    arrival = arrivals_s(spec.process, rng, num_requests=spec.num_requests, duration_s=spec.duration_s)
+    prompt, output = _lengths(spec.prompt, spec.output, rng, len(arrival))
+    return Trace.from_arrays(arrival, prompt, output, source=spec.text)
+
+
+def _lengths(prompt_dist, output_dist, rng, size):
+    if isinstance(prompt_dist, Empirical) and prompt_dist == output_dist:
+        # One source for both: resample (prompt, output) pairs, keeping their correlation.
+        source = prompt_dist.load()
+        index = rng.integers(0, len(source), size)
+        return source.num_prompt_tokens[index], source.num_output_tokens[index]
+    return (_sample(prompt_dist, "num_prompt_tokens", rng, size),
+            _sample(output_dist, "num_output_tokens", rng, size))
+
+
+def _sample(dist, column: str, rng, size):
+    if isinstance(dist, Empirical):
+        values = getattr(dist.load(), column)
+        return values[rng.integers(0, len(values), size)]
+    return dist.sample(rng, size)

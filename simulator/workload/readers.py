@@ -1,0 +1,217 @@
+"""Read a trace file (ours, Azure LLM 2023, Mooncake, Vidur) into a `Trace`.
+
+Every reader is vectorised over rows (pandas), except Mooncake's JSONL, which is parsed
+line by line so that a broken line can be named. Imported traces (all but ours) are shifted
+so that the first request arrives at 0 s; their clocks start at arbitrary epochs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.trace import REQUIRED_COLUMNS, Trace
+from simulator.workload import validate
+from simulator.workload.validate import Where
+
+TRACE_FORMATS = ("stepcal", "azure", "mooncake", "vidur")
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length")
+VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+
+
+def read_trace(path: str | Path, fmt: str | None = None) -> Trace:
+    """Read a trace; `fmt` (one of TRACE_FORMATS) forces the format, else it is detected."""
+    if fmt is not None and fmt not in TRACE_FORMATS:
+        raise InputError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a trace file")
+    kind = _file_kind(path, fmt)
+    table = {"csv": _read_csv, "parquet": _read_parquet, "jsonl": _read_jsonl}[kind](path)
+    where = Where(str(path), kind)
+    fmt = fmt or _detect_format(where, table.columns)
+    return _READERS[fmt](where, table)
+
+
+def _file_kind(path: Path, fmt: str | None) -> str:
+    suffix = path.suffix.lower()
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    if fmt == "mooncake" or suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    with path.open("rb") as f:
+        head = f.read(64).lstrip()
+    return "jsonl" if head.startswith(b"{") else "csv"
+
+
+def _detect_format(where: Where, columns) -> str:
+    # One telling column per format; the format's reader then checks the rest by name.
+    for fmt, column in (("stepcal", "arrival_s"), ("azure", "TIMESTAMP"),
+                        ("mooncake", "timestamp"), ("vidur", "arrived_at")):
+        if column in columns:
+            return fmt
+    raise InputError(f"{where.path}: cannot tell the trace format from its columns "
+                     f"({', '.join(map(str, columns)) or 'none'}); force one with --trace-format "
+                     f"({', '.join(TRACE_FORMATS)})")
+
+
+# ---- file kinds -> a DataFrame whose index is the 0-based row (or line) label ----
+
+def _read_csv(path: Path):
+    import pandas as pd
+    try:
+        # Blank lines are kept (then dropped) so that index labels stay line numbers - 2.
+        frame = pd.read_csv(path, skip_blank_lines=False)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{path}: the file is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable CSV file ({_one_line(exc)})") from None
+    return frame.dropna(how="all")
+
+
+def _read_parquet(path: Path):
+    import pandas as pd
+    import pyarrow as pa
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+
+
+def _read_jsonl(path: Path):
+    import pandas as pd
+    records, labels = [], []
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        for label, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}: line {label + 1}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise InputError(f"{path}: line {label + 1}: expected a JSON object, "
+                                 f"got {type(record).__name__}")
+            records.append(record)
+            labels.append(label)
+    if not records:
+        raise InputError(f"{path}: the file has no records")
+    return pd.DataFrame.from_records(records, index=labels)
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+# ---- formats -> Trace ----
+
+def _read_stepcal(where: Where, table) -> Trace:
+    validate.require_columns(where, table.columns, REQUIRED_COLUMNS, "stepcal")
+    arrival = validate.non_negative(where, table["arrival_s"], "arrival_s")
+    prompt = validate.positive_ints(where, table["num_prompt_tokens"], "num_prompt_tokens")
+    output = validate.positive_ints(where, table["num_output_tokens"], "num_output_tokens")
+    optional = {}
+    request_id = None
+    if "request_id" in table.columns:
+        request_id = validate.ints(where, table["request_id"], "request_id")
+        _check_unique(where, table["request_id"], request_id)
+    if "priority" in table.columns:
+        optional["priority"] = validate.ints(where, table["priority"], "priority")
+    for name in ("slo_ttft_ms", "slo_tpot_ms"):
+        if name in table.columns:   # empty means "no SLO for this request": NaN
+            optional[name] = validate.numbers(where, table[name], name, allow_missing=True)
+    hashes = None
+    if "prefix_hash_ids" in table.columns:
+        hashes = _hash_lists(where, table["prefix_hash_ids"], "prefix_hash_ids")
+    return _build(where, arrival, prompt, output, request_id=request_id, hashes=hashes, **optional)
+
+
+def _read_azure(where: Where, table) -> Trace:
+    validate.require_columns(where, table.columns, AZURE_COLUMNS, "azure")
+    arrival = validate.seconds_since_first(where, table["TIMESTAMP"], "TIMESTAMP")
+    prompt = validate.positive_ints(where, table["ContextTokens"], "ContextTokens")
+    output = validate.positive_ints(where, table["GeneratedTokens"], "GeneratedTokens")
+    return _build(where, arrival, prompt, output)
+
+
+def _read_mooncake(where: Where, table) -> Trace:
+    validate.require_columns(where, table.columns, MOONCAKE_COLUMNS, "mooncake")
+    timestamp_ms = validate.numbers(where, table["timestamp"], "timestamp")
+    prompt = validate.positive_ints(where, table["input_length"], "input_length")
+    output = validate.positive_ints(where, table["output_length"], "output_length")
+    hashes = None
+    if "hash_ids" in table.columns:
+        hashes = _hash_lists(where, table["hash_ids"], "hash_ids")
+    arrival = (timestamp_ms - timestamp_ms.min()) / 1000.0
+    return _build(where, arrival, prompt, output, hashes=hashes)
+
+
+def _read_vidur(where: Where, table) -> Trace:
+    validate.require_columns(where, table.columns, VIDUR_COLUMNS, "vidur")
+    arrived = validate.numbers(where, table["arrived_at"], "arrived_at")
+    prompt = validate.positive_ints(where, table["num_prefill_tokens"], "num_prefill_tokens")
+    output = validate.positive_ints(where, table["num_decode_tokens"], "num_decode_tokens")
+    return _build(where, arrived - arrived.min(), prompt, output)
+
+
+_READERS = {"stepcal": _read_stepcal, "azure": _read_azure, "mooncake": _read_mooncake,
+            "vidur": _read_vidur}
+
+
+def _check_unique(where: Where, series, ids: np.ndarray) -> None:
+    import pandas as pd
+    duplicated = pd.Series(ids).duplicated().to_numpy()
+    if duplicated.any():
+        i = int(np.flatnonzero(duplicated)[0])
+        raise where.error(series.index[i], "request_id", "repeats an earlier request_id", ids[i])
+
+
+def _hash_lists(where: Where, series, column: str) -> list[list[int]]:
+    """Per-row prefix block hashes: a list (JSON, Parquet) or text "1 2 3" / "[1, 2, 3]" (CSV).
+
+    A missing value is an empty list: that request shares no prefix blocks.
+    """
+    import pandas as pd
+    lists = []
+    for label, value in series.items():
+        if isinstance(value, str):
+            value = value.strip().strip("[]").replace(",", " ").split()
+        elif np.ndim(value) == 0 and pd.isna(value):    # None, NaN, pd.NA
+            value = []
+        try:
+            lists.append([_whole(v) for v in value])
+        except (TypeError, ValueError, OverflowError):
+            raise where.error(label, column, "must be a list of integers", _short(value)) from None
+    return lists
+
+
+def _whole(value) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("bool")
+    number = float(value)
+    if number != int(number):
+        raise ValueError("fractional")
+    return int(number)
+
+
+def _short(value):
+    text = repr(value if not hasattr(value, "tolist") else value.tolist())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _build(where: Where, arrival, prompt, output, *, request_id=None, hashes=None, **optional) -> Trace:
+    trace = Trace.from_arrays(arrival, prompt, output, request_id=request_id, source=where.path,
+                              **optional)
+    if hashes is not None:
+        # from_arrays may reorder rows by arrival; attach the hash lists by request id.
+        ids = np.arange(len(arrival)) if request_id is None else request_id
+        by_id = dict(zip(ids.tolist(), hashes))
+        trace.prefix_hash_ids = [by_id[i] for i in trace.request_id.tolist()]
+    return trace

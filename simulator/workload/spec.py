@@ -1,0 +1,189 @@
+"""The compact generator spec of the CLI, e.g.
+
+    poisson:rate=5,n=1000,prompt=lognormal:512:1.0,output=uniform:16:256,seed=0
+
+Grammar (explained for users in `stepcal trace generate --help`):
+    SPEC    := PROCESS ":" PARAM ("," PARAM)*
+    PROCESS := poisson | gamma | onoff
+    PARAM   := rate=RPS | cv=X | on=SECONDS | off=SECONDS | n=INT | duration=SECONDS
+             | seed=INT | prompt=DIST | output=DIST | lengths=empirical:PATH
+    DIST    := fixed:N | uniform:LO:HI | lognormal:MEAN:SIGMA[:MAX] | empirical:PATH
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import InputError
+from simulator.workload.generators import (
+    Empirical,
+    Fixed,
+    Gamma,
+    LogNormal,
+    OnOff,
+    Poisson,
+    Uniform,
+    WorkloadSpec,
+)
+
+PROCESSES = ("poisson", "gamma", "onoff")
+COMMON_KEYS = ("rate", "n", "duration", "seed", "prompt", "output", "lengths")
+PROCESS_KEYS = {"poisson": (), "gamma": ("cv",), "onoff": ("on", "off")}
+
+@dataclass(frozen=True)
+class PartialSpec:
+    """A parsed spec whose rate or size may still come from command-line flags."""
+    process: str
+    params: dict                 # key -> parsed value, only those written in the spec
+    text: str
+
+    def complete(self, *, rate_rps=None, num_requests=None, duration_s=None, seed=None,
+                 label: str = "generator spec") -> WorkloadSpec:
+        """Fill what the spec left out from the flags (`rate_rps` overrides rate=) and build it."""
+        p = dict(self.params)
+        if rate_rps is not None:
+            p["rate"] = rate_rps
+        if num_requests is not None and "n" not in p and "duration" not in p:
+            p["n"] = num_requests
+        if duration_s is not None and "n" not in p and "duration" not in p:
+            p["duration"] = duration_s
+        if seed is not None and "seed" not in p:
+            p["seed"] = seed
+        return _build(self.process, p, self.text, label)
+
+
+def looks_like_spec(text: str) -> bool:
+    return text.split(":", 1)[0].strip().lower() in PROCESSES and ":" in text
+
+
+def parse_spec(text: str, label: str = "generator spec") -> PartialSpec:
+    """Parse the spec's syntax and values; say which piece is wrong."""
+    head, sep, body = text.partition(":")
+    process = head.strip().lower()
+    if not sep or process not in PROCESSES:
+        raise InputError(f"{label} {text!r}: must start with one of {', '.join(PROCESSES)} "
+                         f"followed by ':' (e.g. poisson:rate=5,n=1000,...)")
+    allowed = COMMON_KEYS + PROCESS_KEYS[process]
+    params: dict = {}
+    for piece in _pieces(body):
+        key, eq, value = piece.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        where = f"{label} {text!r}: {piece!r}"
+        if not eq or not value:
+            raise InputError(f"{where}: expected KEY=VALUE")
+        if key not in allowed:
+            raise InputError(f"{where}: unknown key {key!r} for {process} "
+                             f"(keys: {', '.join(allowed)})")
+        if key in params or (key == "lengths" and ({"prompt", "output"} & params.keys())) \
+                or (key in ("prompt", "output") and "lengths" in params):
+            raise InputError(f"{where}: {key} is given twice (lengths= sets both prompt and output)")
+        params[key] = _VALUE_PARSERS[key](value, where)
+    return PartialSpec(process, params, text)
+
+
+def _pieces(body: str) -> list[str]:
+    # After an empirical file path, a piece without '=' continues the path (it had a comma).
+    pieces: list[str] = []
+    for raw in body.split(","):
+        continues_path = pieces and "=empirical:" in pieces[-1].replace(" ", "").lower()
+        if continues_path and "=" not in raw and raw.strip():
+            pieces[-1] += "," + raw
+        elif raw.strip():
+            pieces.append(raw)
+    return pieces
+
+
+def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
+    def need(key, hint):
+        if key not in p:
+            raise InputError(f"{label} {text!r}: {key}= is missing ({hint})")
+        return p[key]
+    rate = need("rate", "requests per second, e.g. rate=5")
+    if process == "poisson":
+        arrivals = Poisson(rate)
+    elif process == "gamma":
+        arrivals = Gamma(rate, need("cv", "CV of inter-arrival times, e.g. cv=3"))
+    else:
+        arrivals = OnOff(rate, need("on", "seconds on, e.g. on=10"), need("off", "seconds off, e.g. off=30"))
+    if "n" not in p and "duration" not in p:
+        raise InputError(f"{label} {text!r}: give its size, n=REQUESTS or duration=SECONDS")
+    if "lengths" in p:
+        prompt = output = p["lengths"]
+    else:
+        prompt = need("prompt", "e.g. prompt=lognormal:512:1.0")
+        output = need("output", "e.g. output=uniform:16:256")
+    return WorkloadSpec(arrivals, prompt, output, num_requests=p.get("n"),
+                        duration_s=p.get("duration"), seed=p.get("seed", 0), text=text)
+
+
+# ---- values ----
+
+def _positive_float(value: str, where: str) -> float:
+    return _float(value, where, allow_zero=False)
+
+
+def _non_negative_float(value: str, where: str) -> float:
+    return _float(value, where, allow_zero=True)
+
+
+def _float(value: str, where: str, allow_zero: bool) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    ok = number >= 0 if allow_zero else number > 0
+    if not ok or number == float("inf"):
+        kind = "a non-negative number" if allow_zero else "a positive number"
+        raise InputError(f"{where}: must be {kind}, got {value!r}")
+    return number
+
+
+def _int(value: str, where: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        kind = "a positive integer" if minimum > 0 else "a non-negative integer"
+        raise InputError(f"{where}: must be {kind}, got {value!r}")
+    return number
+
+
+def _distribution(value: str, where: str):
+    name, _, rest = value.partition(":")
+    name = name.strip().lower()
+    if name == "empirical":
+        if not rest.strip():
+            raise InputError(f"{where}: empirical needs a file, e.g. empirical:conv.csv")
+        return Empirical(rest.strip())
+    args = rest.split(":") if rest else []
+    shapes = {"fixed": ("N",), "uniform": ("LO", "HI"), "lognormal": ("MEAN", "SIGMA", "[MAX]")}
+    if name not in shapes:
+        raise InputError(f"{where}: unknown length distribution {name!r} "
+                         f"(fixed:N, uniform:LO:HI, lognormal:MEAN:SIGMA[:MAX], empirical:PATH)")
+    required = [a for a in shapes[name] if not a.startswith("[")]
+    if not len(required) <= len(args) <= len(shapes[name]):
+        raise InputError(f"{where}: {name} takes {':'.join(shapes[name])}, got {value!r}")
+    if name == "fixed":
+        return Fixed(_int(args[0], where, 1))
+    if name == "uniform":
+        lo, hi = _int(args[0], where, 1), _int(args[1], where, 1)
+        if lo > hi:
+            raise InputError(f"{where}: uniform needs LO <= HI, got {lo} > {hi}")
+        return Uniform(lo, hi)
+    maximum = _int(args[2], where, 1) if len(args) == 3 else None
+    return LogNormal(_positive_float(args[0], where), _non_negative_float(args[1], where), maximum)
+
+
+def _empirical_only(value: str, where: str):
+    dist = _distribution(value, where)
+    if not isinstance(dist, Empirical):
+        raise InputError(f"{where}: lengths= takes empirical:PATH; use prompt= and output= otherwise")
+    return dist
+
+
+_VALUE_PARSERS = {
+    "rate": _positive_float, "cv": _positive_float, "on": _positive_float,
+    "off": _non_negative_float, "duration": _positive_float,
+    "n": lambda v, w: _int(v, w, 1), "seed": lambda v, w: _int(v, w, 0),
+    "prompt": _distribution, "output": _distribution, "lengths": _empirical_only,
+}

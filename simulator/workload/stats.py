@@ -1,0 +1,34 @@
+"""Summary figures of a trace: size, rate, burstiness and length percentiles."""
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.trace import Trace
+from simulator.workload.transforms import mean_rate_rps
+
+LENGTH_STATS = ("mean", "p50", "p90", "p99", "max")
+
+
+def trace_stats(trace: Trace) -> dict:
+    """A flat dict of plain Python numbers (JSON-ready); None where a figure is undefined.
+
+    burstiness_cv is the coefficient of variation of inter-arrival times (1 for Poisson).
+    """
+    gaps_s = np.diff(trace.arrival_s)
+    mean_gap_s = float(gaps_s.mean()) if len(gaps_s) else 0.0
+    stats = {
+        "source": trace.source,
+        "num_requests": len(trace),
+        "duration_s": float(trace.arrival_s[-1] - trace.arrival_s[0]),
+        "rate_rps": mean_rate_rps(trace),
+        "burstiness_cv": float(gaps_s.std() / mean_gap_s) if mean_gap_s > 0 else None,
+    }
+    for name, column in (("num_prompt_tokens", trace.num_prompt_tokens),
+                         ("num_output_tokens", trace.num_output_tokens)):
+        stats.update({f"{name}_{stat}": value for stat, value in zip(LENGTH_STATS, _summary(column))})
+    return stats
+
+
+def _summary(values: np.ndarray) -> list[float]:
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return [float(values.mean()), float(p50), float(p90), float(p99), float(values.max())]

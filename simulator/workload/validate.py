@@ -1,0 +1,113 @@
+"""Column checks for imported traces, with errors that name the file, the row and the column.
+
+Rows are located by the 0-based index label of the frame the reader built (blank lines and
+skipped records keep their place), and printed the way a person counts them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.errors import InputError
+
+
+@dataclass(frozen=True)
+class Where:
+    """A trace file being read: its path and kind ("csv", "parquet" or "jsonl")."""
+    path: str
+    kind: str
+
+    def row(self, label: int) -> str:
+        """A 0-based row label as a person finds it in the file."""
+        if self.kind == "csv":        # line 1 is the header
+            return f"line {label + 2} (data row {label + 1})"
+        if self.kind == "jsonl":      # the label is the 0-based line number
+            return f"line {label + 1}"
+        return f"data row {label + 1} (1-based)"
+
+    def error(self, label: int, column: str, problem: str, value=None) -> InputError:
+        if hasattr(value, "item"):    # a numpy scalar prints as np.int64(-3); show -3
+            value = value.item()
+        got = "" if value is None else f", got {value!r}"
+        return InputError(f"{self.path}: {self.row(label)}: column {column!r} {problem}{got}")
+
+
+def require_columns(where: Where, columns, required: tuple[str, ...], fmt: str) -> None:
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise InputError(f"{where.path}: missing column {missing[0]!r} for the {fmt} trace format "
+                         f"(needs {', '.join(required)}; found {', '.join(map(str, columns)) or 'none'})")
+
+
+def numbers(where: Where, series, column: str, *, allow_missing: bool = False) -> np.ndarray:
+    """The column as float64; non-numeric (and, unless allowed, missing) values are errors."""
+    import pandas as pd
+    values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    missing = series.isna().to_numpy()
+    not_numeric = np.isnan(values) & ~missing
+    if not_numeric.any():
+        i = _first(not_numeric)
+        raise where.error(series.index[i], column, "is not a number", series.iloc[i])
+    if not allow_missing and missing.any():
+        raise where.error(series.index[_first(missing)], column, "is missing (empty or NaN)")
+    infinite = np.isinf(values)
+    if infinite.any():
+        i = _first(infinite)
+        raise where.error(series.index[i], column, "is not finite", series.iloc[i])
+    return values
+
+
+def positive_ints(where: Where, series, column: str) -> np.ndarray:
+    """The column as int64 > 0 (token counts)."""
+    values = numbers(where, series, column)
+    fractional = values != np.round(values)
+    if fractional.any():
+        i = _first(fractional)
+        raise where.error(series.index[i], column, "must be a whole number", series.iloc[i])
+    not_positive = values <= 0
+    if not_positive.any():
+        i = _first(not_positive)
+        raise where.error(series.index[i], column, "must be positive", series.iloc[i])
+    return values.astype(np.int64)
+
+
+def ints(where: Where, series, column: str) -> np.ndarray:
+    """The column as int64 (ids, priorities)."""
+    values = numbers(where, series, column)
+    fractional = values != np.round(values)
+    if fractional.any():
+        i = _first(fractional)
+        raise where.error(series.index[i], column, "must be a whole number", series.iloc[i])
+    return values.astype(np.int64)
+
+
+def non_negative(where: Where, series, column: str) -> np.ndarray:
+    """The column as float64 >= 0 (arrival times)."""
+    values = numbers(where, series, column)
+    negative = values < 0
+    if negative.any():
+        i = _first(negative)
+        raise where.error(series.index[i], column, "must not be negative", series.iloc[i])
+    return values
+
+
+def seconds_since_first(where: Where, series, column: str) -> np.ndarray:
+    """Date-time strings (ISO 8601, up to nanoseconds) as float seconds since the earliest one."""
+    import pandas as pd
+    missing = series.isna().to_numpy()
+    if missing.any():
+        raise where.error(series.index[_first(missing)], column, "is empty")
+    stamps = pd.to_datetime(series, format="ISO8601", errors="coerce")
+    bad = stamps.isna().to_numpy()
+    if bad.any():
+        i = _first(bad)
+        raise where.error(series.index[i], column, "is not a date-time like 2023-11-16 18:15:46.6805900",
+                          series.iloc[i])
+    # Differences in integer nanoseconds first, so the 7th fractional digit survives.
+    offsets = stamps - stamps.min()
+    return (offsets.to_numpy().astype("timedelta64[ns]").astype(np.int64) / 1e9).astype(np.float64)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])

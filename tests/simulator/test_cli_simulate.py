@@ -1,0 +1,125 @@
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+
+
+def write_csv(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_simulate_writes_logs_and_summary(tmp_path, capsys):
+    trace = write_csv(tmp_path / "t.csv", "arrival_s,num_prompt_tokens,num_output_tokens\n0,20,5\n0.01,300,3\n0.02,7,1\n")
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(["simulate", "--trace", trace, "--scheduler", "sarathi", "--chunk-size", "64",
+                               "--step-model", "linear:2,0.01,0.001", "--slo-ttft-ms", "100", "--out", str(out)], capsys)
+    assert code == 0 and "3/3 requests finished" in stdout and "ttft_ms" in stdout
+    requests = pd.read_parquet(out / "requests.parquet")
+    steps = pd.read_parquet(out / "steps.parquet")
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(REQUEST_LOG_COLUMNS) <= set(requests.columns) and set(STEP_LOG_COLUMNS) <= set(steps.columns)
+    assert summary["num_finished"] == 3 and 0 <= summary["slo_attainment"] <= 1
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"):
+        assert set(summary[name]) == {"mean", "p50", "p90", "p95", "p99"}
+    assert steps["q_lens"].map(len).tolist() == steps["num_seqs"].tolist()
+    assert json.loads((out / "config.json").read_text())["sim_config"]["scheduler"] == "sarathi"
+
+
+BAD_TRACES = {
+    "missing column": ("arrival_s,num_prompt_tokens\n0,5\n", "num_output_tokens"),
+    "zero length": ("arrival_s,num_prompt_tokens,num_output_tokens\n0,5,1\n1,0,3\n", "num_prompt_tokens"),
+    "negative length": ("arrival_s,num_prompt_tokens,num_output_tokens\n0,5,-2\n", "num_output_tokens"),
+    "non-numeric time": ("arrival_s,num_prompt_tokens,num_output_tokens\nsoon,5,2\n", "arrival_s"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRACES))
+def test_bad_trace_is_one_line_exit_2_and_no_output(tmp_path, capsys, case):
+    text, column = BAD_TRACES[case]
+    trace = write_csv(tmp_path / "bad.csv", text)
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["simulate", "--trace", trace, "--step-model", "const:5", "--out", str(out)], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("stepcal: ")
+    assert "bad.csv" in err and column in err
+    assert not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "bad.csv"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--scheduler", "fifo"], "--scheduler"),
+    (["--step-model", "quadratic:1"], "--step-model"),
+    (["--kv-blocks", "2", "--block-size", "4"], "--skip-oversize"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--device-memory-gb", "10"], "--model-spec"),
+])
+def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
+    trace = write_csv(tmp_path / "t.csv", "arrival_s,num_prompt_tokens,num_output_tokens\n0,20,5\n")
+    base = ["simulate", "--trace", trace, "--step-model", "const:5", "--out", str(tmp_path / "out")]
+    if "--step-model" in args:
+        base = base[:3] + base[5:]
+    with pytest.raises(SystemExit) if args[0] == "--scheduler" else _no_raise() as exc:
+        code, _, err = run_cli(base + args, capsys)
+    if exc is not None and hasattr(exc, "value"):
+        code, err = exc.value.code, capsys.readouterr().err
+    assert code == 2 and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+class _no_raise:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_unsorted_arrivals_are_sorted_with_a_warning(tmp_path, capsys):
+    trace = write_csv(tmp_path / "t.csv", "arrival_s,num_prompt_tokens,num_output_tokens\n1.0,5,2\n0.5,5,2\n")
+    code, _, err = run_cli(["simulate", "--trace", trace, "--step-model", "const:5", "--quiet",
+                            "--out", str(tmp_path / "out")], capsys)
+    assert code == 0 and "warning" in err and "sorted" in err
+    requests = pd.read_parquet(tmp_path / "out" / "requests.parquet")
+    # ids keep their rows (0 arrives at 1.0 s, 1 at 0.5 s); the later arrival is served later
+    assert requests["arrival_s"].tolist() == [1.0, 0.5]
+    assert requests["first_token_s"][1] < requests["first_token_s"][0]
+
+
+def test_simulate_a_real_trace_and_a_generated_one(tmp_path, capsys, shared_data):
+    azure = shared_data / "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"
+    code, stdout, _ = run_cli(["simulate", "--trace", str(azure), "--num-requests", "500", "--scheduler", "vllm",
+                               "--step-model", "linear:8,0.03,0.0002", "--out", str(tmp_path / "a")], capsys)
+    assert code == 0 and "500/500" in stdout
+    code, stdout, _ = run_cli(["simulate", "--trace", "poisson:rate=4,n=200,prompt=lognormal:300:0.8,output=uniform:4:64",
+                               "--model-spec", "llama-3-8b", "--device-memory-gb", "80", "--scheduler", "continuous",
+                               "--step-model", "const:20", "--replicas", "2", "--router", "least-tokens",
+                               "--out", str(tmp_path / "b")], capsys)
+    assert code == 0 and "200/200" in stdout
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert summary["kv_blocks"] > 1000 and summary["num_replicas"] == 2
+
+
+def test_imports_stay_light():
+    # `import simulator` loads neither torch, sklearn nor mlflow; `import costmodel` loads no torch;
+    # building the CLI parser (what `stepcal --help` does) loads none of them, nor numpy.
+    code = (
+        "import sys, simulator, simulator.simulation, simulator.workload, experiments.cli as c\n"
+        "c.build_parser()\n"
+        "heavy = [m for m in ('torch', 'sklearn', 'mlflow', 'optuna') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import costmodel\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    code = "import sys, experiments.cli as c; c.build_parser(); assert 'numpy' not in sys.modules, 'numpy'"
+    subprocess.run([sys.executable, "-c", code], check=True)
