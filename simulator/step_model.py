@@ -6,7 +6,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from simulator.batch import StepBatch, StepFeatures
+from simulator.batch import StepBatch, StepFeatures, feature_row
 from simulator.errors import InputError
 
 
@@ -28,7 +28,12 @@ class FeatureStepModel:
         raise NotImplementedError
 
     def step_ms(self, batch: StepBatch) -> float:
-        return float(self.features_ms(batch.features())[0])
+        return self.row_ms(feature_row(batch.q_lens, batch.kv_lens))
+
+    def row_ms(self, row: tuple) -> float:
+        """One batch from its feature_row() tuple. Models may override this with plain float
+        arithmetic, provided it gives the same bits as features_ms."""
+        return float(self.features_ms(StepFeatures.from_row(row))[0])
 
     def decode_run_ms(self, kv_lens: np.ndarray, num_steps: int) -> np.ndarray:
         return self.features_ms(StepFeatures.decode_run(np.asarray(kv_lens), num_steps))
@@ -40,6 +45,9 @@ class ConstStepModel(FeatureStepModel):
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
         return np.full(len(features), float(self.step_time_ms))
+
+    def row_ms(self, row: tuple) -> float:
+        return float(self.step_time_ms)
 
     def describe(self) -> str:
         return f"const:{self.step_time_ms:g}"
@@ -55,6 +63,11 @@ class LinearStepModel(FeatureStepModel):
     def features_ms(self, features: StepFeatures) -> np.ndarray:
         context = features.kv_sum + features.num_tokens
         return self.base_ms + self.per_token_ms * features.num_tokens + self.per_context_token_ms * context
+
+    def row_ms(self, row: tuple) -> float:
+        # the same operations in the same order as features_ms: identical bits, no numpy call
+        num_tokens, kv_sum = float(row[1]), float(row[7])
+        return self.base_ms + self.per_token_ms * num_tokens + self.per_context_token_ms * (kv_sum + num_tokens)
 
     def describe(self) -> str:
         return f"linear:{self.base_ms:g},{self.per_token_ms:g},{self.per_context_token_ms:g}"

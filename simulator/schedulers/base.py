@@ -7,6 +7,7 @@ reserves its KV blocks; the driver runs it (simulated or on a device) and calls
 """
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
@@ -25,24 +26,27 @@ class SchedulerConfig:
 
 
 class ItlSamples:
-    """Inter-token latencies as (value_s, weight) chunks, so decode runs never expand per token."""
+    """Inter-token latencies as (value_s, weight) pairs in typed arrays (16 bytes a pair).
+
+    Requests that emitted in consecutive steps share one gap, so a step adds one pair for all of
+    them, and a decode run adds one pair per step: memory grows with steps, not tokens.
+    """
 
     def __init__(self) -> None:
-        self.values: list[np.ndarray] = []
-        self.weights: list[np.ndarray] = []
-        self._scalars: list[float] = []
+        self.values = array("d")
+        self.weights = array("q")
 
-    def add(self, value_s: float) -> None:
-        self._scalars.append(value_s)
+    def add(self, value_s: float, weight: int = 1) -> None:
+        self.values.append(value_s)
+        self.weights.append(weight)
 
-    def add_many(self, values_s: np.ndarray, weight: int | np.ndarray = 1) -> None:
-        self.values.append(np.asarray(values_s, dtype=np.float64))
-        self.weights.append(np.broadcast_to(np.asarray(weight, dtype=np.int64), len(values_s)).copy())
+    def add_many(self, values_s: np.ndarray, weight: int) -> None:
+        self.values.frombytes(np.ascontiguousarray(values_s, dtype=np.float64).tobytes())
+        self.weights.frombytes(np.full(len(values_s), weight, dtype=np.int64).tobytes())
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        values = self.values + [np.asarray(self._scalars, dtype=np.float64)]
-        weights = self.weights + [np.ones(len(self._scalars), dtype=np.int64)]
-        return np.concatenate(values), np.concatenate(weights)
+        return (np.frombuffer(self.values, dtype=np.float64).copy() if self.values else np.zeros(0),
+                np.frombuffer(self.weights, dtype=np.int64).copy() if self.weights else np.zeros(0, np.int64))
 
 
 class SchedulerBase:
@@ -61,6 +65,7 @@ class SchedulerBase:
         self.num_preemptions = 0
         self.in_flight: list[Request] = []   # the requests of the batch last returned by schedule()
         self.in_flight_is_decode = False
+        self._last_end_s: float | None = None   # end of this scheduler's previous step
 
     # -- the contract -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -79,19 +84,26 @@ class SchedulerBase:
 
         Written for speed: this loop runs once per request per step."""
         finished = []
-        itl = self.itl._scalars
+        itl = self.itl
+        previous_end, num_consecutive = self._last_end_s, 0
         for request, q in zip(self.in_flight, batch.q_lens.tolist()):
             request.num_computed_tokens += q
             if request.num_computed_tokens == request.num_prompt_tokens + request.num_generated_tokens:
                 # the step fed every known token: it emits the next one
-                if request.last_token_s is None:
+                last = request.last_token_s
+                if last is None:
                     request.first_token_s = end_s
+                elif last == previous_end:
+                    num_consecutive += 1     # emitted in the previous step too: the shared gap
                 else:
-                    itl.append(end_s - request.last_token_s)
+                    itl.add(end_s - last)
                 request.last_token_s = end_s
                 request.num_generated_tokens += 1
                 if request.num_generated_tokens == request.num_output_tokens:
                     finished.append(request)
+        if num_consecutive:
+            itl.add(end_s - previous_end, num_consecutive)
+        self._last_end_s = end_s
         self.num_outstanding_tokens -= batch.num_tokens
         self._retire(finished, end_s)
         return finished
@@ -115,24 +127,30 @@ class SchedulerBase:
         """Apply a run of len(ends_s) - 1 decode steps of `batch`; ends_s[0] is the run's start."""
         requests = self.in_flight
         num_steps = len(ends_s) - 1
-        gaps = np.diff(ends_s)
-        first_end = float(ends_s[1])
-        grow_to, block_size = self.kv.grow_to, self.kv.block_size
+        first_end, last_end = float(ends_s[1]), float(ends_s[-1])
+        previous_end, num_consecutive = self._last_end_s, 0
+        grow_to, block_size, itl = self.kv.grow_to, self.kv.block_size, self.itl
         for request in requests:
             if request.num_computed_tokens + num_steps > request.num_blocks * block_size:
                 grow_to(request, request.num_computed_tokens + num_steps)
             request.num_computed_tokens += num_steps
-            if request.last_token_s is None:
+            last = request.last_token_s
+            if last is None:
                 request.first_token_s = first_end
+            elif last == previous_end:
+                num_consecutive += 1
             else:
-                self.itl.add(first_end - request.last_token_s)
+                itl.add(first_end - last)
             request.num_generated_tokens += num_steps
-            request.last_token_s = float(ends_s[-1])
+            request.last_token_s = last_end
+        if num_consecutive:
+            itl.add(first_end - previous_end, num_consecutive)
         if num_steps > 1:
-            self.itl.add_many(gaps[1:], len(requests))
+            itl.add_many(np.diff(ends_s[1:]), len(requests))
+        self._last_end_s = last_end
         self.num_outstanding_tokens -= num_steps * len(requests)
         finished = [r for r in requests if r.num_generated_tokens == r.num_output_tokens]
-        self._retire(finished, float(ends_s[-1]))
+        self._retire(finished, last_end)
         return finished
 
     # -- shared mechanics -----------------------------------------------------------------------

@@ -69,6 +69,9 @@ def test_step_models_parse_and_agree_bitwise():
     run = linear.decode_run_ms(kv, 50)
     steps = [linear.step_ms(StepBatch.of([0, 1, 2], [1, 1, 1], kv + j)) for j in range(50)]
     assert run.tolist() == steps            # bit-identical: the fast path relies on it
+    for j in (0, 7, 49):
+        batch = StepBatch.of([0, 1, 2], [1, 1, 1], kv + j)
+        assert linear.features_ms(batch.features())[0] == linear.step_ms(batch)   # float path == numpy path
     assert parse_builtin_step_model("tables/") is None
     for bad in ("const:0", "const:x", "linear:1,2", "linear:-1,0,0"):
         with pytest.raises(InputError, match="--step-model"):

@@ -1,0 +1,77 @@
+"""Simulator speed benchmark (issue 2 targets). Prints a markdown table; run from the repo root:
+
+    .venv/bin/python experiments/bench_simulator.py [--quick] [--out FILE.json]
+
+- the whole Azure conv trace (19,366 requests) under sarathi and vllm, fast path on and off;
+- Poisson traces from 10k to 1M requests: wall time, number of steps, peak memory, and wall time
+  per step (flat if wall time grows linearly with the number of steps).
+Each case runs in its own process pinned to one core, so peak RSS and timings do not mix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+AZURE_CONV = REPO.parent / "shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+STEP_MODEL = "linear:8,0.03,0.0002"   # ~7B-class on one GPU: 8 ms a step, 30 µs a token, 0.2 µs a context token
+POISSON = "poisson:rate=20,n={n},prompt=lognormal:512:1.0,output=lognormal:128:1.0,seed=1"
+
+
+def run_case(trace: str, scheduler: str, fast: bool) -> dict:
+    """One simulation in this process; returns wall time, steps and peak RSS."""
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    from experiments.step_models import resolve_step_model
+    from simulator.simulation import SimConfig, Simulation
+    from simulator.workload import load_workload
+    workload = load_workload(trace)
+    model = resolve_step_model(STEP_MODEL)
+    t0 = time.perf_counter()
+    sim = Simulation(workload, model, SimConfig(scheduler=scheduler, fast_path=fast, record_batches=False))
+    result = sim.run()
+    wall_s = time.perf_counter() - t0
+    return {"num_requests": len(workload), "scheduler": scheduler, "fast_path": fast, "wall_s": wall_s,
+            "loop_wall_s": result.wall_s, "num_steps": result.summary["num_steps"],
+            "us_per_step": 1e6 * wall_s / result.summary["num_steps"],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "ttft_p50_ms": result.summary["ttft_ms"]["p50"], "tpot_p50_ms": result.summary["tpot_ms"]["p50"]}
+
+
+def in_subprocess(trace: str, scheduler: str, fast: bool) -> dict:
+    code = (f"import json, sys; sys.path.insert(0, {str(REPO)!r}); from experiments.bench_simulator import run_case; "
+            f"print(json.dumps(run_case({trace!r}, {scheduler!r}, {fast!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="skip the 300k and 1M traces")
+    parser.add_argument("--out", help="also write the rows as JSON here")
+    args = parser.parse_args()
+    rows = []
+    for scheduler in ("sarathi", "vllm"):
+        for fast in (True, False):
+            rows.append({"case": "azure conv", **in_subprocess(str(AZURE_CONV), scheduler, fast)})
+    sizes = (10_000, 30_000, 100_000) if args.quick else (10_000, 30_000, 100_000, 300_000, 1_000_000)
+    for n in sizes:
+        rows.append({"case": f"poisson {n}", **in_subprocess(POISSON.format(n=n), "vllm", True)})
+    print(f"step model {STEP_MODEL}; one core; step batches not recorded\n")
+    print("| case | scheduler | fast path | requests | steps | wall s | µs/step | peak RSS MiB | TTFT p50 ms | TPOT p50 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['scheduler']} | {'on' if r['fast_path'] else 'off'} | {r['num_requests']} | "
+              f"{r['num_steps']} | {r['wall_s']:.2f} | {r['us_per_step']:.1f} | {r['peak_rss_mib']:.0f} | "
+              f"{r['ttft_p50_ms']:.1f} | {r['tpot_p50_ms']:.2f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
