@@ -13,7 +13,7 @@ def resolve_step_model(spec: str):
         return model
     path = Path(spec)
     if path.is_dir():
-        from costmodel.tables import load_step_model   # sklearn-free, but only needed here
+        from costmodel.tables import load_step_model  # sklearn-free, but only needed here
         return load_step_model(path)
     raise InputError(f"--step-model {spec!r}: expected const:MS, linear:A,B,C or a T_step table directory")
 

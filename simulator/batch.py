@@ -20,7 +20,7 @@ class StepBatch:
     kv_lens: np.ndarray  # int64, tokens already in the request's KV cache
 
     @classmethod
-    def of(cls, request_ids, q_lens, kv_lens) -> "StepBatch":
+    def of(cls, request_ids, q_lens, kv_lens) -> StepBatch:
         return cls(tuple(int(r) for r in request_ids), np.asarray(q_lens, dtype=np.int64),
                    np.asarray(kv_lens, dtype=np.int64))
 
@@ -41,7 +41,7 @@ class StepBatch:
     def is_pure_decode(self) -> bool:
         return bool(self.is_decode.all())
 
-    def features(self) -> "StepFeatures":
+    def features(self) -> StepFeatures:
         return StepFeatures.from_row(feature_row(self.q_lens, self.kv_lens))
 
 
@@ -61,18 +61,18 @@ class StepFeatures:
         return len(self.num_seqs)
 
     @classmethod
-    def from_batches(cls, batches) -> "StepFeatures":
+    def from_batches(cls, batches) -> StepFeatures:
         rows = [feature_row(b.q_lens, b.kv_lens) for b in batches]
         cols = np.array(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES)).T
         return cls(*cols)
 
     @classmethod
-    def from_row(cls, row: tuple) -> "StepFeatures":
+    def from_row(cls, row: tuple) -> StepFeatures:
         """One batch's features from its feature_row() tuple."""
         return cls(*np.array(row, dtype=np.float64).reshape(len(FEATURE_NAMES), 1))
 
     @classmethod
-    def decode_run(cls, kv_lens: np.ndarray, num_steps: int) -> "StepFeatures":
+    def decode_run(cls, kv_lens: np.ndarray, num_steps: int) -> StepFeatures:
         """Features of num_steps consecutive decode steps over the same sequences, in closed form.
 
         Step j (0-based) sees every cache grown by j tokens.
@@ -86,12 +86,12 @@ class StepFeatures:
                    decode_kv_sum=kv_sum, decode_kv_max=float(kv_lens.max()) + j,
                    prefill_tokens=zeros, prefill_attn_work=zeros.copy(), kv_sum=kv_sum.copy())
 
-    def head(self, n: int) -> "StepFeatures":
+    def head(self, n: int) -> StepFeatures:
         """The first n batches."""
         return StepFeatures(*(getattr(self, name)[:n] for name in FEATURE_NAMES))
 
     @classmethod
-    def from_columns(cls, columns) -> "StepFeatures":
+    def from_columns(cls, columns) -> StepFeatures:
         """From a mapping (a DataFrame or dict) holding every feature column."""
         return cls(*(np.asarray(columns[name], dtype=np.float64) for name in FEATURE_NAMES))
 
@@ -108,8 +108,7 @@ def feature_row(q_lens, kv_lens) -> tuple:
         if q == 1 and s > 0:
             num_decode += 1
             decode_kv_sum += s
-            if s > decode_kv_max:
-                decode_kv_max = s
+            decode_kv_max = max(decode_kv_max, s)
         else:
             prefill_tokens += q
             pair_sum += q * s

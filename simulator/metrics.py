@@ -70,7 +70,7 @@ def summarize(requests, itl_s: np.ndarray | None = None, itl_weights: np.ndarray
     duration_s = end_s - start_s
     out_tokens = int(requests.loc[finished, "num_output_tokens"].sum())
     summary = {
-        "num_requests": int(len(requests)),
+        "num_requests": len(requests),
         "num_finished": num_finished,
         "duration_s": duration_s,
         "throughput_rps": num_finished / duration_s if duration_s > 0 else None,

@@ -78,7 +78,7 @@ class ModelSpec:
             "lm_head": (self.vocab_size, self.hidden_size),
         }
 
-    def with_dtype(self, dtype: str) -> "ModelSpec":
+    def with_dtype(self, dtype: str) -> ModelSpec:
         return ModelSpec(**{**asdict(self), "dtype": dtype})
 
     def to_dict(self) -> dict:

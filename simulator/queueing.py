@@ -1,7 +1,6 @@
 """Queueing closed forms for fast screening, before any simulation."""
 from __future__ import annotations
 
-
 from simulator.errors import InputError
 
 
@@ -52,5 +51,11 @@ def mmc_mean_response_s(arrival_rate: float, mean_service_s: float, num_servers:
     return mmc_mean_wait_s(arrival_rate, mean_service_s, num_servers) + mean_service_s
 
 
-__all__ = ["mg1_mean_wait_s", "md1_mean_wait_s", "mm1_mean_wait_s", "erlang_c", "mmc_mean_wait_s",
-           "mmc_mean_response_s"]
+__all__ = [
+    "erlang_c",
+    "md1_mean_wait_s",
+    "mg1_mean_wait_s",
+    "mm1_mean_wait_s",
+    "mmc_mean_response_s",
+    "mmc_mean_wait_s",
+]

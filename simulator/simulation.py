@@ -19,7 +19,8 @@ import numpy as np
 from simulator.batch import StepFeatures, feature_row
 from simulator.errors import InputError
 from simulator.kv_cache import BlockManager, blocks_for
-from simulator.metrics import request_metrics, summarize
+from simulator.logs import request_log
+from simulator.metrics import summarize
 from simulator.request import Request
 from simulator.router import make_router
 from simulator.schedulers import SchedulerConfig, make_scheduler
@@ -72,7 +73,8 @@ class Simulation:
     def __init__(self, trace: Trace, step_model, config: SimConfig) -> None:
         self.model = step_model
         self.config = config
-        self.requests, self.num_skipped = _make_requests(trace, config)
+        self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
+                                                         config.skip_oversize)
         self.arrival_s = np.array([r.arrival_s for r in self.requests], dtype=np.float64)
         num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, config.block_size)
                                                       for r in self.requests))
@@ -202,13 +204,13 @@ class Simulation:
     # -- results ---------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> SimResult:
         import pandas as pd
-        requests = _request_log(self.requests)
+        requests = request_log(self.requests)
         steps = pd.concat([r.log.to_frame() for r in self.replicas], ignore_index=True)
         itl = [s.itl.arrays() for s in self.schedulers]
         itl_s = np.concatenate([v for v, _ in itl])
         itl_w = np.concatenate([w for _, w in itl])
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
-        summary.update({"num_skipped": self.num_skipped, "num_steps": int(len(steps)),
+        summary.update({"num_skipped": self.num_skipped, "num_steps": len(steps),
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})
         return SimResult(requests, steps, summary, itl_s, itl_w, self.num_skipped, wall_s)
@@ -224,18 +226,20 @@ def simulate(trace: Trace, step_model, config: SimConfig | None = None) -> SimRe
     return Simulation(trace, step_model, config or SimConfig()).run()
 
 
-def _make_requests(trace: Trace, config: SimConfig) -> tuple[list[Request], int]:
+def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
+                  skip_oversize: bool = False) -> tuple[list[Request], int]:
+    """Request objects of a trace; requests that could never fit the KV cache fail (or are skipped)."""
     optional = {name: getattr(trace, name) for name in ("priority", "slo_ttft_ms", "slo_tpot_ms")}
     max_kv = trace.num_prompt_tokens + trace.num_output_tokens - 1
     keep = np.ones(len(trace), dtype=bool)
-    if config.kv_blocks is not None:
-        need = -(-max_kv // config.block_size)
-        keep = need <= config.kv_blocks
-        if not keep.all() and not config.skip_oversize:
+    if kv_blocks is not None:
+        need = -(-max_kv // block_size)
+        keep = need <= kv_blocks
+        if not keep.all() and not skip_oversize:
             row = int(np.flatnonzero(~keep)[0])
             raise InputError(
                 f"{trace.source}: request {int(trace.request_id[row])} (row {row}) needs {int(need[row])} KV blocks "
-                f"of {config.block_size} tokens but the cache holds {config.kv_blocks}; "
+                f"of {block_size} tokens but the cache holds {kv_blocks}; "
                 f"use --skip-oversize to drop such requests")
     ids, arr = trace.request_id.tolist(), trace.arrival_s.tolist()
     prompt, output = trace.num_prompt_tokens.tolist(), trace.num_output_tokens.tolist()
@@ -254,24 +258,3 @@ def _optional_floats(column) -> list | None:
     if column is None:
         return None
     return [None if not math.isfinite(v) else float(v) for v in np.asarray(column, dtype=np.float64).tolist()]
-
-
-def _request_log(requests: list[Request]):
-    import pandas as pd
-    def col(attr, dtype=np.float64):
-        return np.array([getattr(r, attr) if getattr(r, attr) is not None else np.nan for r in requests], dtype=dtype)
-    frame = pd.DataFrame({
-        "request_id": np.array([r.request_id for r in requests], dtype=np.int64),
-        "replica": np.array([r.replica for r in requests], dtype=np.int64),
-        "arrival_s": col("arrival_s"), "first_token_s": col("first_token_s"), "finish_s": col("finish_s"),
-        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in requests], dtype=np.int64),
-        "num_output_tokens": np.array([r.num_output_tokens for r in requests], dtype=np.int64),
-    })
-    frame = frame.assign(**request_metrics(frame["arrival_s"], frame["first_token_s"], frame["finish_s"],
-                                           frame["num_output_tokens"]))
-    frame["num_preemptions"] = np.array([r.num_preemptions for r in requests], dtype=np.int64)
-    if any(r.slo_ttft_ms is not None for r in requests):
-        frame["slo_ttft_ms"] = col("slo_ttft_ms")
-    if any(r.slo_tpot_ms is not None for r in requests):
-        frame["slo_tpot_ms"] = col("slo_tpot_ms")
-    return frame.sort_values("request_id", kind="stable").reset_index(drop=True)

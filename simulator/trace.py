@@ -29,7 +29,7 @@ class Trace:
 
     @classmethod
     def from_arrays(cls, arrival_s, num_prompt_tokens, num_output_tokens, *, request_id=None,
-                    source: str = "generated", prefix_hash_ids: list | None = None, **optional) -> "Trace":
+                    source: str = "generated", prefix_hash_ids: list | None = None, **optional) -> Trace:
         """Validate, sort by arrival (with a warning) and build a trace."""
         arrival = np.asarray(arrival_s, dtype=np.float64)
         prompt = np.asarray(num_prompt_tokens)
@@ -54,7 +54,7 @@ class Trace:
             trace.warnings.append(f"{source}: arrivals were not sorted; sorted them by arrival_s")
         return trace
 
-    def take(self, index) -> "Trace":
+    def take(self, index) -> Trace:
         """The requests at `index` (an int array or a boolean mask), keeping their ids."""
         def pick(col):
             return None if col is None else col[index]

@@ -1,11 +1,11 @@
 """Serving schedulers behind one contract (see base.SchedulerBase); SCHEDULERS maps CLI names to classes."""
+from simulator.errors import InputError
 from simulator.schedulers.base import ItlSamples, SchedulerBase, SchedulerConfig
 from simulator.schedulers.continuous import ContinuousScheduler
 from simulator.schedulers.sarathi import SarathiScheduler
 from simulator.schedulers.slo import SloScheduler, SloSettings
 from simulator.schedulers.static import StaticScheduler
 from simulator.schedulers.vllm import VllmScheduler
-from simulator.errors import InputError
 
 SCHEDULERS = {
     "static": StaticScheduler,
@@ -22,5 +22,16 @@ def make_scheduler(name: str, block_manager, config: SchedulerConfig | None = No
     return SCHEDULERS[name](block_manager, config)
 
 
-__all__ = ["SCHEDULERS", "make_scheduler", "SchedulerBase", "SchedulerConfig", "ItlSamples", "SloSettings",
-           "StaticScheduler", "ContinuousScheduler", "VllmScheduler", "SarathiScheduler", "SloScheduler"]
+__all__ = [
+    "SCHEDULERS",
+    "ContinuousScheduler",
+    "ItlSamples",
+    "SarathiScheduler",
+    "SchedulerBase",
+    "SchedulerConfig",
+    "SloScheduler",
+    "SloSettings",
+    "StaticScheduler",
+    "VllmScheduler",
+    "make_scheduler",
+]

@@ -33,8 +33,7 @@ class VllmScheduler(SchedulerBase):
             if request.status is not running:
                 continue   # preempted by an earlier candidate
             n = request.num_prompt_tokens + request.num_generated_tokens - request.num_computed_tokens
-            if n > budget:
-                n = budget
+            n = min(n, budget)
             if request.num_computed_tokens + n > request.num_blocks * block_size:
                 before = self.num_preemptions
                 ok = self._reserve_or_preempt(request, n)

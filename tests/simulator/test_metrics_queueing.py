@@ -4,7 +4,13 @@ import pytest
 
 from simulator.errors import InputError
 from simulator.metrics import distribution, request_metrics, summarize, weighted_percentiles
-from simulator.queueing import erlang_c, md1_mean_wait_s, mg1_mean_wait_s, mm1_mean_wait_s, mmc_mean_wait_s
+from simulator.queueing import (
+    erlang_c,
+    md1_mean_wait_s,
+    mg1_mean_wait_s,
+    mm1_mean_wait_s,
+    mmc_mean_wait_s,
+)
 
 
 def test_weighted_percentiles_equal_numpy_on_the_expanded_array():

@@ -1,0 +1,101 @@
+"""`stepcal measure`: serve a trace for real on the torch engine and write measured logs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from experiments.commands.simulate import add_scheduler_flags, kv_blocks_from_args, scheduler_config_from_args
+
+HELP = """Serve a trace for real: the simulator's scheduler drives the torch Llama-style model (random
+weights) on the device, one real forward pass per step, greedy sampling, output lengths from the
+trace. Writes OUT/meta.json, OUT/trace.parquet, OUT/repeat_<k>/{requests,steps}.parquet and
+summary.json, and OUT/summary.json (with the run-to-run noise floor when --repeats >= 2).
+
+example:
+  stepcal measure --model-spec tiny --device cpu \\
+      --trace poisson:rate=20,n=300,prompt=lognormal:256:0.8,output=lognormal:64:0.8 \\
+      --scheduler sarathi --chunk-size 256 --repeats 2 --out runs/measured"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("measure", help="serve a trace for real on the torch engine",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-spec", default="tiny", help="model preset or file (default tiny)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bf16 on CUDA)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
+    p.add_argument("--trace", required=True, help="trace file or generator spec (see `stepcal trace --help`)")
+    p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
+    p.add_argument("--rate", type=float, default=None, help="rescale arrivals to this mean rate (req/s)")
+    p.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
+    p.add_argument("--duration", type=float, default=None, help="keep only requests arriving in the first S seconds")
+    add_scheduler_flags(p)
+    p.add_argument("--clock", default="virtual", choices=["virtual", "wall"],
+                   help="virtual: run every step for real but skip idle gaps (default); wall: real time")
+    p.add_argument("--repeats", type=int, default=1, help="serve the workload R times (R >= 2 gives the noise floor)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights, prompt tokens and generated workloads")
+    p.add_argument("--slo-ttft-ms", type=float, default=None)
+    p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from simulator.errors import InputError
+    from simulator.model_spec import load_model_spec
+    from simulator.workload import load_workload
+    if args.repeats < 1 or args.threads < 1:
+        raise InputError("--repeats and --threads must be at least 1")
+    spec = load_model_spec(args.model_spec)
+    trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
+                          num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
+    for warning in trace.warnings:
+        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    config = _engine_config(args)
+    import torch
+
+    from profiler.engine import Engine
+    from profiler.engine.measure import engine_meta, warm_up, write_measured_run
+    from profiler.fingerprint import hardware_fingerprint
+    from profiler.model import build_model, default_dtype
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
+    torch.set_num_threads(args.threads)
+    dtype = args.dtype or default_dtype(args.device)
+    model = build_model(spec, device=args.device, dtype=dtype, seed=args.seed)
+    warm_up(model)
+    results = []
+    for k in range(args.repeats):
+        result = Engine(model, trace, config).run()
+        results.append(result)
+        if not args.quiet:
+            s = result.summary
+            print(f"repeat {k}: {s['num_finished']}/{s['num_requests']} requests, {s['num_steps']} steps in "
+                  f"{result.wall_s:.1f} s; TTFT p50 {s['ttft_ms']['p50']:.1f} ms, TPOT p50 {s['tpot_ms']['p50']:.2f} ms",
+                  file=sys.stderr)
+    meta = engine_meta(spec, config, device=args.device, dtype=dtype, num_threads=args.threads,
+                       trace_source=str(args.trace), repeats=args.repeats,
+                       fingerprint=hardware_fingerprint(args.device, args.threads))
+    summary = write_measured_run(args.out, trace, results, meta)
+    if not args.quiet:
+        from experiments.commands.simulate import format_summary
+        print(format_summary(summary))
+        if "noise_floor" in summary:
+            nf = summary["noise_floor"]
+            print("run-to-run noise (|Δ|/value, repeat 1 vs 0): " + ", ".join(
+                f"{m} p50 {_pct(nf[m]['p50'])} p99 {_pct(nf[m]['p99'])}" for m in ("ttft_ms", "tpot_ms", "e2e_ms")))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _engine_config(args):
+    from profiler.engine.engine import EngineConfig
+    return EngineConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
+                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), clock=args.clock,
+                        seed=args.seed, skip_oversize=args.skip_oversize,
+                        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

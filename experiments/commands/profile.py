@@ -1,0 +1,134 @@
+"""`stepcal profile`: resumable on-device sweeps; `stepcal profile merge`: join shards."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from simulator.errors import InputError
+
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
+EXIT_INCOMPLETE = 3
+
+DESCRIPTION = """\
+Time GEMMs, attention (prefill and decode), whole model steps and host overhead for a model
+shape over a grid of batch sizes and KV lengths, and write DIR/profile.parquet (one row per
+point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/meta.json
+(configuration and hardware fingerprint).
+
+The sweep is resumable: killed at any moment (even with SIGKILL) and run again with the same
+arguments, it measures only the missing points. --max-minutes stops cleanly (exit status 3:
+run again to resume). Failed points (out of memory, unsupported shape) are recorded with
+their reason; --retry-failed measures them again.
+
+Grids: `quick` (minutes), `full` (a campaign), or a JSON / TOML file of the same shape
+(see profiler/grid.py). CPU timing uses perf_counter with a fixed thread count (--threads,
+default 1); CUDA timing uses events, rotates input buffers past the L2 cache, and replays
+tiny kernels from CUDA graphs.
+
+Examples:
+  stepcal profile --model-spec tiny --device cpu --grid quick --out runs/prof-tiny
+  stepcal profile --model-spec llama-3-8b --device cuda --ops gemm,step --grid full \\
+      --shard 0/4 --out runs/prof-8b-0
+  stepcal profile merge runs/prof-8b-0 runs/prof-8b-1 runs/prof-8b-2 runs/prof-8b-3 \\
+      --out runs/prof-8b
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile", help="profile GEMM, attention, step and overhead times on this device",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-spec", metavar="NAME|FILE",
+                        help="a preset (tiny, llama-3-8b, ...) or a JSON / TOML ModelSpec file")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N) [default: cpu]")
+    parser.add_argument("--ops", default=",".join(OPS),
+                        help=f"comma-separated ops to sweep [default: {','.join(OPS)}]")
+    parser.add_argument("--grid", default="quick", metavar="quick|full|FILE",
+                        help="built-in grid or a JSON / TOML grid file [default: quick]")
+    parser.add_argument("--dtype", default=None,
+                        help="float32, bfloat16 or float16 [default: float32 on cpu, bfloat16 on cuda]")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="torch CPU threads, fixed and recorded [default: 1]")
+    parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                        help="stop cleanly after M minutes (exit 3); the next run resumes")
+    parser.add_argument("--shard", default="0/1", metavar="i/n",
+                        help="run the i-th (from 0) of n disjoint parts of the grid [default: 0/1]")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs [default: 0]")
+    parser.add_argument("--retry-failed", action="store_true", help="measure failed points again")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", metavar="DIR", help="output directory (resumed if it exists)")
+    parser.set_defaults(func=run, profile_command=None)
+
+    sub = parser.add_subparsers(dest="profile_command", metavar="merge")
+    merge = sub.add_parser(
+        "merge", help="join the profiles of several shards or hosts into one",
+        description="Join profile directories (shards of one sweep, or resumed pieces) into one "
+                    "DIR/profile.parquet with every point once; checks that they measured the same "
+                    "model, dtype, device kind and grid.")
+    merge.add_argument("inputs", nargs="+", metavar="DIR", help="profile directories to join")
+    merge.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    merge.set_defaults(func=run_merge)
+
+
+def run(args) -> int:
+    from profiler.grid import load_grid, parse_shard
+    from simulator.model_spec import load_model_spec
+
+    if not args.model_spec:
+        raise InputError("profile: --model-spec is required")
+    if not args.out:
+        raise InputError("profile: --out is required")
+    if args.threads < 1:
+        raise InputError(f"--threads: must be at least 1, got {args.threads}")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        raise InputError(f"--max-minutes: must be positive, got {args.max_minutes:g}")
+    ops = parse_ops(args.ops)
+    shard = parse_shard(args.shard)
+    spec = load_model_spec(args.model_spec)
+    dtype = resolve_dtype(args.dtype, args.device)
+    grid = load_grid(args.grid, spec).for_ops(ops)
+    if not grid.points:
+        raise InputError(f"--grid {args.grid}: no points for ops {','.join(ops)}")
+
+    from profiler.sweep import SweepConfig, run_sweep
+    config = SweepConfig(spec=spec, device=args.device, dtype=dtype, ops=ops, grid=grid,
+                         num_threads=args.threads, shard=shard, seed=args.seed)
+    result = run_sweep(config, args.out, max_minutes=args.max_minutes,
+                       retry_failed=args.retry_failed, progress=not args.no_progress)
+    state = "complete" if result.complete else "incomplete (run again to resume)"
+    rounds = f" x {result.rounds} rounds" if result.rounds > 1 else ""
+    print(f"{result.out}/profile.parquet: {result.num_points} points{rounds}, "
+          f"{result.num_measured} measured now ({result.num_done_before} points done before), "
+          f"{result.num_failed} failed; {state}; {result.elapsed_s:.1f} s", file=sys.stderr)
+    return 0 if result.complete else EXIT_INCOMPLETE
+
+
+def run_merge(args) -> int:
+    from profiler.merge import merge_profiles
+    result = merge_profiles(args.inputs, args.out)
+    print(f"{args.out}/profile.parquet: {result.num_rows} points from {len(args.inputs)} "
+          f"director{'y' if len(args.inputs) == 1 else 'ies'} "
+          f"({result.num_duplicates} duplicates dropped, {result.num_failed} failed)"
+          + (f"; {result.num_missing} grid points missing" if result.num_missing else ""),
+          file=sys.stderr)
+    return 0
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    ops = tuple(dict.fromkeys(o.strip() for o in text.split(",") if o.strip()))
+    unknown = [o for o in ops if o not in OPS]
+    if unknown or not ops:
+        raise InputError(f"--ops: unknown {unknown or text!r}; choose from {','.join(OPS)}")
+    return ops
+
+
+def resolve_dtype(dtype: str | None, device: str) -> str:
+    from simulator.model_spec import DTYPE_BYTES
+    if dtype is None:
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    canonical = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    if canonical not in ("float32", "bfloat16", "float16"):
+        known = "float32, bfloat16, float16"
+        hint = " (not supported by the torch model)" if dtype in DTYPE_BYTES else ""
+        raise InputError(f"--dtype: {dtype!r}{hint}; choose from {known}")
+    return canonical

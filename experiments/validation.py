@@ -1,0 +1,131 @@
+"""Validation: simulate a measured run's workload with the same scheduler settings and compare.
+
+Every figure is (simulated - measured) / measured, per metric and percentile, with the measured
+run-to-run noise floor beside it when the measured run has repeats.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.metrics import PERCENTILES, clean_json
+
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+STATS = ("mean",) + tuple(f"p{q}" for q in PERCENTILES)
+
+
+@dataclass
+class MeasuredRun:
+    path: Path
+    meta: dict
+    trace: object            # simulator.trace.Trace
+    requests: object         # DataFrame, repeat 0
+    steps: object            # DataFrame, repeat 0
+    summary: dict            # repeat 0, with noise_floor when there are repeats
+
+
+def load_measured_run(path: str | Path) -> MeasuredRun:
+    import pandas as pd
+
+    from simulator.trace import Trace
+    path = Path(path)
+    for name in ("meta.json", "trace.parquet", "summary.json", "repeat_0/requests.parquet", "repeat_0/steps.parquet"):
+        if not (path / name).exists():
+            raise InputError(f"--measured {path}: missing {name} (expected the output of `stepcal measure` "
+                             f"or `stepcal import vllm-bench`)")
+    meta = json.loads((path / "meta.json").read_text())
+    frame = pd.read_parquet(path / "trace.parquet")
+    optional = {c: frame[c].to_numpy() for c in ("priority", "slo_ttft_ms", "slo_tpot_ms") if c in frame}
+    trace = Trace.from_arrays(frame["arrival_s"].to_numpy(), frame["num_prompt_tokens"].to_numpy(),
+                              frame["num_output_tokens"].to_numpy(), request_id=frame["request_id"].to_numpy(),
+                              source=str(path / "trace.parquet"), **optional)
+    return MeasuredRun(path, meta, trace, pd.read_parquet(path / "repeat_0/requests.parquet"),
+                       pd.read_parquet(path / "repeat_0/steps.parquet"), json.loads((path / "summary.json").read_text()))
+
+
+def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0):
+    """The simulator settings that replay the measured run: same scheduler, budget, KV capacity."""
+    from simulator.schedulers import SchedulerConfig
+    from simulator.simulation import SimConfig
+    meta = run.meta
+    return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
+                     block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
+                     record_batches=False)
+
+
+def relative_error(predicted, measured) -> float | None:
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def step_level_error(model, steps) -> dict:
+    """MAPE (and P90 / max APE) of the model's step time on the measured step log, batch by batch."""
+    from simulator.batch import StepBatch
+    predicted = np.array([model.step_ms(StepBatch.of(ids, q, kv)) for ids, q, kv in
+                          zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])])
+    measured = steps["duration_ms"].to_numpy(dtype=np.float64)
+    ape = np.abs(predicted - measured) / measured
+    return {"mape": float(ape.mean()), "p90_ape": float(np.percentile(ape, 90)), "max_ape": float(ape.max()),
+            "mean_predicted_ms": float(predicted.mean()), "mean_measured_ms": float(measured.mean()),
+            "num_steps": len(steps)}
+
+
+def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_error: dict) -> dict:
+    """The validation record: per metric and statistic, measured, simulated, error, noise floor."""
+    measured_ids = set(run.requests.loc[run.requests["finish_s"].notna(), "request_id"])
+    simulated_ids = set(simulated_requests.loc[simulated_requests["finish_s"].notna(), "request_id"])
+    noise = run.summary.get("noise_floor") or {}
+    metrics = {}
+    for metric in METRICS:
+        metrics[metric] = {}
+        for stat in STATS:
+            m = (run.summary.get(metric) or {}).get(stat)
+            s = (simulated_summary.get(metric) or {}).get(stat)
+            metrics[metric][stat] = {"measured": m, "simulated": s, "error": relative_error(s, m),
+                                     "noise_floor": (noise.get(metric) or {}).get(stat)}
+    return clean_json({
+        "measured_run": str(run.path), "num_requests": len(run.trace),
+        "num_finished_both": len(measured_ids & simulated_ids),
+        "num_finished_only_measured": len(measured_ids - simulated_ids),
+        "num_finished_only_simulated": len(simulated_ids - measured_ids),
+        "metrics": metrics,
+        "throughput_rps": {"measured": run.summary.get("throughput_rps"),
+                           "simulated": simulated_summary.get("throughput_rps"),
+                           "error": relative_error(simulated_summary.get("throughput_rps"), run.summary.get("throughput_rps")),
+                           "noise_floor": noise.get("throughput_rps")},
+        "step_level": step_error,
+    })
+
+
+def format_table(record: dict) -> str:
+    """A markdown table of the validation record."""
+    lines = [f"measured run {record['measured_run']}: {record['num_requests']} requests, "
+             f"{record['num_finished_both']} finished in both runs"
+             + (f", {record['num_finished_only_measured']} only measured" if record['num_finished_only_measured'] else "")
+             + (f", {record['num_finished_only_simulated']} only simulated" if record['num_finished_only_simulated'] else ""),
+             "", "| metric | stat | measured | simulated | error | noise floor |", "|---|---|---|---|---|---|"]
+    for metric, stats in record["metrics"].items():
+        for stat, cell in stats.items():
+            lines.append(f"| {metric} | {stat} | {_fmt(cell['measured'])} | {_fmt(cell['simulated'])} | "
+                         f"{_pct(cell['error'])} | {_pct(cell['noise_floor'])} |")
+    t = record["throughput_rps"]
+    lines.append(f"| throughput_rps | | {_fmt(t['measured'])} | {_fmt(t['simulated'])} | {_pct(t['error'])} | "
+                 f"{_pct(t['noise_floor'])} |")
+    s = record["step_level"]
+    lines += ["", f"step level: MAPE {_pct(s['mape'])}, P90 APE {_pct(s['p90_ape'])}, max APE {_pct(s['max_ape'])} "
+                  f"over {s['num_steps']} measured steps (mean measured {s['mean_measured_ms']:.3f} ms, "
+                  f"predicted {s['mean_predicted_ms']:.3f} ms)"]
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"

@@ -1,0 +1,355 @@
+"""Sweep grids: which points to measure, for which ops, with which timing policy.
+
+A grid is a mapping (built in, or a JSON / TOML file of the same shape):
+
+    timing = {max_point_s = 0.5, rounds = 2}      # TimingPolicy fields (rounds: passes pooled)
+    limits = {max_tokens = 16384, max_kv_tokens = 262144}
+    [gemm]          m = [1, 2, 4, ...]; names = ["qkv_proj", ...]   (default: every projection)
+    [attn_prefill]  num_seqs, q, s, patterns = ["uniform", "ragged"]; cases = [{q_lens, kv_lens}]
+    [attn_decode]   num_seqs, s, patterns = ["uniform", "log_uniform", "one_long"]; cases = [...]
+    [step]          batches = [{num_prefill, q, s, num_decode, decode_s, decode_pattern}]; cases = [...]
+    [overhead]      num_seqs, s; cases = [...]
+
+Patterns make heterogeneous batches from (b, q, s) deterministically, so a grid names the same
+points on every host. Each point has a stable key; re-running a sweep skips keys already done.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.model_spec import ModelSpec
+
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
+GEMM_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+DECODE_PATTERNS = ("uniform", "log_uniform", "one_long")
+PREFILL_PATTERNS = ("uniform", "ragged")
+SECTION_KEYS = {
+    "gemm": {"m", "names"},
+    "attn_prefill": {"num_seqs", "q", "s", "patterns", "cases"},
+    "attn_decode": {"num_seqs", "s", "patterns", "cases"},
+    "step": {"batches", "cases"},
+    "overhead": {"num_seqs", "s", "cases"},
+}
+STEP_BATCH_KEYS = {"num_prefill", "q", "s", "num_decode", "decode_s", "decode_pattern"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement: a GEMM (m, n, k) or a batch of (q_i, s_i) for attention / step / overhead."""
+    op: str
+    name: str                                  # projection, or the pattern the batch came from
+    m: int | None = None
+    n: int | None = None
+    k: int | None = None
+    q_lens: tuple[int, ...] | None = None
+    kv_lens: tuple[int, ...] | None = None
+
+    @property
+    def key(self) -> str:
+        """Readable prefix plus a hash of the full shape (lists can be long)."""
+        shape = {"m": self.m, "n": self.n, "k": self.k, "q_lens": self.q_lens, "kv_lens": self.kv_lens}
+        digest = hashlib.sha1(json.dumps([self.op, self.name, shape]).encode()).hexdigest()[:12]
+        if self.op == "gemm":
+            return f"gemm/{self.name}/m{self.m}/{digest}"
+        return f"{self.op}/{self.name}/b{len(self.q_lens)}/{digest}"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.m if self.op == "gemm" else int(sum(self.q_lens))
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens held in caches during the point (new ones included)."""
+        if self.op == "gemm":
+            return 0
+        return int(sum(self.q_lens) + sum(self.kv_lens))
+
+
+@dataclass(frozen=True)
+class Grid:
+    name: str
+    points: tuple[Point, ...]
+    timing: dict
+    source: dict                    # the mapping it was built from (for meta.json)
+
+    def for_ops(self, ops) -> Grid:
+        return Grid(self.name, tuple(p for p in self.points if p.op in ops), self.timing, self.source)
+
+    def shard(self, index: int, count: int) -> tuple[Point, ...]:
+        """The index-th of count disjoint parts, by key hash (stable when the grid grows)."""
+        return tuple(p for p in self.points if shard_of(p.key, count) == index)
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the point keys and timing settings: two runs resume each other only if equal."""
+        text = json.dumps([[p.key for p in self.points], self.timing], sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def shard_of(key: str, count: int) -> int:
+    return int(hashlib.sha1(key.encode()).hexdigest(), 16) % count
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/n' with 0 <= i < n."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise InputError(f"--shard: expected i/n (e.g. 0/4), got {text!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise InputError(f"--shard: need 0 <= i < n (shards are numbered from 0), got {text!r}")
+    return index, count
+
+
+# --- built-in grids ------------------------------------------------------------------------
+
+QUICK = {
+    "timing": {"max_point_s": 0.4, "target_rel_precision": 0.02, "min_repeats": 10, "rounds": 2},
+    "limits": {"max_tokens": 4096, "max_kv_tokens": 262144},
+    "gemm": {"m": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]},
+    "attn_prefill": {"num_seqs": [1, 4], "q": [16, 128, 512], "s": [0, 512, 2048],
+                     "patterns": ["uniform", "ragged"]},
+    "attn_decode": {"num_seqs": [1, 8, 32, 128], "s": [128, 1024, 4096],
+                    "patterns": ["uniform", "log_uniform", "one_long"]},
+    "step": {"batches": [
+        {"num_decode": 1, "decode_s": 512},
+        {"num_decode": 8, "decode_s": 512},
+        {"num_decode": 32, "decode_s": 1024},
+        {"num_decode": 32, "decode_s": 1024, "decode_pattern": "log_uniform"},
+        {"num_prefill": 1, "q": 128, "s": 0},
+        {"num_prefill": 1, "q": 512, "s": 0},
+        {"num_prefill": 1, "q": 256, "s": 512, "num_decode": 16, "decode_s": 1024},
+        {"num_prefill": 2, "q": 128, "s": 0, "num_decode": 32, "decode_s": 512},
+        {"num_prefill": 1, "q": 64, "s": 1024, "num_decode": 64, "decode_s": 256,
+         "decode_pattern": "one_long"},
+    ]},
+    "overhead": {"num_seqs": [1, 8, 32, 128, 256], "s": [512]},
+}
+
+_FULL_M = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
+           448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120,
+           6144, 7168, 8192, 10240, 12288, 14336, 16384]
+
+FULL = {
+    "timing": {"max_point_s": 2.0, "target_rel_precision": 0.01, "min_repeats": 10, "rounds": 2},
+    "limits": {"max_tokens": 16384, "max_kv_tokens": 2097152},
+    "gemm": {"m": _FULL_M},
+    "attn_prefill": {"num_seqs": [1, 2, 4, 8], "q": [16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+                     "s": [0, 256, 1024, 4096, 16384], "patterns": ["uniform", "ragged"]},
+    "attn_decode": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+                    "s": [64, 256, 1024, 4096, 16384, 32768],
+                    "patterns": ["uniform", "log_uniform", "one_long"]},
+    "step": {"batches": [
+        *({"num_decode": b, "decode_s": s} for b in (1, 4, 16, 64, 256) for s in (256, 2048, 8192)),
+        *({"num_decode": b, "decode_s": 4096, "decode_pattern": p}
+          for b in (16, 64, 256) for p in ("log_uniform", "one_long")),
+        *({"num_prefill": 1, "q": q, "s": s} for q in (64, 256, 1024, 4096) for s in (0, 2048)),
+        *({"num_prefill": p, "q": q, "s": 0, "num_decode": d, "decode_s": 2048}
+          for p in (1, 2) for q in (256, 1024) for d in (16, 64, 128)),
+    ]},
+    "overhead": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "s": [512, 4096]},
+}
+
+BUILT_IN = {"quick": QUICK, "full": FULL}
+
+
+def load_grid(name_or_path: str, spec: ModelSpec) -> Grid:
+    """A built-in grid name (quick, full) or a JSON / TOML grid file, expanded for `spec`."""
+    if name_or_path in BUILT_IN:
+        return expand_grid(name_or_path, BUILT_IN[name_or_path], spec)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InputError(f"--grid: {name_or_path!r} is neither a built-in grid "
+                         f"({', '.join(BUILT_IN)}) nor an existing file")
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+            source = tomllib.loads(path.read_text())
+        else:
+            source = json.loads(path.read_text())
+    except (ValueError, OSError) as exc:
+        raise InputError(f"{path}: cannot parse grid: {exc}") from None
+    return expand_grid(str(path), source, spec, where=str(path))
+
+
+def expand_grid(name: str, source: dict, spec: ModelSpec, where: str = "grid") -> Grid:
+    """Every point of the grid for this model, in a fixed order, duplicates dropped."""
+    if not isinstance(source, dict):
+        raise InputError(f"{where}: a grid must be a mapping of sections")
+    unknown = set(source) - set(OPS) - {"timing", "limits"}
+    if unknown:
+        raise InputError(f"{where}: unknown grid sections {sorted(unknown)}; "
+                         f"known: timing, limits, {', '.join(OPS)}")
+    limits = {"max_tokens": 16384, "max_kv_tokens": 2097152, **source.get("limits", {})}
+    points: list[Point] = []
+    for op in OPS:
+        section = source.get(op)
+        if section is None:
+            continue
+        _check_keys(section, SECTION_KEYS[op], f"{where}: [{op}]")
+        points.extend(_EXPANDERS[op](section, spec, f"{where}: [{op}]"))
+    kept = [p for p in points
+            if p.num_tokens <= limits["max_tokens"] and p.kv_tokens <= limits["max_kv_tokens"]]
+    unique = list(dict.fromkeys(kept))
+    timing = dict(source.get("timing", {}))
+    return Grid(name, tuple(unique), timing, source)
+
+
+def _check_keys(section, allowed: set, where: str) -> None:
+    if not isinstance(section, dict):
+        raise InputError(f"{where}: must be a mapping")
+    unknown = set(section) - allowed
+    if unknown:
+        raise InputError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(allowed)}")
+
+
+def _ints(section: dict, key: str, where: str, default=None, minimum: int = 1) -> list[int]:
+    values = section.get(key, default)
+    if values is None:
+        raise InputError(f"{where}: missing {key!r}")
+    values = values if isinstance(values, list) else [values]
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+            raise InputError(f"{where}: {key} must hold integers >= {minimum}, got {v!r}")
+    return values
+
+
+def _names(section: dict, key: str, known, default, where: str) -> list[str]:
+    values = section.get(key, list(default))
+    bad = [v for v in values if v not in known]
+    if bad:
+        raise InputError(f"{where}: unknown {key} {bad}; known: {', '.join(known)}")
+    return values
+
+
+def _expand_gemm(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    shapes = spec.gemm_shapes()
+    names = _names(section, "names", GEMM_NAMES, GEMM_NAMES, where)
+    return [Point("gemm", name, m=m, n=shapes[name][0], k=shapes[name][1])
+            for name in names for m in _ints(section, "m", where)]
+
+
+def _expand_prefill(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    patterns = _names(section, "patterns", PREFILL_PATTERNS, ["uniform"], where)
+    points = []
+    if {"num_seqs", "q", "s"} & set(section):
+        for pattern, b, q, s in product(patterns, _ints(section, "num_seqs", where),
+                                        _ints(section, "q", where), _ints(section, "s", where, minimum=0)):
+            if pattern != "uniform" and b == 1:
+                continue                           # one sequence has no spread to vary
+            q_lens, kv_lens = prefill_batch(pattern, b, q, s)
+            points.append(Point("attn_prefill", pattern, q_lens=q_lens, kv_lens=kv_lens))
+    return points + _cases(section, "attn_prefill", where)
+
+
+def _expand_decode(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    patterns = _names(section, "patterns", DECODE_PATTERNS, ["uniform"], where)
+    points = []
+    if {"num_seqs", "s"} & set(section):
+        for pattern, b, s in product(patterns, _ints(section, "num_seqs", where), _ints(section, "s", where)):
+            if pattern != "uniform" and b == 1:
+                continue
+            points.append(Point("attn_decode", pattern, q_lens=(1,) * b, kv_lens=decode_kv_lens(pattern, b, s)))
+    return points + _cases(section, "attn_decode", where)
+
+
+def _expand_step(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    points = []
+    for i, batch in enumerate(section.get("batches", [])):
+        here = f"{where}: batches[{i}]"
+        _check_keys(batch, STEP_BATCH_KEYS, here)
+        num_prefill = _ints(batch, "num_prefill", here, default=0, minimum=0)[0]
+        num_decode = _ints(batch, "num_decode", here, default=0, minimum=0)[0]
+        if num_prefill + num_decode == 0:
+            raise InputError(f"{here}: a step needs num_prefill or num_decode > 0")
+        q_lens, kv_lens = [], []
+        if num_prefill:
+            q = _ints(batch, "q", here)[0]
+            s = _ints(batch, "s", here, default=0, minimum=0)[0]
+            q_lens += [q] * num_prefill
+            kv_lens += [s] * num_prefill
+        if num_decode:
+            pattern = batch.get("decode_pattern", "uniform")
+            if pattern not in DECODE_PATTERNS:
+                raise InputError(f"{here}: unknown decode_pattern {pattern!r}; "
+                                 f"known: {', '.join(DECODE_PATTERNS)}")
+            q_lens += [1] * num_decode
+            kv_lens += list(decode_kv_lens(pattern, num_decode, _ints(batch, "decode_s", here)[0]))
+        name = "mixed" if num_prefill and num_decode else ("prefill" if num_prefill else "decode")
+        points.append(Point("step", name, q_lens=tuple(q_lens), kv_lens=tuple(kv_lens)))
+    return points + _cases(section, "step", where)
+
+
+def _expand_overhead(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    points = []
+    if {"num_seqs", "s"} & set(section):
+        for b, s in product(_ints(section, "num_seqs", where), _ints(section, "s", where)):
+            points.append(Point("overhead", "decode", q_lens=(1,) * b, kv_lens=(s,) * b))
+    return points + _cases(section, "overhead", where)
+
+
+def _cases(section: dict, op: str, where: str) -> list[Point]:
+    """Explicit batches: [{q_lens = [...], kv_lens = [...], name = "..."}]."""
+    points = []
+    for i, case in enumerate(section.get("cases", [])):
+        here = f"{where}: cases[{i}]"
+        _check_keys(case, {"q_lens", "kv_lens", "name"}, here)
+        q_lens = _ints(case, "q_lens", here)
+        kv_lens = _ints(case, "kv_lens", here, minimum=0)
+        if len(q_lens) != len(kv_lens):
+            raise InputError(f"{here}: q_lens and kv_lens must have the same length")
+        if op == "attn_decode" and any(q != 1 for q in q_lens):
+            raise InputError(f"{here}: a decode brings one token per sequence (q_lens all 1)")
+        points.append(Point(op, str(case.get("name", "case")), q_lens=tuple(q_lens), kv_lens=tuple(kv_lens)))
+    return points
+
+
+_EXPANDERS = {"gemm": _expand_gemm, "attn_prefill": _expand_prefill, "attn_decode": _expand_decode,
+              "step": _expand_step, "overhead": _expand_overhead}
+
+
+# --- heterogeneous batches -----------------------------------------------------------------
+
+def _rng(*parts) -> np.random.Generator:
+    seed = int(hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:8], 16)
+    return np.random.default_rng(seed)
+
+
+def decode_kv_lens(pattern: str, num_seqs: int, kv_len: int) -> tuple[int, ...]:
+    """KV lengths of num_seqs decodes; kv_len is the common length (uniform) or the longest.
+
+    log_uniform: spread log-uniformly over [kv_len/64, kv_len] (one sequence at kv_len);
+    one_long: one sequence at kv_len, the others at kv_len/32.
+    """
+    if pattern == "uniform":
+        return (kv_len,) * num_seqs
+    floor = max(1, kv_len // 32) if pattern == "one_long" else max(1, kv_len // 64)
+    if pattern == "one_long":
+        return (kv_len,) + (floor,) * (num_seqs - 1)
+    if pattern == "log_uniform":
+        rng = _rng(pattern, num_seqs, kv_len)
+        lens = np.exp(rng.uniform(np.log(floor), np.log(kv_len), size=num_seqs)).astype(int)
+        lens[0] = kv_len
+        return tuple(int(x) for x in np.clip(lens, 1, kv_len))
+    raise ValueError(f"unknown decode pattern {pattern!r}")
+
+
+def prefill_batch(pattern: str, num_seqs: int, q_len: int, kv_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Chunks of num_seqs prefills; ragged: q log-uniform in [q/8, q], s uniform in [0, s]."""
+    if pattern == "uniform":
+        return (q_len,) * num_seqs, (kv_len,) * num_seqs
+    if pattern == "ragged":
+        rng = _rng(pattern, num_seqs, q_len, kv_len)
+        low = max(1, q_len // 8)
+        q = np.exp(rng.uniform(np.log(low), np.log(q_len), size=num_seqs)).round().astype(int)
+        s = rng.integers(0, kv_len + 1, size=num_seqs)
+        q[0], s[0] = q_len, kv_len                 # the largest chunk is always there
+        return tuple(int(x) for x in np.clip(q, 1, q_len)), tuple(int(x) for x in s)
+    raise ValueError(f"unknown prefill pattern {pattern!r}")

@@ -1,0 +1,86 @@
+"""Join profile directories (shards of one sweep, or pieces of one sweep run on several hosts)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from profiler.store import read_meta, read_rows
+from simulator.errors import InputError
+from simulator.io import atomic_write_json, atomic_write_parquet
+
+# The parts of a sweep's identity that must agree to merge (threads and seed may differ by host).
+MUST_MATCH = ("model_spec", "device", "dtype", "ops", "grid_fingerprint")
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    num_rows: int
+    num_duplicates: int
+    num_failed: int
+    num_missing: int          # grid points in no input (0 when the grid size is unknown)
+
+
+def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
+    """Every point once: an ok row beats a failed one, then the latest measurement wins."""
+    out = Path(out)
+    metas, frames = [], []
+    for path in map(Path, inputs):
+        meta = read_meta(path)
+        if meta is None:
+            raise InputError(f"{path}: not a profile directory (no meta.json)")
+        if path.resolve() == out.resolve():
+            raise InputError(f"{path}: --out must not be one of the inputs")
+        frame, _ = read_rows(path)
+        metas.append(meta)
+        frames.append(frame)
+    _check_compatible(inputs, metas)
+    joined = pd.concat(frames, ignore_index=True)
+    num_in = len(joined)
+    joined = joined.assign(_ok=(joined["status"] == "ok").astype(int)) \
+        .sort_values(["_ok", "measured_at"], kind="stable") \
+        .drop_duplicates("point_key", keep="last").drop(columns="_ok")
+    order = _grid_order(metas[0])
+    if order:
+        rank = {k: i for i, k in enumerate(order)}
+        joined = joined.assign(_r=joined["point_key"].map(lambda k: rank.get(k, len(rank))).astype("int64")) \
+            .sort_values("_r", kind="stable").drop(columns="_r")
+    joined = joined.reset_index(drop=True)
+    grid_points = metas[0].get("grid_num_points")
+    missing = max(0, grid_points - len(joined)) if isinstance(grid_points, int) else 0
+    atomic_write_parquet(joined, out / "profile.parquet")
+    atomic_write_json(out / "meta.json", {
+        "kind": "stepcal profile merge", "identity": metas[0]["identity"], "grid": metas[0].get("grid"),
+        "grid_source": metas[0].get("grid_source"), "grid_num_points": grid_points,
+        "merged_from": [{"path": str(p), "shard": m.get("shard"), "status": m.get("status"),
+                         "fingerprint_id": m.get("fingerprint_id"), "hardware": m.get("hardware")}
+                        for p, m in zip(inputs, metas)],
+        "num_points": len(joined), "num_missing": missing,
+        "num_failed": int((joined["status"] == "failed").sum()),
+        "status": "complete" if missing == 0 else "incomplete"})
+    return MergeResult(len(joined), num_in - len(joined), int((joined["status"] == "failed").sum()), missing)
+
+
+def _check_compatible(inputs, metas: list[dict]) -> None:
+    first = metas[0].get("identity", {})
+    for path, meta in zip(inputs[1:], metas[1:]):
+        identity = meta.get("identity", {})
+        diff = [k for k in MUST_MATCH if identity.get(k) != first.get(k)]
+        if diff:
+            raise InputError(f"{path}: cannot merge with {inputs[0]}: different {', '.join(diff)}")
+
+
+def _grid_order(meta: dict) -> list[str]:
+    """The grid's point order, rebuilt from the grid source stored in meta.json (best effort)."""
+    from profiler.grid import expand_grid
+    from simulator.model_spec import ModelSpec
+    identity, source = meta.get("identity", {}), meta.get("grid_source")
+    if not source or "model_spec" not in identity:
+        return []
+    try:
+        grid = expand_grid(meta.get("grid", "grid"), source, ModelSpec(**identity["model_spec"]))
+    except (InputError, TypeError, ValueError):
+        return []
+    ops = set(identity.get("ops", []))
+    return [p.key for p in grid.points if p.op in ops]

@@ -1,0 +1,188 @@
+"""Kernel builders: turn a grid point into a `run(i)` to time, on the model's own code paths.
+
+- gemm: F.linear of an [m, k] input with an [n, k] weight (what nn.Linear runs in the model).
+- attn_prefill / attn_decode: `profiler.model.attend` of one layer over caches holding s_i + q_i
+  tokens (the new K/V already appended, as in the model).
+- step: `LlamaModel.forward_step` on a synthetic batch, caches rewound to s_i before each call;
+  every sequence emits a token (the LM head runs for all b rows).
+- overhead: the host-side input building of a step (`prepare_step`, token tensors from Python
+  ints included), for b sequences.
+
+Inputs are rotated through several buffer sets when `rotate_bytes` asks for it (on CUDA, about
+twice the L2 size) so that a small shape is not timed from a warm cache.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from profiler.grid import Point
+from profiler.model import KVCache, LlamaModel, attend, prepare_step, torch_dtype
+from simulator.model_spec import ModelSpec
+
+MAX_BUFFER_SETS = 8
+
+
+@dataclass
+class OpContext:
+    """What every kernel of a sweep shares: the model shape, device, dtype, and the lazily built model."""
+    spec: ModelSpec
+    device: str
+    dtype: str
+    seed: int = 0
+    rotate_bytes: int = 0
+    _model: LlamaModel | None = field(default=None, repr=False)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return torch.empty(0, dtype=self.torch_dtype).element_size()
+
+    @property
+    def model_built(self) -> bool:
+        return self._model is not None
+
+    def model(self) -> LlamaModel:
+        if self._model is None:
+            self._model = LlamaModel(self.spec, dtype=self.torch_dtype, device=self.device, seed=self.seed)
+        return self._model
+
+    def generator(self, point: Point) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + hash_point(point))
+
+
+@dataclass
+class Kernel:
+    run: Callable[[int], None]
+    graph_safe: bool = False        # may be captured into a CUDA graph
+    host_side: bool = False         # host work: timed with perf_counter on any device
+
+
+def hash_point(point: Point) -> int:
+    return int(point.key.rsplit("/", 1)[-1], 16) % (2**31)
+
+
+def num_buffer_sets(set_bytes: int, rotate_bytes: int) -> int:
+    """Buffer sets so that their total exceeds rotate_bytes (1 when one set already does)."""
+    if rotate_bytes <= 0 or set_bytes <= 0:
+        return 1
+    return int(min(MAX_BUFFER_SETS, max(1, math.ceil(rotate_bytes / set_bytes))))
+
+
+def build_kernel(point: Point, ctx: OpContext) -> Kernel:
+    return BUILDERS[point.op](point, ctx)
+
+
+def estimate_bytes(point: Point, ctx: OpContext) -> int:
+    """Memory a point needs on its device (rough, on the safe side), for a pre-check."""
+    spec, nbytes = ctx.spec, ctx.dtype_bytes
+    if point.op == "gemm":
+        set_bytes = (point.m * point.k + point.n * point.k) * nbytes
+        return num_buffer_sets(set_bytes, ctx.rotate_bytes) * set_bytes + 2 * point.m * point.n * nbytes
+    tokens, kv_tokens = point.num_tokens, point.kv_tokens
+    if point.op in ("attn_prefill", "attn_decode", "overhead"):
+        set_bytes = kv_tokens * 2 * spec.kv_size * nbytes + tokens * spec.q_size * nbytes
+        masks = sum(q * (s + q) for q, s in zip(point.q_lens, point.kv_lens) if q > 1 and s > 0)
+        sets = num_buffer_sets(set_bytes, ctx.rotate_bytes) if point.op != "overhead" else 1
+        return sets * set_bytes + 2 * tokens * spec.q_size * nbytes + masks
+    weights = 0 if ctx.model_built else spec.num_params * nbytes
+    kv = kv_tokens * 2 * spec.num_layers * spec.kv_size * nbytes
+    activations = tokens * (4 * spec.hidden_size + 3 * spec.ffn_size + spec.q_size + 2 * spec.kv_size) * nbytes
+    masks = sum(q * (s + q) for q, s in zip(point.q_lens, point.kv_lens) if q > 1 and s > 0)
+    return weights + kv + 2 * activations + len(point.q_lens) * spec.vocab_size * 4 + masks
+
+
+def _gemm(point: Point, ctx: OpContext) -> Kernel:
+    gen, dev, dt = ctx.generator(point), ctx.device, ctx.torch_dtype
+    set_bytes = (point.m * point.k + point.n * point.k) * ctx.dtype_bytes
+    sets = num_buffer_sets(set_bytes, ctx.rotate_bytes)
+    xs = [_randn((point.m, point.k), gen, dev, dt) for _ in range(sets)]
+    ws = [_randn((point.n, point.k), gen, dev, dt, scale=point.k ** -0.5) for _ in range(sets)]
+
+    def run(i: int) -> None:
+        F.linear(xs[i % sets], ws[i % sets])
+
+    return Kernel(run, graph_safe=True)
+
+
+def _attention(point: Point, ctx: OpContext) -> Kernel:
+    """One layer's attention of the batch over caches of s_i + q_i tokens."""
+    spec, gen = ctx.spec, ctx.generator(point)
+    set_bytes = point.kv_tokens * 2 * spec.kv_size * ctx.dtype_bytes
+    sets = num_buffer_sets(set_bytes, ctx.rotate_bytes)
+    queries, inputs = [], []
+    for _ in range(sets):
+        caches = []
+        for q, s in zip(point.q_lens, point.kv_lens):
+            cache = KVCache(1, spec.num_kv_heads, spec.head_dim, dtype=ctx.torch_dtype,
+                            device=ctx.device, capacity=s + q)
+            cache.fill_random(s + q, gen)      # the chunk's own K/V are appended already
+            cache.truncate(s)
+            caches.append(cache)
+        ids = [torch.zeros(q, dtype=torch.long) for q in point.q_lens]
+        inputs.append(prepare_step(ids, caches, [True] * len(caches), ctx.device))
+        queries.append(_randn((point.num_tokens, spec.num_heads, spec.head_dim), gen, ctx.device,
+                              ctx.torch_dtype))
+
+    def run(i: int) -> None:
+        attend(queries[i % sets], 0, inputs[i % sets])
+
+    return Kernel(run, graph_safe=True)
+
+
+def _step(point: Point, ctx: OpContext) -> Kernel:
+    model, gen = ctx.model(), ctx.generator(point)
+    caches = []
+    for q, s in zip(point.q_lens, point.kv_lens):
+        cache = model.new_cache(capacity=s + q)
+        cache.fill_random(s, gen)
+        caches.append(cache)
+    tokens = [torch.randint(0, ctx.spec.vocab_size, (q,), generator=gen) for q in point.q_lens]
+    emit = [True] * len(caches)
+    kv_lens = list(point.kv_lens)
+
+    def run(i: int) -> None:
+        for cache, s in zip(caches, kv_lens):
+            cache.length = s                   # rewind: every call sees the same batch
+        model.forward_step(tokens, caches, emit)
+
+    return Kernel(run)
+
+
+def _overhead(point: Point, ctx: OpContext) -> Kernel:
+    """Token tensors from Python ints, positions, masks, emit rows, copies to the device."""
+    spec = ctx.spec
+    caches = []
+    for q, s in zip(point.q_lens, point.kv_lens):
+        cache = KVCache(1, spec.num_kv_heads, spec.head_dim, dtype=ctx.torch_dtype,
+                        device=ctx.device, capacity=s + q)
+        cache.length = s                       # contents are never read
+        caches.append(cache)
+    token_lists = [[(7 * j + 3) % spec.vocab_size for j in range(q)] for q in point.q_lens]
+    emit = [True] * len(caches)
+
+    def run(i: int) -> None:
+        ids = [torch.tensor(t, dtype=torch.long) for t in token_lists]
+        prepare_step(ids, caches, emit, ctx.device)
+
+    return Kernel(run, host_side=True)
+
+
+def _randn(shape, gen: torch.Generator, device, dtype, scale: float = 1.0) -> torch.Tensor:
+    """Seeded normals. On CUDA they are drawn on the device (an 8B LM head is a gigabyte),
+    seeded from the CPU generator so that a point's inputs do not depend on earlier points."""
+    if str(device).startswith("cuda"):
+        dev_gen = torch.Generator(device=device).manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
+        return torch.randn(shape, generator=dev_gen, device=device, dtype=dtype) * scale
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+BUILDERS = {"gemm": _gemm, "attn_prefill": _attention, "attn_decode": _attention,
+            "step": _step, "overhead": _overhead}

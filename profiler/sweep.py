@@ -1,0 +1,327 @@
+"""A resumable sweep: measure every grid point not yet in the profile directory.
+
+Rows are flushed in small atomic part files (every few points or seconds), so a run killed at
+any moment, SIGKILL included, resumes where it stopped when started again with the same
+arguments. A point that fails (out of memory, an unsupported shape) is recorded with its reason
+and the sweep goes on.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from profiler.grid import Grid, Point
+from profiler.store import ProfileDir
+from profiler.timing import Measurement, TimingPolicy
+from simulator.batch import batch_row
+from simulator.errors import InputError
+from simulator.model_spec import ModelSpec
+from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
+
+FLUSH_POINTS = 8        # rows per part file at most
+FLUSH_S = 2.0           # and at least this often
+MAX_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    spec: ModelSpec
+    device: str
+    dtype: str
+    ops: tuple[str, ...]
+    grid: Grid
+    num_threads: int = 1
+    shard: tuple[int, int] = (0, 1)
+    seed: int = 0
+
+    def identity(self) -> dict:
+        """What must match for a run to resume (or merge with) another."""
+        return {"model_spec": self.spec.to_dict(), "device": self.device, "dtype": self.dtype,
+                "ops": list(self.ops), "grid_fingerprint": self.grid.fingerprint,
+                "num_threads": self.num_threads, "seed": self.seed}
+
+    @property
+    def policy(self) -> TimingPolicy:
+        try:
+            return TimingPolicy().updated(**self.grid.timing)
+        except ValueError as exc:
+            raise InputError(f"{self.grid.name}: [timing]: {exc}") from None
+
+    def points(self) -> tuple[Point, ...]:
+        return self.grid.shard(*self.shard)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    out: Path
+    num_points: int          # in this shard
+    num_done_before: int     # points with every round done before this run
+    num_measured: int        # measurements this run (a point once per round)
+    num_failed: int          # in the directory, after this run
+    complete: bool
+    elapsed_s: float
+    rounds: int = 1
+
+
+def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None = None,
+              retry_failed: bool = False, progress: bool = True, timer_factory=None,
+              clock: Callable[[], float] = time.monotonic) -> SweepResult:
+    """Measure the missing points (and missing rounds) of the grid into `out`."""
+    import torch
+
+    from profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
+
+    started = clock()
+    _check_device(config.device)
+    torch.set_num_threads(config.num_threads)
+    points = config.points()
+    rounds = config.policy.rounds
+    with ProfileDir(Path(out)) as pdir:
+        meta = _check_meta(pdir, config)
+        fingerprint = hardware_fingerprint(config.device, config.num_threads)
+        frame, _ = pdir.read_rows()
+        previous = _previous_rows(frame, retry_failed)
+        done = {p.key: _rounds_done(previous.get(p.key), rounds) for p in points}
+        # Round r measures every point with r rounds done: pass after pass over the grid.
+        tasks = [p for r in range(rounds) for p in points if done[p.key] <= r]
+        meta.update({"hardware": fingerprint, "fingerprint_id": fingerprint_id(fingerprint),
+                     "status": "running", "started_at": _now()})
+        pdir.write_meta(meta)
+        provenance = {
+            "device": config.device, "device_name": device_name(fingerprint), "dtype": config.dtype,
+            "model_spec": config.spec.name, "num_threads": config.num_threads,
+            "torch_version": torch.__version__, "tool_version": TOOL_VERSION,
+            "schema_version": SCHEMA_VERSION, "fingerprint_id": fingerprint_id(fingerprint)}
+        measurer = PointMeasurer(config, timer_factory)
+        measured = _measure_all(tasks, previous, measurer, pdir, provenance,
+                                sum(done.values()), len(points) * rounds, started, max_minutes,
+                                progress, clock)
+        frame = pdir.compact([p.key for p in config.grid.points])
+        in_shard = frame[frame["point_key"].isin(done)]
+        finished = in_shard["rounds"].fillna(0).ge(rounds) | in_shard["status"].eq("failed")
+        complete = len(in_shard) == len(points) and bool(finished.all())
+        num_failed = int((in_shard["status"] == "failed").sum())
+        meta.update({"status": "complete" if complete else "incomplete", "finished_at": _now(),
+                     "num_points": len(points), "num_done": int(finished.sum()),
+                     "num_failed": num_failed})
+        pdir.write_meta(meta)
+    num_done_before = sum(1 for n in done.values() if n >= rounds)
+    return SweepResult(Path(out), len(points), num_done_before, measured, num_failed,
+                       complete, clock() - started, rounds)
+
+
+def _previous_rows(frame, retry_failed: bool) -> dict[str, dict]:
+    if retry_failed:
+        frame = frame[frame["status"] == "ok"]
+    return {row["point_key"]: row for row in frame.to_dict("records")}
+
+
+def _rounds_done(row: dict | None, rounds: int) -> int:
+    """Rounds a point has; a failed point counts as done (--retry-failed drops it beforehand)."""
+    if row is None:
+        return 0
+    if row["status"] != "ok":
+        return rounds
+    return _rounds_of(row)
+
+
+def _rounds_of(row: dict) -> int:
+    """Rounds pooled in an ok row (rows written without the column count as one)."""
+    value = row.get("rounds")
+    return 1 if value is None or pd.isna(value) else int(value)
+
+
+def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, started,
+                 max_minutes, progress, clock) -> int:
+    from tqdm import tqdm
+    budget_s = None if max_minutes is None else max_minutes * 60.0
+    pending: list[dict] = []
+    last_flush, measured = clock(), 0
+    bar = tqdm(total=total, initial=num_done, unit="pt", desc="profile", disable=not progress,
+               dynamic_ncols=True, mininterval=0.5)
+    try:
+        for point in tasks:
+            if budget_s is not None and clock() - started >= budget_s:
+                bar.write(f"stepcal profile: --max-minutes {max_minutes:g} reached; "
+                          "run the same command again to resume")
+                break
+            bar.set_postfix_str(f"{point.op}/{point.name}", refresh=False)
+            row = {**measurer.measure_row(point, previous.get(point.key)), **provenance,
+                   "measured_at": _now()}
+            previous[point.key] = row
+            pending.append(row)
+            measured += 1
+            bar.update(1)
+            if len(pending) >= FLUSH_POINTS or clock() - last_flush >= FLUSH_S:
+                pdir.append(pending)
+                pending, last_flush = [], clock()
+    finally:
+        # Also on Ctrl-C: what was measured is kept.
+        pdir.append(pending)
+        bar.close()
+    return measured
+
+
+class PointMeasurer:
+    """Builds and times one point at a time; failures become rows with a reason."""
+
+    def __init__(self, config: SweepConfig, timer_factory=None) -> None:
+        from profiler.ops import OpContext
+        self.config = config
+        self.policy = config.policy.for_round()
+        self.ctx = OpContext(config.spec, config.device, config.dtype, seed=config.seed,
+                             rotate_bytes=_rotate_bytes(config.device))
+        self.timer_factory = timer_factory or default_timer
+
+    def measure_row(self, point: Point, previous: dict | None = None) -> dict:
+        """One round of a point; its samples pooled with those of the earlier rounds in `previous`."""
+        row = shape_columns(point, self.config.spec)
+        error, oom = None, False
+        try:
+            measurement = self._measure(point)
+        except Exception as exc:   # any failure of one point is recorded; the sweep goes on
+            oom = _is_oom(exc)
+            error = ("out of memory: " if oom else f"{type(exc).__name__}: ") + _first_line(exc)
+        earlier = previous if previous is not None and previous.get("status") == "ok" else None
+        if error is not None:
+            if oom:
+                _free_memory(self.config.device)
+            if earlier is not None:       # keep the rounds that worked; say why this one did not
+                return {**earlier, "rounds": _rounds_of(earlier) + 1,
+                        "error": error[:MAX_ERROR_CHARS]}
+            return {**row, "status": "failed", "error": error[:MAX_ERROR_CHARS]}
+        rounds = 1
+        if earlier is not None and earlier.get("samples_ms") is not None:
+            from profiler.timing import summarize
+            samples = list(earlier["samples_ms"]) + list(measurement.samples_ms)
+            measurement = summarize(samples, measurement.inner_repeats, measurement.stopped_by)
+            rounds = _rounds_of(earlier) + 1
+        return {**row, **timing_columns(measurement), "rounds": rounds, "status": "ok", "error": None}
+
+    def _measure(self, point: Point) -> Measurement:
+        from profiler.fingerprint import available_bytes
+        from profiler.ops import build_kernel, estimate_bytes
+        from profiler.timing import measure
+        need, free = estimate_bytes(point, self.ctx), available_bytes(self.config.device)
+        if free is not None and need > 0.9 * free:
+            raise MemoryError(f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available")
+        kernel = build_kernel(point, self.ctx)
+        timer = self.timer_factory(self.config.device, kernel)
+        graph = _graph_capture if (kernel.graph_safe and self.config.device.startswith("cuda")) else None
+        return measure(kernel.run, timer, self.policy, graph=graph)
+
+
+def default_timer(device: str, kernel):
+    from profiler.timing import CpuTimer, CudaTimer, HostTimer
+    if not device.startswith("cuda"):
+        return CpuTimer()
+    if kernel.host_side:
+        import torch
+        return HostTimer(torch.cuda.synchronize)
+    return CudaTimer()
+
+
+def _graph_capture(run, num_calls: int):
+    """A CUDA graph of num_calls calls, or the eager run when capture is not possible."""
+    from profiler.timing import cuda_graph_run
+    try:
+        return cuda_graph_run(run, num_calls)
+    except Exception:   # some kernels cannot be captured: time them eagerly
+        import torch
+        torch.cuda.synchronize()
+        return _Repeat(run, num_calls)
+
+
+class _Repeat:
+    """num_calls eager calls as one 'replay', so measure() divides the same way as for a graph."""
+
+    def __init__(self, run, num_calls: int) -> None:
+        self.run, self.num_calls, self.call = run, num_calls, 0
+
+    def __call__(self, _call: int) -> None:
+        for _ in range(self.num_calls):
+            self.run(self.call)
+            self.call += 1
+
+
+def shape_columns(point: Point, spec: ModelSpec) -> dict:
+    row = {"point_key": point.key, "op": point.op, "name": point.name,
+           "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim}
+    if point.op == "gemm":
+        return {**row, "m": point.m, "n": point.n, "k": point.k, "num_tokens": point.m}
+    return {**row, "q_lens": list(point.q_lens), "kv_lens": list(point.kv_lens),
+            **batch_row(point.q_lens, point.kv_lens)}
+
+
+def timing_columns(m: Measurement) -> dict:
+    return {"time_ms": m.time_ms, "time_ms_p10": m.time_ms_p10, "time_ms_p90": m.time_ms_p90,
+            "repeats": m.repeats, "inner_repeats": m.inner_repeats, "rel_precision": m.rel_precision,
+            "samples_ms": list(m.samples_ms)}
+
+
+def _check_device(device: str) -> None:
+    import torch
+    if device == "cpu":
+        return
+    if not device.startswith("cuda"):
+        raise InputError(f"--device: expected cpu or cuda (or cuda:N), got {device!r}")
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available here "
+                         f"(torch {torch.__version__})")
+
+
+def _check_meta(pdir: ProfileDir, config: SweepConfig) -> dict:
+    """meta.json of the directory: new, or the same configuration (else mixing would corrupt it)."""
+    identity = config.identity()
+    shard = {"index": config.shard[0], "count": config.shard[1]}
+    meta = pdir.read_meta()
+    if meta is not None:
+        old = meta.get("identity", {})
+        diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+        if meta.get("shard", shard) != shard:
+            diff.append("shard")
+        if diff:
+            raise InputError(f"{pdir.path}: holds a sweep with other settings ({', '.join(diff)}); "
+                             "use another --out, or the same arguments to resume")
+        return meta
+    return {"kind": "stepcal profile", "identity": identity, "shard": shard, "grid": config.grid.name,
+            "grid_source": config.grid.source, "grid_num_points": len(config.grid.points),
+            "created_at": _now()}
+
+
+def _rotate_bytes(device: str) -> int:
+    """Inputs to rotate through: twice the GPU's L2 on CUDA; none on the CPU (see ops.py)."""
+    if not device.startswith("cuda"):
+        return 0
+    import torch
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return 2 * int(getattr(props, "L2_cache_size", 50 * 2**20))
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+def _free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

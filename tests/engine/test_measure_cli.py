@@ -1,0 +1,46 @@
+import json
+
+import pandas as pd
+
+from experiments.cli import main
+from profiler.engine.measure import noise_floor
+
+
+def test_measure_writes_repeats_meta_and_noise(tmp_path, capsys):
+    out = tmp_path / "m"
+    code = main(["measure", "--model-spec", "tiny", "--trace", "poisson:rate=50,n=12,prompt=uniform:4:40,output=uniform:1:8",
+                 "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(out)])
+    assert code == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["scheduler"] == "continuous" and meta["num_threads"] == 1 and meta["model_spec"]["name"] == "tiny"
+    assert meta["fingerprint"]["torch_version"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_finished"] == 12 and "noise_floor" in summary
+    assert summary["noise_floor"]["ttft_ms"]["p50"] >= 0
+    trace = pd.read_parquet(out / "trace.parquet")
+    for k in (0, 1):
+        req = pd.read_parquet(out / f"repeat_{k}" / "requests.parquet")
+        steps = pd.read_parquet(out / f"repeat_{k}" / "steps.parquet")
+        assert req["request_id"].tolist() == trace["request_id"].tolist()
+        assert {"host_ms", "device_ms", "q_lens", "kv_lens", "duration_ms"} <= set(steps.columns)
+
+
+def test_measure_bad_input_exits_2_without_output(tmp_path, capsys):
+    import torch
+    out = tmp_path / "m"
+    if not torch.cuda.is_available():
+        assert main(["measure", "--trace", "poisson:rate=5,n=3,prompt=fixed:8,output=fixed:2", "--device", "cuda", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--device cuda" in err and err.count("\n") == 1 and not out.exists()
+    assert main(["measure", "--trace", "poisson:rate=5,n=3,prompt=fixed:8,output=fixed:2", "--repeats", "0", "--out", str(out)]) == 2
+    assert main(["measure", "--trace", "poisson:rate=5,n=3,prompt=fixed:100,output=fixed:100", "--kv-blocks", "4",
+                 "--out", str(out)]) == 2
+    assert "--skip-oversize" in capsys.readouterr().err and not out.exists()
+
+
+def test_noise_floor_is_the_relative_difference():
+    a = {"ttft_ms": {"mean": 10.0, "p50": 10.0, "p90": 20.0, "p95": 20.0, "p99": 40.0}, "throughput_rps": 2.0}
+    b = {"ttft_ms": {"mean": 11.0, "p50": 9.0, "p90": 20.0, "p95": 22.0, "p99": 50.0}, "throughput_rps": 2.2}
+    floor = noise_floor([a, b])
+    assert floor["ttft_ms"]["p50"] == 0.1 and floor["ttft_ms"]["p99"] == 0.25 and floor["ttft_ms"]["p90"] == 0.0
+    assert abs(floor["throughput_rps"] - 0.1) < 1e-12 and floor["tpot_ms"]["p50"] is None

@@ -1,0 +1,64 @@
+import json
+
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+from experiments.validation import compare, load_measured_run, relative_error
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("measured") / "run"
+    assert main(["measure", "--trace", "poisson:rate=40,n=16,prompt=uniform:4:60,output=uniform:1:12",
+                 "--scheduler", "sarathi", "--chunk-size", "32", "--repeats", "2", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def test_validate_replays_the_measured_run(measured, tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main(["validate", "--measured", str(measured), "--step-model", "linear:2,0.05,0.001", "--quiet",
+                 "--out", str(out)]) == 0
+    record = json.loads((out / "validation.json").read_text())
+    assert record["num_requests"] == 16 and record["num_finished_both"] == 16
+    cell = record["metrics"]["ttft_ms"]["p50"]
+    assert cell["error"] == pytest.approx((cell["simulated"] - cell["measured"]) / cell["measured"])
+    assert cell["noise_floor"] is not None           # two repeats were measured
+    steps = pd.read_parquet(measured / "repeat_0" / "steps.parquet")
+    assert record["step_level"]["num_steps"] == len(steps)
+    # the simulated run used the measured run's scheduler: same first batch composition
+    simulated = pd.read_parquet(out / "simulated_requests.parquet")
+    assert sorted(simulated["request_id"]) == list(range(16))
+    assert "| ttft_ms | p99 |" in (out / "validation.md").read_text()
+
+
+def test_a_perfect_step_model_has_zero_step_error(measured):
+    run = load_measured_run(measured)
+    from experiments.validation import step_level_error
+
+    class Replay:
+        """Returns each measured step's own duration."""
+        def __init__(self, steps):
+            self.by_batch = {(tuple(r), tuple(q), tuple(k)): d for r, q, k, d in
+                             zip(steps.request_ids, steps.q_lens, steps.kv_lens, steps.duration_ms)}
+
+        def step_ms(self, batch):
+            return self.by_batch[(batch.request_ids, tuple(batch.q_lens), tuple(batch.kv_lens))]
+
+    assert step_level_error(Replay(run.steps), run.steps)["mape"] == 0.0
+
+
+def test_unfinished_requests_are_counted_not_dropped(measured):
+    run = load_measured_run(measured)
+    simulated = run.requests.copy()
+    simulated.loc[simulated.request_id == 3, "finish_s"] = float("nan")
+    record = compare(run, simulated, run.summary, {"mape": 0.0})
+    assert record["num_finished_only_measured"] == 1 and record["num_finished_both"] == 15
+    assert record["metrics"]["e2e_ms"]["p50"]["error"] == 0.0
+    assert relative_error(None, 1.0) is None and relative_error(1.5, 1.0) == 0.5
+
+
+def test_validate_bad_measured_dir(tmp_path, capsys):
+    assert main(["validate", "--measured", str(tmp_path), "--step-model", "const:1"]) == 2
+    err = capsys.readouterr().err
+    assert "meta.json" in err and err.count("\n") == 1
