@@ -32,11 +32,11 @@ def run_case(trace: str, scheduler: str, fast: bool) -> dict:
     from simulator.workload import load_workload
     workload = load_workload(trace)
     model = resolve_step_model(STEP_MODEL)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sim = Simulation(workload, model, SimConfig(scheduler=scheduler, fast_path=fast, record_batches=False))
     result = sim.run()
-    wall_s = time.perf_counter() - t0
-    return {"num_requests": len(workload), "scheduler": scheduler, "fast_path": fast, "wall_s": wall_s,
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return {"num_requests": len(workload), "scheduler": scheduler, "fast_path": fast, "wall_s": wall_s, "cpu_s": cpu_s,
             "loop_wall_s": result.wall_s, "num_steps": result.summary["num_steps"],
             "us_per_step": 1e6 * wall_s / result.summary["num_steps"],
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -54,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="skip the 300k and 1M traces")
     parser.add_argument("--out", help="also write the rows as JSON here")
+    parser.add_argument("--plot", help="also plot wall time against the number of steps to this PNG")
     args = parser.parse_args()
     rows = []
     for scheduler in ("sarathi", "vllm"):
@@ -63,14 +64,39 @@ def main() -> None:
     for n in sizes:
         rows.append({"case": f"poisson {n}", **in_subprocess(POISSON.format(n=n), "vllm", True)})
     print(f"step model {STEP_MODEL}; one core; step batches not recorded\n")
-    print("| case | scheduler | fast path | requests | steps | wall s | µs/step | peak RSS MiB | TTFT p50 ms | TPOT p50 ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"load average before: {os.getloadavg()[0]:.2f}\n")
+    print("| case | scheduler | fast path | requests | steps | wall s | CPU s | µs/step | peak RSS MiB | TTFT p50 ms | TPOT p50 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['scheduler']} | {'on' if r['fast_path'] else 'off'} | {r['num_requests']} | "
-              f"{r['num_steps']} | {r['wall_s']:.2f} | {r['us_per_step']:.1f} | {r['peak_rss_mib']:.0f} | "
+              f"{r['num_steps']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['us_per_step']:.1f} | {r['peak_rss_mib']:.0f} | "
               f"{r['ttft_p50_ms']:.1f} | {r['tpot_p50_ms']:.2f} |")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
+    if args.plot:
+        plot_scaling([r for r in rows if r["case"].startswith("poisson")], args.plot)
+
+
+def plot_scaling(rows: list[dict], path: str) -> None:
+    """Wall time against number of steps, with the line through the origin fitted to them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    steps = np.array([r["num_steps"] for r in rows], dtype=float)
+    wall = np.array([r["wall_s"] for r in rows])
+    slope = float(steps @ wall / (steps @ steps))
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot(steps / 1e6, wall, "o", label="Poisson traces (10k to 1M requests)")
+    grid = np.linspace(0, steps.max(), 50)
+    ax.plot(grid / 1e6, slope * grid, "-", label=f"linear fit: {slope * 1e6:.0f} µs per step")
+    ax.set_xlabel("simulated steps (millions)")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title("stepcal simulate: wall time grows linearly with steps")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ examples:
       --scheduler vllm --step-model const:20 --kv-blocks 2000 --out runs/p5"""
 
 
+BATCHES_AUTO_LIMIT = 50_000   # step batches of longer traces would take GBs of memory
+
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
 SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
 
@@ -62,13 +64,18 @@ def register(subparsers) -> None:
     g = p.add_argument_group("metrics and output")
     g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for attainment and goodput")
     g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for attainment and goodput")
-    g.add_argument("--no-step-batches", action="store_true",
-                   help="leave q_lens / kv_lens out of steps.parquet (for very long traces)")
+    g.add_argument("--step-batches", choices=["auto", "on", "off"], default="auto",
+                   help="keep each step's request_ids / q_lens / kv_lens in steps.parquet; auto: only for traces "
+                        f"of up to {BATCHES_AUTO_LIMIT:,} requests, whose logs stay small (default auto)")
     g.add_argument("--no-fast-path", action="store_true",
                    help="take every decode step one by one (same results, slower; for checking)")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
     g.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=run)
+
+
+def _record_batches(choice: str, num_requests: int) -> bool:
+    return choice == "on" or (choice == "auto" and num_requests <= BATCHES_AUTO_LIMIT)
 
 
 def scheduler_config_from_args(args):
@@ -109,7 +116,7 @@ def run(args) -> int:
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args),
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
-                       fast_path=not args.no_fast_path, record_batches=not args.no_step_batches,
+                       fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
                        skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     sim = Simulation(trace, model, config)
     if sim.num_skipped and not args.quiet:
