@@ -1,21 +1,49 @@
 """Resolve a --step-model argument: a built-in what-if model or a T_step table directory."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from simulator.errors import InputError
-from simulator.step_model import parse_builtin_step_model
+from simulator.step_model import HostTerms, HostTermsModel, parse_builtin_step_model
 
 
 def resolve_step_model(spec: str):
+    """const:MS, linear:A,B,C, a T_step table directory, or a calibrated directory (`stepcal calibrate`).
+
+    Host terms in a directory's meta.json (`host_terms`) are added on top of its base model."""
     model = parse_builtin_step_model(spec)
     if model is not None:
         return model
     path = Path(spec)
-    if path.is_dir():
+    if not path.is_dir():
+        raise InputError(f"--step-model {spec!r}: expected const:MS, linear:A,B,C or a T_step table directory")
+    meta = _read_meta(path)
+    if meta.get("kind") == "builtin":
+        base = parse_builtin_step_model(meta.get("step_model", ""))
+        if base is None:
+            raise InputError(f"{path / 'meta.json'}: step_model must be const:MS or linear:A,B,C")
+    else:
         from costmodel.tables import load_step_model  # sklearn-free, but only needed here
-        return load_step_model(path)
-    raise InputError(f"--step-model {spec!r}: expected const:MS, linear:A,B,C or a T_step table directory")
+        base = load_step_model(path)
+    terms = meta.get("host_terms")
+    return HostTermsModel(base, HostTerms.from_dict(terms)) if terms else base
+
+
+def _read_meta(path: Path) -> dict:
+    meta = path / "meta.json"
+    if not meta.exists():
+        raise InputError(f"--step-model {path}: no meta.json (expected a directory written by `stepcal fit` "
+                         f"or `stepcal calibrate`)")
+    try:
+        return json.loads(meta.read_text())
+    except ValueError as exc:
+        raise InputError(f"{meta}: not valid JSON ({exc})") from None
+
+
+def request_overhead_ms(model) -> float:
+    """The calibrated request-path time of a model (0 when it has none)."""
+    return float(getattr(model, "per_request_ms", 0.0))
 
 
 def describe_step_model(spec: str, model) -> str:

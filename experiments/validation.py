@@ -47,13 +47,14 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
                        pd.read_parquet(path / "repeat_0/steps.parquet"), json.loads((path / "summary.json").read_text()))
 
 
-def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0):
+def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, request_overhead_ms: float = 0.0):
     """The simulator settings that replay the measured run: same scheduler, budget, KV capacity."""
     from simulator.schedulers import SchedulerConfig
     from simulator.simulation import SimConfig
     meta = run.meta
     return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
                      block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
+                     request_overhead_ms=request_overhead_ms,
                      record_batches=False)
 
 
@@ -63,11 +64,19 @@ def relative_error(predicted, measured) -> float | None:
     return (predicted - measured) / measured
 
 
-def step_level_error(model, steps) -> dict:
-    """MAPE (and P90 / max APE) of the model's step time on the measured step log, batch by batch."""
+def predict_steps(model, steps) -> np.ndarray:
+    """The model's time for each measured step's batch, in ms."""
     from simulator.batch import StepBatch
-    predicted = np.array([model.step_ms(StepBatch.of(ids, q, kv)) for ids, q, kv in
-                          zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])])
+    return np.array([model.step_ms(StepBatch.of(ids, q, kv)) for ids, q, kv in
+                     zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])], dtype=np.float64)
+
+
+def step_level_error(model, steps, predicted: np.ndarray | None = None) -> dict:
+    """MAPE (and P90 / max APE) of the model's step time on the measured step log, batch by batch."""
+    if len(steps) == 0:   # e.g. an imported vLLM bench: no step log to compare against
+        return {"mape": None, "p90_ape": None, "max_ape": None, "mean_predicted_ms": None,
+                "mean_measured_ms": None, "num_steps": 0}
+    predicted = predict_steps(model, steps) if predicted is None else predicted
     measured = steps["duration_ms"].to_numpy(dtype=np.float64)
     ape = np.abs(predicted - measured) / measured
     return {"mape": float(ape.mean()), "p90_ape": float(np.percentile(ape, 90)), "max_ape": float(ape.max()),
@@ -117,6 +126,8 @@ def format_table(record: dict) -> str:
     lines.append(f"| throughput_rps | | {_fmt(t['measured'])} | {_fmt(t['simulated'])} | {_pct(t['error'])} | "
                  f"{_pct(t['noise_floor'])} |")
     s = record["step_level"]
+    if s.get("mape") is None:
+        return "\n".join(lines + ["", "step level: no measured step log"])
     lines += ["", f"step level: MAPE {_pct(s['mape'])}, P90 APE {_pct(s['p90_ape'])}, max APE {_pct(s['max_ape'])} "
                   f"over {s['num_steps']} measured steps (mean measured {s['mean_measured_ms']:.3f} ms, "
                   f"predicted {s['mean_predicted_ms']:.3f} ms)"]

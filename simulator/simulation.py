@@ -40,6 +40,7 @@ class SimConfig:
     num_replicas: int = 1
     router: str = "round-robin"
     step_overhead_ms: float = 0.0         # host time added to every step
+    request_overhead_ms: float = 0.0      # request path before the scheduler sees a request (TTFT, E2E)
     fast_path: bool = True
     record_batches: bool = True           # keep each step's q_lens / kv_lens in the step log
     skip_oversize: bool = False
@@ -75,7 +76,10 @@ class Simulation:
         self.config = config
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
                                                          config.skip_oversize)
+        # when each request reaches the scheduler: its arrival plus the request path
         self.arrival_s = np.array([r.arrival_s for r in self.requests], dtype=np.float64)
+        if config.request_overhead_ms:
+            self.arrival_s = self.arrival_s + config.request_overhead_ms / 1000.0
         num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, config.block_size)
                                                       for r in self.requests))
         if config.num_replicas < 1:

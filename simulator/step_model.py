@@ -89,3 +89,61 @@ def parse_builtin_step_model(spec: str) -> FeatureStepModel | None:
     if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
         raise InputError(f"--step-model {spec!r}: expected linear:A,B,C with non-negative A,B,C")
     return LinearStepModel(*values)
+
+
+@dataclass(frozen=True)
+class HostTerms:
+    """Engine host work that kernel profiles miss, in ms: per step, per sequence, per token of a step;
+    per request (the request path before the scheduler sees it, e.g. HTTP and tokenisation: TTFT only)."""
+    per_step_ms: float = 0.0
+    per_seq_ms: float = 0.0
+    per_token_ms: float = 0.0
+    per_request_ms: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> HostTerms:
+        data = data or {}
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise InputError(f"host_terms: unknown keys {sorted(unknown)}")
+        return cls(**{k: float(v) for k, v in data.items()})
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class HostTermsModel(FeatureStepModel):
+    """A base model plus calibrated host terms. `per_request_ms` is not step time: the simulator
+    delays each request's entry into the scheduler by it (see SimConfig.request_overhead_ms)."""
+
+    def __init__(self, base, terms: HostTerms) -> None:
+        self.base, self.terms = base, terms
+
+    @property
+    def per_request_ms(self) -> float:
+        return self.terms.per_request_ms
+
+    def _extra(self, num_seqs, num_tokens):
+        t = self.terms
+        return t.per_step_ms + t.per_seq_ms * num_seqs + t.per_token_ms * num_tokens
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        return self.base.features_ms(features) + self._extra(features.num_seqs, features.num_tokens)
+
+    def row_ms(self, row: tuple) -> float:
+        return self.base.row_ms(row) + self._extra(float(row[0]), float(row[1]))
+
+    def step_ms(self, batch: StepBatch) -> float:
+        if isinstance(self.base, FeatureStepModel):
+            return self.row_ms(feature_row(batch.q_lens, batch.kv_lens))
+        return float(self.base.step_ms(batch)) + self._extra(float(batch.num_seqs), float(batch.num_tokens))
+
+    def decode_run_ms(self, kv_lens: np.ndarray, num_steps: int) -> np.ndarray:
+        if isinstance(self.base, FeatureStepModel):
+            return super().decode_run_ms(kv_lens, num_steps)
+        b = float(len(kv_lens))
+        return np.asarray(self.base.decode_run_ms(kv_lens, num_steps)) + self._extra(b, b)
+
+    def describe(self) -> str:
+        base = self.base.describe() if hasattr(self.base, "describe") else type(self.base).__name__
+        return f"{base} + host terms {self.terms.to_dict()}"

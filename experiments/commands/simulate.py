@@ -102,7 +102,7 @@ def kv_blocks_from_args(args) -> int | None:
 
 
 def run(args) -> int:
-    from experiments.step_models import describe_step_model, resolve_step_model
+    from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
     from simulator.metrics import clean_json
     from simulator.simulation import SimConfig, Simulation
@@ -116,6 +116,7 @@ def run(args) -> int:
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args),
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
+                       request_overhead_ms=request_overhead_ms(model),
                        fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
                        skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     sim = Simulation(trace, model, config)

@@ -8,7 +8,8 @@ settings and KV capacity, timing each step with --step-model, and report for TTF
 E2E the measured and simulated mean, P50, P90, P95, P99 and the relative error of each (with the
 measured run-to-run noise floor beside it when the run has repeats), the throughput error, and the
 step-level error (MAPE of predicted vs measured step time on the measured step log).
-Writes OUT/validation.json, OUT/validation.md and the simulated logs."""
+Writes OUT/validation.json, OUT/validation.md, OUT/simulated_requests.parquet (the simulated request
+log) and OUT/step_predictions.parquet (each measured step: features, measured_ms, predicted_ms)."""
 
 
 def register(subparsers) -> None:
@@ -25,15 +26,23 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from experiments.step_models import resolve_step_model
-    from experiments.validation import compare, format_table, load_measured_run, sim_config_for, step_level_error
+    from experiments.step_models import request_overhead_ms, resolve_step_model
+    from experiments.validation import (
+        compare,
+        format_table,
+        load_measured_run,
+        predict_steps,
+        sim_config_for,
+        step_level_error,
+    )
     from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
     from simulator.simulation import simulate
 
     measured = load_measured_run(args.measured)
     model = resolve_step_model(args.step_model)
-    result = simulate(measured.trace, model, sim_config_for(measured, args.step_overhead_ms))
-    record = compare(measured, result.requests, result.summary, step_level_error(model, measured.steps))
+    result = simulate(measured.trace, model, sim_config_for(measured, args.step_overhead_ms, request_overhead_ms(model)))
+    predicted = predict_steps(model, measured.steps)
+    record = compare(measured, result.requests, result.summary, step_level_error(model, measured.steps, predicted))
     record["step_model"] = args.step_model
     table = format_table(record)
     out = Path(args.out) if args.out else Path(args.measured) / "validation"
@@ -41,6 +50,9 @@ def run(args) -> int:
         atomic_write_json(staging / "validation.json", record)
         atomic_write_bytes(staging / "validation.md", (table + "\n").encode())
         atomic_write_parquet(result.requests, staging / "simulated_requests.parquet")
+        step_columns = [c for c in measured.steps.columns if c not in ("request_ids", "q_lens", "kv_lens")]
+        steps = measured.steps[step_columns].rename(columns={"duration_ms": "measured_ms"})
+        atomic_write_parquet(steps.assign(predicted_ms=predicted), staging / "step_predictions.parquet")
     if not args.quiet:
         print(table)
         print(f"wrote {out}/validation.json and validation.md")

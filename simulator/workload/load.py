@@ -14,9 +14,11 @@ from simulator.workload.transforms import cut, rescale_rate
 def load_workload(trace_arg: str, *, trace_format: str | None = None, rate_rps: float | None = None,
                   num_requests: int | None = None, duration_s: float | None = None, seed: int = 0,
                   arg_name: str = "--trace") -> Trace:
-    """Read `trace_arg` if it names a file, else generate it from a spec; then rescale and cut.
+    """Read `trace_arg` if it names a file, else generate it from a spec; then cut and rescale.
 
-    For a file, `rate_rps` rescales inter-arrival times to that mean rate. For a spec, it is
+    For a file, `num_requests` / `duration_s` first select requests as the file records them,
+    then `rate_rps` rescales their inter-arrival times to that mean rate, so the rate is the
+    rate of what is simulated (as `stepcal capacity` does). For a spec, `rate_rps` is
     the generation rate (overriding rate=, so one seed gives the same workload shape at every
     rate), and `num_requests` / `duration_s` / `seed` fill in what the spec leaves out. Then
     the trace is cut to `num_requests` and `duration_s`. `trace_format` applies to files only.
@@ -24,17 +26,13 @@ def load_workload(trace_arg: str, *, trace_format: str | None = None, rate_rps: 
     """
     path = Path(trace_arg)
     if path.is_file():
-        trace = read_trace(path, trace_format)
-        if rate_rps is not None:
-            trace = rescale_rate(trace, rate_rps)
-    elif looks_like_spec(trace_arg):
-        spec = parse_spec(trace_arg, label=arg_name).complete(
-            rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed,
-            label=arg_name)
-        trace = generate(spec)
-    elif path.is_dir():
+        trace = cut(read_trace(path, trace_format), num_requests=num_requests, duration_s=duration_s)
+        return rescale_rate(trace, rate_rps) if rate_rps is not None else trace
+    if path.is_dir():
         raise InputError(f"{arg_name}: {trace_arg!r} is a directory, not a trace file")
-    else:
+    if not looks_like_spec(trace_arg):
         raise InputError(f"{arg_name}: {trace_arg!r} is neither an existing file nor a generator "
                          f"spec ({' | '.join(p + ':...' for p in PROCESSES)})")
-    return cut(trace, num_requests=num_requests, duration_s=duration_s)
+    spec = parse_spec(trace_arg, label=arg_name).complete(
+        rate_rps=rate_rps, num_requests=num_requests, duration_s=duration_s, seed=seed, label=arg_name)
+    return cut(generate(spec), num_requests=num_requests, duration_s=duration_s)

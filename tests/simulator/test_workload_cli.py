@@ -55,7 +55,7 @@ def test_generate_converts_a_file_with_rate_and_cut(tmp_path):
             "--rate", "2", "--num-requests", "2"]
     assert cli.main(argv) == 0
     trace = read_trace(out)
-    np.testing.assert_allclose(trace.arrival_s, [0.0, 1.0])   # 3 requests, 2 gaps, at 2 req/s
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 0.5])   # cut to 2 requests first, then 2 req/s
     assert trace.prefix_hash_ids[1][-1] == 2366
 
 

@@ -78,10 +78,10 @@ def test_stats_of_a_single_instant_are_undefined_not_minus_one():
 
 # ---- load_workload ----
 
-def test_load_a_file_then_rescale_and_cut():
+def test_load_a_file_then_cut_and_rescale():
     trace = load_workload(str(FIXTURES / "vidur_tiny.csv"), rate_rps=1.0, num_requests=2)
-    # arrivals 0, 0.75, 2.5 at 0.8 req/s, rescaled to 1 req/s: 0, 0.6, 2.0; then the first two
-    np.testing.assert_allclose(trace.arrival_s, [0.0, 0.6])
+    # arrivals 0, 0.75, 2.5: the first two, then rescaled so their one gap runs at 1 req/s
+    np.testing.assert_allclose(trace.arrival_s, [0.0, 1.0])
 
 
 def test_load_a_forced_format(tmp_path):

@@ -1,0 +1,205 @@
+"""`stepcal capacity`: the highest request rate a deployment serves within its SLOs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from experiments.commands.simulate import add_scheduler_flags
+
+HELP = """Find the highest request rate (the trace's arrivals rescaled to that mean rate) at which the
+share of requests meeting the SLOs (TTFT ≤ --slo-ttft-ms and TPOT ≤ --slo-tpot-ms) is at least
+--attainment. The search doubles or halves the rate from --rate-start until it brackets the answer,
+then bisects (on a log scale) until the bracket is within --tolerance (relative); it then checks the
+answer by simulating 5% above it. Deterministic: every rate simulates the same requests.
+
+With --disaggregated P:D it also searches a prefill/decode-disaggregated deployment of P prefill and
+D decode replicas, and compares it with an aggregated one of the same number of devices (P + D
+replicas). TTFT there includes the KV transfer and the decode queue (see simulator/disaggregation.py).
+
+Writes OUT/capacity.json (max_rate_rps, goodput_rps and the metrics at that rate, the check above it,
+every probe) and OUT/capacity.png (attainment and P99 TTFT / TPOT against rate).
+
+examples:
+  stepcal capacity --trace ../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
+      --duration 600 --step-model linear:8,0.03,0.0002 --scheduler sarathi \\
+      --slo-ttft-ms 500 --slo-tpot-ms 50 --out runs/capacity
+  stepcal capacity --trace poisson:n=2000,prompt=lognormal:512:1.0,output=uniform:16:256 \\
+      --step-model linear:8,0.03,0.0002 --slo-ttft-ms 500 --slo-tpot-ms 50 \\
+      --disaggregated 1:1 --model-spec llama-3-8b --kv-transfer-gbps 25 --out runs/pd"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("capacity", help="find the highest request rate that meets the SLOs",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", required=True, help="trace file or generator spec (see `stepcal trace --help`)")
+    p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
+    p.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
+    p.add_argument("--duration", type=float, default=None,
+                   help="keep only requests arriving in the first S seconds (of the trace as given)")
+    p.add_argument("--seed", type=int, default=0, help="seed for generated workloads (default 0)")
+    p.add_argument("--step-model", required=True, help="const:MS, linear:A,B,C or a T_step table directory")
+    p.add_argument("--model-spec", default=None,
+                   help="model preset or file: KV bytes per token for --disaggregated, and --device-memory-gb")
+    add_scheduler_flags(p)
+    g = p.add_argument_group("deployment")
+    g.add_argument("--replicas", type=int, default=None,
+                   help="replicas of the aggregated deployment (default 1; with --disaggregated, P + D)")
+    g.add_argument("--router", default="round-robin", choices=["round-robin", "least-tokens"],
+                   help="how arrivals are spread over replicas (each pool's own router when disaggregated)")
+    g.add_argument("--step-overhead-ms", type=float, default=0.0, help="host time added to every step")
+    g = p.add_argument_group("SLO and search")
+    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO in ms")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO in ms")
+    g.add_argument("--attainment", type=float, default=0.9,
+                   help="share of requests that must meet the SLOs (default 0.9)")
+    g.add_argument("--tolerance", type=float, default=0.02,
+                   help="relative width of the final bracket (default 0.02: the answer is within 2%%)")
+    g.add_argument("--rate-start", type=float, default=None,
+                   help="first rate probed, req/s (default: the trace's own mean rate)")
+    g.add_argument("--rate-min", type=float, default=None, help="never probe below this rate (req/s)")
+    g.add_argument("--rate-max", type=float, default=None, help="never probe above this rate (req/s)")
+    g = p.add_argument_group("prefill/decode disaggregation")
+    g.add_argument("--disaggregated", default=None, metavar="P:D",
+                   help="also search P prefill + D decode replicas, against P + D aggregated replicas")
+    g.add_argument("--prefill-step-model", default=None, help="step-time model of the prefill pool "
+                   "(default --step-model)")
+    g.add_argument("--decode-step-model", default=None, help="step-time model of the decode pool "
+                   "(default --step-model)")
+    g.add_argument("--kv-transfer-alpha-ms", type=float, default=0.5,
+                   help="fixed cost of one KV transfer, ms (default 0.5)")
+    g.add_argument("--kv-transfer-gbps", type=float, default=25.0,
+                   help="KV transfer bandwidth in GB/s (10^9 bytes/s; default 25, a PCIe 4/5 or IB link)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=run)
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    """'P:D' → (P, D), both positive."""
+    from simulator.errors import InputError
+    head, sep, tail = text.partition(":")
+    try:
+        p, d = int(head), int(tail)
+    except ValueError:
+        p = d = 0
+    if not sep or p < 1 or d < 1:
+        raise InputError(f"--disaggregated: expected P:D with positive integers (e.g. 1:1 or 2:3), got {text!r}")
+    return p, d
+
+
+def run(args) -> int:
+    from experiments.capacity import (
+        RateEvaluator,
+        aggregated,
+        capacity_record,
+        check_above,
+        disaggregated,
+        format_record,
+        search_capacity,
+    )
+    from experiments.capacity.plot import plot_capacity
+    from experiments.commands.simulate import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.step_models import describe_step_model, resolve_step_model
+    from simulator.errors import InputError
+    from simulator.io import atomic_output_dir, atomic_write_json
+    from simulator.metrics import clean_json
+    from simulator.simulation import SimConfig
+    from simulator.workload import load_workload, mean_rate_rps
+
+    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
+        raise InputError("capacity needs an SLO: give --slo-ttft-ms and/or --slo-tpot-ms")
+    split = parse_split(args.disaggregated) if args.disaggregated else None
+    num_replicas = _aggregated_replicas(args.replicas, split)
+    model = resolve_step_model(args.step_model)
+    trace = load_workload(args.trace, trace_format=args.trace_format, num_requests=args.num_requests,
+                          duration_s=args.duration, seed=args.seed)
+    for warning in trace.warnings:
+        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    start_rps = args.rate_start if args.rate_start is not None else mean_rate_rps(trace)
+    if start_rps is None:
+        raise InputError(f"{args.trace}: all requests arrive at one instant, so the trace has no rate to "
+                         f"rescale; give a trace with spread arrivals")
+    config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
+                       block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), num_replicas=num_replicas,
+                       router=args.router, step_overhead_ms=args.step_overhead_ms, skip_oversize=args.skip_oversize,
+                       slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+    deployments = {"aggregated": RateEvaluator(trace, aggregated(model, config))}
+    if split is not None:
+        prefill_model = resolve_step_model(args.prefill_step_model or args.step_model)
+        decode_model = resolve_step_model(args.decode_step_model or args.step_model)
+        deployments["disaggregated"] = RateEvaluator(
+            trace, disaggregated(prefill_model, decode_model, disagg_config_from_args(args, config, split)))
+
+    records = {}
+    for label, evaluate in deployments.items():
+        result = search_capacity(evaluate, start_rps=start_rps, target_attainment=args.attainment,
+                                 tolerance=args.tolerance, min_rps=args.rate_min, max_rps=args.rate_max)
+        records[label] = capacity_record(result, check_above(evaluate, result))
+        if not args.quiet:
+            print(format_record(f"{label} ({_describe(label, num_replicas, split)})", records[label]))
+
+    out = {**records["aggregated"], "deployment": _describe("aggregated", num_replicas, split),
+           "num_replicas": num_replicas, "scheduler": args.scheduler, "slo_ttft_ms": args.slo_ttft_ms,
+           "slo_tpot_ms": args.slo_tpot_ms, "trace": str(args.trace), "trace_rate_rps": mean_rate_rps(trace),
+           "num_requests": len(trace), "step_model": describe_step_model(args.step_model, model),
+           "args": {k: v for k, v in vars(args).items() if k != "func"}}
+    if split is not None:
+        out["disaggregated"] = {**records["disaggregated"], "deployment": _describe("disaggregated", num_replicas, split),
+                                "num_prefill_replicas": split[0], "num_decode_replicas": split[1]}
+        out["comparison"] = _comparison(records, num_replicas)
+        if not args.quiet:
+            print(_format_comparison(out["comparison"]))
+    with atomic_output_dir(args.out) as staging:
+        atomic_write_json(staging / "capacity.json", clean_json(out))
+        plot_capacity(records, args.slo_ttft_ms, args.slo_tpot_ms, staging / "capacity.png")
+    if not args.quiet:
+        print(f"wrote {args.out}/capacity.json, capacity.png")
+    return 0
+
+
+def disagg_config_from_args(args, config, split: tuple[int, int]):
+    from simulator.disaggregation import DisaggConfig, PoolConfig
+    from simulator.errors import InputError
+    from simulator.model_spec import load_model_spec
+    if not args.model_spec:
+        raise InputError("--disaggregated needs --model-spec: the KV transfer's bytes come from its "
+                         "KV bytes per token")
+    spec = load_model_spec(args.model_spec)
+
+    def pool(num_replicas: int) -> PoolConfig:
+        return PoolConfig(num_replicas, config.scheduler, config.scheduler_config, config.kv_blocks, config.router)
+    return DisaggConfig(prefill=pool(split[0]), decode=pool(split[1]), kv_bytes_per_token=spec.kv_bytes_per_token,
+                        kv_transfer_alpha_ms=args.kv_transfer_alpha_ms, kv_transfer_gb_per_s=args.kv_transfer_gbps,
+                        block_size=config.block_size, step_overhead_ms=config.step_overhead_ms,
+                        skip_oversize=config.skip_oversize, slo_ttft_ms=config.slo_ttft_ms,
+                        slo_tpot_ms=config.slo_tpot_ms)
+
+
+def _aggregated_replicas(replicas: int | None, split: tuple[int, int] | None) -> int:
+    from simulator.errors import InputError
+    if split is None:
+        return 1 if replicas is None else replicas
+    if replicas is not None and replicas != sum(split):
+        raise InputError(f"--replicas {replicas} differs from the {sum(split)} devices of --disaggregated "
+                         f"{split[0]}:{split[1]}; the comparison holds the number of devices fixed (omit --replicas)")
+    return sum(split)
+
+
+def _describe(label: str, num_replicas: int, split) -> str:
+    if label == "aggregated":
+        return f"{num_replicas} replica{'s' if num_replicas != 1 else ''}"
+    return f"{split[0]} prefill + {split[1]} decode replicas"
+
+
+def _comparison(records: dict, num_devices: int) -> dict:
+    agg, dis = records["aggregated"]["max_rate_rps"], records["disaggregated"]["max_rate_rps"]
+    return {"num_devices": num_devices, "aggregated_max_rate_rps": agg, "disaggregated_max_rate_rps": dis,
+            "aggregated_per_device_rps": agg / num_devices if agg is not None else None,
+            "disaggregated_per_device_rps": dis / num_devices if dis is not None else None,
+            "disaggregated_over_aggregated": dis / agg if agg and dis is not None else None}
+
+
+def _format_comparison(c: dict) -> str:
+    ratio = c["disaggregated_over_aggregated"]
+    return (f"same {c['num_devices']} devices: disaggregated / aggregated max rate = "
+            f"{ratio:.3f}" if ratio is not None else "comparison undefined: a deployment found no feasible rate")

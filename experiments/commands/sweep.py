@@ -1,0 +1,89 @@
+"""`stepcal sweep`: a grid of simulations, run in parallel, resumable."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models) from a
+TOML config, on a local process pool or as Ray tasks. Each simulation is seeded, so results do not
+depend on the backend or the number of workers. Each finished point is stored at once under
+OUT/points/, so a sweep that is interrupted and rerun skips the points already done.
+
+Writes OUT/summaries.parquet (one row per point: settings, throughput, mean/P50/P90/P95/P99 of
+TTFT, TPOT, ITL and E2E, and each SLO's attainment and goodput), OUT/pareto.png (throughput against
+P99 latency, the Pareto front, the best point per SLO) and OUT/sweep.json.
+
+config example (see experiments/sweep/config.py for every key):
+  trace = "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+  duration_s = 600
+  rates_rps = [2.0, 4.0, 8.0]
+  replicas = [1, 2]
+  step_models = ["linear:8,0.03,0.0002"]
+
+  [[schedulers]]
+  name = "vllm"
+  max_num_seqs = [128, 256]
+
+  [[schedulers]]
+  name = "sarathi"
+  chunk_size = [256, 512]
+
+  [[slos]]
+  name = "chat"
+  ttft_ms = 500
+  tpot_ms = 50
+  attainment = 0.9
+
+examples:
+  stepcal sweep sweep.toml --workers 8 --out runs/sweep
+  stepcal sweep sweep.toml --backend ray --ray-address ray://head:10001 --out runs/sweep"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="run a grid of simulations (local pool or Ray), resumable",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="sweep config (TOML)")
+    p.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local: a process pool on this machine; ray: one Ray task per simulation (default local)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="local: processes (1 runs in this process); ray without --ray-address: CPUs of the "
+                        "local cluster started for the run (default 1)")
+    p.add_argument("--ray-address", default=None,
+                   help="address of a running Ray cluster (e.g. ray://head:10001 or auto); its nodes need "
+                        "stepcal installed. Default: start a local cluster for the run")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--out", required=True, help="output directory (reused to resume)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from experiments.sweep import load_sweep_config, run_sweep
+    from experiments.sweep.pareto import point_label
+
+    config = load_sweep_config(args.config)
+    bar = None if args.quiet else _progress_bar(len(config.points))
+    try:
+        report = run_sweep(config, args.out, backend=args.backend, workers=args.workers,
+                           ray_address=args.ray_address, on_progress=None if bar is None else _advance(bar))
+    finally:
+        if bar is not None:
+            bar.close()
+    if not args.quiet:
+        print(f"{report.num_points} points: {report.num_run} simulated, {report.num_reused} reused from {args.out}/points")
+        frame = report.frame.set_index("index", drop=False)
+        for name, index in report.best.items():
+            print(f"best for {name}: " + ("no point meets it" if index is None else point_label(frame.loc[index])))
+        print(f"wrote {args.out}/summaries.parquet, pareto.png, sweep.json")
+    return 0
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="sim", desc="sweep", file=sys.stderr, mininterval=0.5)
+
+
+def _advance(bar):
+    def on_progress(done: int, total: int) -> None:
+        bar.n = done
+        bar.refresh()
+    return on_progress

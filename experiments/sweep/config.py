@@ -1,0 +1,202 @@
+"""The sweep config (TOML): a grid of schedulers × their settings × rates × replicas × step models.
+
+    trace = "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"  # or a generator spec
+    duration_s = 600                 # optional cut of the trace (also num_requests, trace_format, seed)
+    rates_rps = [2.0, 4.0, 8.0]      # the trace's arrivals rescaled; omit for the trace's own rate
+    replicas = [1, 2]                # default [1]
+    step_models = ["linear:8,0.03,0.0002"]
+    latency = "ttft_ms"              # the P99 on the Pareto plot: ttft_ms, tpot_ms, itl_ms or e2e_ms
+    # block_size, kv_blocks, router, step_overhead_ms: simulation settings shared by every point
+
+    [[schedulers]]
+    name = "vllm"
+    max_num_seqs = [128, 256]        # each setting a value or a list; lists are crossed
+    max_batched_tokens = [2048, 8192]
+
+    [[schedulers]]
+    name = "sarathi"
+    chunk_size = [256, 512]
+
+    [[slos]]                         # each SLO gets attainment / goodput columns and a best point
+    name = "chat"
+    ttft_ms = 500
+    tpot_ms = 50
+    attainment = 0.9
+
+Relative file paths (the trace, table directories) are relative to the config file.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulator.errors import InputError
+
+TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
+            "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos"}
+SCHEDULER_SETTINGS = ("max_num_seqs", "max_batched_tokens", "chunk_size")
+LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+SLO_KEYS = {"name", "ttft_ms", "tpot_ms", "attainment"}
+
+
+@dataclass(frozen=True)
+class Slo:
+    name: str
+    ttft_ms: float | None
+    tpot_ms: float | None
+    attainment: float
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One simulation of the grid. `None` settings take the scheduler's defaults; `rate_rps` None is the trace's own."""
+    index: int
+    scheduler: str
+    max_num_seqs: int | None
+    max_batched_tokens: int | None
+    chunk_size: int | None
+    rate_rps: float | None
+    num_replicas: int
+    step_model: str
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    path: Path
+    trace: str
+    trace_format: str | None
+    num_requests: int | None
+    duration_s: float | None
+    seed: int
+    block_size: int
+    kv_blocks: int | None
+    router: str
+    step_overhead_ms: float
+    latency: str
+    slos: tuple[Slo, ...]
+    points: tuple[SweepPoint, ...]
+
+    def shared(self) -> dict:
+        """Everything but the grid axes that a point's result depends on (part of every point's key)."""
+        return {"trace": self.trace, "trace_format": self.trace_format, "num_requests": self.num_requests,
+                "duration_s": self.duration_s, "seed": self.seed, "block_size": self.block_size,
+                "kv_blocks": self.kv_blocks, "router": self.router, "step_overhead_ms": self.step_overhead_ms,
+                "slos": [vars(s) for s in self.slos]}
+
+
+def load_sweep_config(path: str | Path) -> SweepConfig:
+    import tomllib  # Python 3.11+; imported here so that the rest of stepcal still runs on 3.10
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the sweep config: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not valid TOML: {exc}") from None
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        raise InputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(TOP_KEYS))}")
+    for key in ("trace", "step_models", "schedulers"):
+        if key not in data:
+            raise InputError(f"{path}: missing key {key!r}")
+    base = path.resolve().parent
+    step_models = [_relative(base, s) for s in _list(path, "step_models", data["step_models"], str)]
+    rates = _list(path, "rates_rps", data.get("rates_rps"), (int, float)) if "rates_rps" in data else [None]
+    if any(r is not None and r <= 0 for r in rates):
+        raise InputError(f"{path}: rates_rps must be positive numbers, got {rates}")
+    replicas = _list(path, "replicas", data.get("replicas", [1]), int)
+    if any(r < 1 for r in replicas):
+        raise InputError(f"{path}: replicas must be positive integers, got {replicas}")
+    latency = data.get("latency", "ttft_ms")
+    if latency not in LATENCY_METRICS:
+        raise InputError(f"{path}: latency must be one of {', '.join(LATENCY_METRICS)}, got {latency!r}")
+    settings = [s for i, entry in enumerate(_tables(path, "schedulers", data["schedulers"]))
+                for s in _scheduler_settings(path, i, entry)]
+    points = tuple(SweepPoint(i, sched, *values, float(rate) if rate is not None else None, n, model)
+                   for i, ((sched, *values), model, n, rate) in
+                   enumerate(itertools.product(settings, step_models, replicas, rates)))
+    return SweepConfig(
+        path=path, trace=_relative(base, _scalar(path, data, "trace", str)),
+        trace_format=data.get("trace_format"), num_requests=_scalar(path, data, "num_requests", int, None),
+        duration_s=_scalar(path, data, "duration_s", (int, float), None), seed=_scalar(path, data, "seed", int, 0),
+        block_size=_scalar(path, data, "block_size", int, 16), kv_blocks=_scalar(path, data, "kv_blocks", int, None),
+        router=_scalar(path, data, "router", str, "round-robin"),
+        step_overhead_ms=float(_scalar(path, data, "step_overhead_ms", (int, float), 0.0)),
+        latency=latency, slos=tuple(_slo(path, i, t) for i, t in enumerate(_tables(path, "slos", data.get("slos", [])))),
+        points=points)
+
+
+def _scheduler_settings(path: Path, i: int, entry: dict) -> list[tuple]:
+    from simulator.schedulers import SCHEDULERS
+    where = f"{path}: schedulers[{i}]"
+    name = entry.get("name")
+    if name not in SCHEDULERS:
+        raise InputError(f"{where}: name must be one of {', '.join(SCHEDULERS)}, got {name!r}")
+    unknown = set(entry) - {"name", *SCHEDULER_SETTINGS}
+    if unknown:
+        raise InputError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(SCHEDULER_SETTINGS)}")
+    axes = []
+    for key in SCHEDULER_SETTINGS:
+        values = _list(path, f"schedulers[{i}].{key}", entry.get(key), int) if key in entry else [None]
+        if any(v is not None and v <= 0 for v in values):
+            raise InputError(f"{where}: {key} must be positive integers, got {values}")
+        axes.append(values)
+    return [(name, *combo) for combo in itertools.product(*axes)]
+
+
+def _slo(path: Path, i: int, entry: dict) -> Slo:
+    where = f"{path}: slos[{i}]"
+    unknown = set(entry) - SLO_KEYS
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SLO_KEYS))}")
+    name = entry.get("name", f"slo{i}")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InputError(f"{where}: name must be a plain identifier (it names columns), got {name!r}")
+    ttft, tpot = entry.get("ttft_ms"), entry.get("tpot_ms")
+    if ttft is None and tpot is None:
+        raise InputError(f"{where}: give ttft_ms and/or tpot_ms")
+    attainment = entry.get("attainment", 0.9)
+    if not isinstance(attainment, (int, float)) or not 0 < attainment <= 1:
+        raise InputError(f"{where}: attainment must be in (0, 1], got {attainment!r}")
+    for key, value in (("ttft_ms", ttft), ("tpot_ms", tpot)):
+        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            raise InputError(f"{where}: {key} must be a positive number, got {value!r}")
+    return Slo(name, None if ttft is None else float(ttft), None if tpot is None else float(tpot), float(attainment))
+
+
+def _list(path: Path, key: str, value, kind) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
+        raise InputError(f"{path}: {key} must be a value or a non-empty list of {_kind_name(kind)}, got {value!r}")
+    return values
+
+
+def _scalar(path: Path, data: dict, key: str, kind, default=...):
+    if key not in data:
+        if default is ...:
+            raise InputError(f"{path}: missing key {key!r}")
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise InputError(f"{path}: {key} must be {_kind_name(kind)}, got {value!r}")
+    return value
+
+
+def _tables(path: Path, key: str, value) -> list[dict]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise InputError(f"{path}: {key} must be a list of tables ([[{key}]])")
+    if key == "schedulers" and not value:
+        raise InputError(f"{path}: give at least one [[schedulers]] table")
+    return value
+
+
+def _kind_name(kind) -> str:
+    return {str: "strings", int: "integers"}.get(kind, "numbers")
+
+
+def _relative(base: Path, text: str) -> str:
+    """A path relative to the config's directory, when it names an existing file or directory there."""
+    candidate = base / text
+    return str(candidate) if not Path(text).is_absolute() and candidate.exists() else text

@@ -1,0 +1,61 @@
+import json
+
+import numpy as np
+import pytest
+
+from experiments.calibration import calibrate
+from experiments.cli import main
+from experiments.step_models import resolve_step_model
+from experiments.validation import load_measured_run
+from simulator.batch import StepBatch
+from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+
+
+def test_host_terms_add_to_every_path_bit_identically():
+    model = HostTermsModel(LinearStepModel(2.0, 0.01, 0.001), HostTerms(0.5, 0.1, 0.002, 7.0))
+    batch = StepBatch.of([0, 1, 2], [1, 1, 40], [10, 20, 0])
+    assert model.step_ms(batch) == pytest.approx(2.0 + 0.01 * 42 + 0.001 * (30 + 42) + 0.5 + 0.1 * 3 + 0.002 * 42)
+    assert model.features_ms(batch.features())[0] == model.step_ms(batch)
+    kv = np.array([5, 9])
+    run = model.decode_run_ms(kv, 4)
+    assert run.tolist() == [model.step_ms(StepBatch.of([0, 1], [1, 1], kv + j)) for j in range(4)]
+    assert model.per_request_ms == 7.0
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("m") / "run"
+    assert main(["measure", "--trace", "poisson:rate=30,n=40,prompt=uniform:8:80,output=uniform:2:16",
+                 "--scheduler", "continuous", "--quiet", "--out", str(out)]) == 0
+    return load_measured_run(out)
+
+
+def test_calibration_recovers_host_time_a_base_model_misses(measured):
+    # a base model at half the measured step time: calibration must add the missing host time
+    steps = measured.steps
+    half = LinearStepModel(float(steps["duration_ms"].mean()) / 2, 0.0, 0.0)
+    result = calibrate(measured, half, max_simulations=120)
+    assert result.loss_after < result.loss_before / 4
+    assert result.terms.per_step_ms + result.terms.per_seq_ms * steps["num_seqs"].mean() > 0
+    assert abs(result.errors_after["tpot_ms.p50"]) < abs(result.errors_before["tpot_ms.p50"])
+
+
+def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys):
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(measured.path), "--step-model", "const:1",
+                 "--max-simulations", "60", "--quiet", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["kind"] == "builtin" and meta["step_model"] == "const:1"
+    assert set(meta["host_terms"]) == {"per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms"}
+    model = resolve_step_model(str(out))
+    assert isinstance(model, HostTermsModel) and model.terms.to_dict() == meta["host_terms"]
+    # the calibrated directory is a step model for simulate and validate, and it does better than its base
+    errors = {}
+    for name, step_model in (("base", "const:1"), ("calibrated", str(out))):
+        assert main(["validate", "--measured", str(measured.path), "--step-model", step_model, "--quiet",
+                     "--out", str(tmp_path / name)]) == 0
+        record = json.loads((tmp_path / name / "validation.json").read_text())
+        errors[name] = {key: abs(record["metrics"][m]["mean"]["error"]) for key, m in
+                        (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_ms"))}
+    for key in ("ttft", "tpot", "e2e"):
+        assert errors["calibrated"][key] < errors["base"][key], key

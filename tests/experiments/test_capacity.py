@@ -1,0 +1,144 @@
+import json
+
+import pytest
+
+from experiments.capacity import RateEvaluator, aggregated, check_above, search_capacity
+from experiments.cli import main
+from experiments.step_models import resolve_step_model
+from simulator.errors import InputError
+from simulator.simulation import SimConfig, simulate
+from simulator.workload import load_workload, rescale_rate
+from simulator.workload.transforms import mean_rate_rps
+
+TRACE = "poisson:rate=4,n=200,prompt=uniform:32:512,output=uniform:8:128,seed=3"
+STEP_MODEL = "linear:8,0.03,0.0002"
+SLO = ["--slo-ttft-ms", "300", "--slo-tpot-ms", "40"]
+
+
+def step_attainment(boundary_rps: float):
+    """A fake deployment: every request meets its SLO below the boundary, half of them above."""
+    calls = []
+
+    def evaluate(rate):
+        calls.append(rate)
+        return {"slo_attainment": 1.0 if rate <= boundary_rps else 0.5}
+    return evaluate, calls
+
+
+@pytest.mark.parametrize("start", [0.3, 7.0, 500.0])
+def test_search_brackets_then_bisects_to_the_tolerance(start):
+    evaluate, calls = step_attainment(12.5)
+    result = search_capacity(evaluate, start_rps=start, target_attainment=0.9, tolerance=0.02)
+    assert result.max_rate_rps <= 12.5 < result.upper_rate_rps
+    assert result.upper_rate_rps <= result.max_rate_rps * 1.02
+    assert result.bracketed and result.best.feasible and result.best.rate_rps == result.max_rate_rps
+    assert len(calls) == len(set(calls)) == len(result.probes) <= 30   # no rate probed twice
+
+
+def test_search_reports_no_feasible_rate_and_an_unbounded_one():
+    never, _ = step_attainment(0.0)
+    result = search_capacity(never, start_rps=1.0, target_attainment=0.9, min_rps=0.1)
+    assert result.max_rate_rps is None and result.upper_rate_rps == pytest.approx(0.1)
+    always, _ = step_attainment(1e9)
+    result = search_capacity(always, start_rps=1.0, target_attainment=0.9, max_rps=100.0)
+    assert result.max_rate_rps == 100.0 and result.upper_rate_rps is None and not result.bracketed
+
+
+@pytest.mark.parametrize("kwargs,flag", [({"tolerance": 0.0}, "--tolerance"), ({"target_attainment": 1.5}, "--attainment"),
+                                         ({"start_rps": -1.0}, "--rate-start")])
+def test_search_rejects_bad_arguments(kwargs, flag):
+    args = {"start_rps": 1.0, "target_attainment": 0.9, "tolerance": 0.02, **kwargs}
+    with pytest.raises(InputError, match=flag):
+        search_capacity(lambda r: {"slo_attainment": 1.0}, **args)
+
+
+@pytest.fixture(scope="module")
+def capacity_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("capacity") / "run"
+    assert main(["capacity", "--trace", TRACE, "--step-model", STEP_MODEL, "--scheduler", "sarathi", *SLO,
+                 "--attainment", "0.9", "--quiet", "--out", str(out)]) == 0
+    return out, json.loads((out / "capacity.json").read_text())
+
+
+def test_capacity_holds_at_its_rate_and_fails_5_percent_above(capacity_run):
+    """The issue's check, recomputed here independently of the search: simulate at the answer and 5% above."""
+    _, record = capacity_run
+    rate = record["max_rate_rps"]
+    trace = load_workload(TRACE)
+    model_config = SimConfig(scheduler="sarathi", slo_ttft_ms=300, slo_tpot_ms=40)
+    model = resolve_step_model(STEP_MODEL)
+    at = simulate(rescale_rate(trace, rate), model, model_config).summary
+    above = simulate(rescale_rate(trace, rate * 1.05), model, model_config).summary
+    assert at["slo_attainment"] >= 0.9 > above["slo_attainment"]
+    assert record["slo_attainment"] == at["slo_attainment"] and record["goodput_rps"] == at["goodput_rps"]
+    assert record["check_above"]["slo_attainment"] == above["slo_attainment"]
+    assert record["check_above"]["feasible"] is False
+
+
+def test_capacity_json_has_the_answer_metrics_and_probes(capacity_run):
+    out, record = capacity_run
+    assert record["upper_rate_rps"] <= record["max_rate_rps"] * 1.02 and record["tolerance"] == 0.02
+    assert record["metrics"]["ttft_ms"]["p99"] is not None and record["metrics"]["num_requests"] == 200
+    probes = record["probes"]
+    assert [p["rate_rps"] for p in probes] == sorted(p["rate_rps"] for p in probes)
+    assert all(p["feasible"] == (p["slo_attainment"] >= 0.9) for p in probes)
+    assert record["trace_rate_rps"] == pytest.approx(mean_rate_rps(load_workload(TRACE)))
+    assert (out / "capacity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_capacity_search_is_deterministic(capacity_run, tmp_path):
+    out = tmp_path / "again"
+    assert main(["capacity", "--trace", TRACE, "--step-model", STEP_MODEL, "--scheduler", "sarathi", *SLO,
+                 "--quiet", "--out", str(out)]) == 0
+    again = json.loads((out / "capacity.json").read_text())
+    first = capacity_run[1]
+    for key in ("max_rate_rps", "upper_rate_rps", "probes", "metrics", "check_above"):
+        assert again[key] == first[key]
+
+
+def test_rate_evaluator_rescales_the_same_requests():
+    trace = load_workload(TRACE)
+    seen = []
+    evaluator = RateEvaluator(trace, lambda t: seen.append(t) or {"slo_attainment": 1.0})
+    evaluator(10.0)
+    evaluator(10.0)   # cached
+    assert len(seen) == 1 and mean_rate_rps(seen[0]) == pytest.approx(10.0)
+    assert (seen[0].num_prompt_tokens == trace.num_prompt_tokens).all()
+
+
+def test_check_above_is_the_target_tested_5_percent_higher():
+    model = resolve_step_model(STEP_MODEL)
+    evaluate = RateEvaluator(load_workload(TRACE), aggregated(model, SimConfig(scheduler="vllm", slo_ttft_ms=200)))
+    result = search_capacity(evaluate, start_rps=5.0, target_attainment=0.95, tolerance=0.01)
+    check = check_above(evaluate, result)
+    assert check.rate_rps == pytest.approx(result.max_rate_rps * 1.05) and not check.feasible
+
+
+def test_disaggregated_comparison_uses_the_same_number_of_devices(tmp_path, capsys):
+    out = tmp_path / "pd"
+    assert main(["capacity", "--trace", TRACE, "--step-model", STEP_MODEL, *SLO, "--disaggregated", "1:2",
+                 "--model-spec", "llama-3-8b", "--tolerance", "0.05", "--out", str(out)]) == 0
+    record = json.loads((out / "capacity.json").read_text())
+    assert record["num_replicas"] == 3 and record["metrics"]["num_replicas"] == 3
+    dis = record["disaggregated"]
+    assert dis["num_prefill_replicas"] == 1 and dis["num_decode_replicas"] == 2
+    assert dis["metrics"]["num_replicas"] == 3 and dis["metrics"]["kv_transfer_ms"]["p50"] > 0.5
+    c = record["comparison"]
+    assert c["num_devices"] == 3
+    assert c["disaggregated_over_aggregated"] == pytest.approx(dis["max_rate_rps"] / record["max_rate_rps"])
+    assert "same 3 devices" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ([], "needs an SLO"),
+    ([*SLO, "--disaggregated", "2"], "--disaggregated"),
+    ([*SLO, "--disaggregated", "1:1"], "--model-spec"),
+    ([*SLO, "--disaggregated", "1:1", "--replicas", "3", "--model-spec", "tiny"], "--replicas 3"),
+    ([*SLO, "--tolerance", "2"], "--tolerance"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, extra, needle):
+    out = tmp_path / "out"
+    code = main(["capacity", "--trace", TRACE, "--step-model", "const:5", *extra, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("stepcal: ") and err.count("\n") == 1 and needle in err
+    assert not out.exists()

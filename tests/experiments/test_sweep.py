@@ -1,0 +1,156 @@
+import importlib.util
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+from experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
+from experiments.sweep.config import Slo
+from experiments.sweep.pareto import best_per_slo, pareto_mask
+from simulator.errors import InputError
+
+CONFIG = """
+trace = "poisson:rate=5,n=80,prompt=uniform:32:400,output=uniform:4:60,seed=1"
+rates_rps = [5.0, 40.0]
+replicas = [1, 2]
+step_models = ["linear:8,0.03,0.0002"]
+
+[[schedulers]]
+name = "vllm"
+max_num_seqs = [8, 256]
+
+[[schedulers]]
+name = "sarathi"
+chunk_size = 256
+
+[[slos]]
+name = "chat"
+ttft_ms = 300
+tpot_ms = 40
+attainment = 0.9
+"""
+NUM_POINTS = 3 * 2 * 2   # (vllm × 2 settings + sarathi) × replicas × rates
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The sweep run in this process (one worker), the reference for every other backend."""
+    path = tmp_path_factory.mktemp("ref") / "sweep.toml"
+    path.write_text(CONFIG)
+    report = run_sweep(load_sweep_config(path), path.parent / "out")
+    return report.frame.drop(columns=WALL_COLUMN)
+
+
+def test_config_expands_the_grid(config_path):
+    config = load_sweep_config(config_path)
+    assert len(config.points) == NUM_POINTS and [p.index for p in config.points] == list(range(NUM_POINTS))
+    vllm = [p for p in config.points if p.scheduler == "vllm"]
+    assert sorted({p.max_num_seqs for p in vllm}) == [8, 256] and {p.chunk_size for p in vllm} == {None}
+    assert {(p.rate_rps, p.num_replicas) for p in config.points} == {(5.0, 1), (5.0, 2), (40.0, 1), (40.0, 2)}
+    assert config.slos == (Slo("chat", 300.0, 40.0, 0.9),)
+
+
+def test_summaries_hold_settings_metrics_and_slo_columns(reference):
+    assert len(reference) == NUM_POINTS and reference["index"].tolist() == list(range(NUM_POINTS))
+    assert (reference["num_finished"] == 80).all()
+    for column in ("ttft_ms_p99", "tpot_ms_p99", "throughput_rps", "slo_chat_attainment", "slo_chat_goodput_rps"):
+        assert reference[column].notna().all(), column
+    # more replicas never hurt P99 TTFT at the high rate here
+    high = reference[reference["rate_rps"] == 40.0]
+    one, two = (high[high["num_replicas"] == n].set_index(["scheduler", "max_num_seqs"])["ttft_ms_p99"] for n in (1, 2))
+    assert (two <= one).all()
+
+
+def test_two_local_workers_give_identical_results(config_path, reference):
+    report = run_sweep(load_sweep_config(config_path), config_path.parent / "out", workers=2)
+    assert report.num_run == NUM_POINTS
+    pd.testing.assert_frame_equal(report.frame.drop(columns=WALL_COLUMN), reference)
+
+
+@pytest.mark.slow   # starting a local Ray cluster takes ~10 s
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray (pip install 'stepcal[ray]')")
+def test_ray_backend_on_a_local_cluster_gives_identical_results(config_path, reference):
+    report = run_sweep(load_sweep_config(config_path), config_path.parent / "out", backend="ray", workers=2)
+    assert report.num_run == NUM_POINTS
+    pd.testing.assert_frame_equal(report.frame.drop(columns=WALL_COLUMN), reference)
+
+
+def test_an_interrupted_sweep_resumes_where_it_stopped(config_path, reference):
+    out = config_path.parent / "out"
+    config = load_sweep_config(config_path)
+
+    def interrupt_after_5(done, total):
+        if done == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(config, out, on_progress=interrupt_after_5)
+    assert len(list((out / "points").glob("*.json"))) == 5 and not (out / "summaries.parquet").exists()
+    report = run_sweep(config, out, workers=2)
+    assert (report.num_reused, report.num_run) == (5, NUM_POINTS - 5)
+    pd.testing.assert_frame_equal(report.frame.drop(columns=WALL_COLUMN), reference)
+    again = run_sweep(config, out)
+    assert (again.num_reused, again.num_run) == (NUM_POINTS, 0)
+
+
+def test_changing_a_shared_setting_reruns_every_point(config_path):
+    out = config_path.parent / "out"
+    run_sweep(load_sweep_config(config_path), out)
+    config_path.write_text(CONFIG.replace("seed=1", "seed=2"))
+    report = run_sweep(load_sweep_config(config_path), out)
+    assert report.num_run == NUM_POINTS and report.num_reused == 0
+
+
+def test_pareto_front_and_best_point():
+    latency = np.array([10.0, 20.0, 15.0, 30.0, np.nan])
+    throughput = np.array([1.0, 3.0, 1.0, 3.0, 9.0])
+    assert pareto_mask(latency, throughput).tolist() == [True, True, False, False, False]
+    frame = pd.DataFrame({"index": [0, 1, 2], "slo_a_attainment": [0.95, 0.5, 0.91],
+                          "slo_a_goodput_rps": [2.0, 9.0, 3.0], "slo_b_attainment": [0.1, 0.2, 0.3],
+                          "slo_b_goodput_rps": [1.0, 1.0, 1.0]})
+    slos = (Slo("a", 100.0, None, 0.9), Slo("b", 1.0, None, 0.99))
+    assert best_per_slo(frame, slos) == {"a": 2, "b": None}
+
+
+def test_sweep_cli_writes_parquet_plot_and_best(config_path, capsys):
+    out = config_path.parent / "cli"
+    assert main(["sweep", str(config_path), "--workers", "1", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert f"{NUM_POINTS} points: {NUM_POINTS} simulated" in stdout and "best for chat:" in stdout
+    record = json.loads((out / "sweep.json").read_text())
+    frame = pd.read_parquet(out / "summaries.parquet")
+    best = record["best"]["chat"]
+    assert best["slo_chat_attainment"] >= 0.9
+    assert best["slo_chat_goodput_rps"] == frame.loc[frame["slo_chat_attainment"] >= 0.9, "slo_chat_goodput_rps"].max()
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("text,needle", [
+    (CONFIG.replace('name = "sarathi"', 'name = "fifo"'), "schedulers[1]: name"),
+    (CONFIG + "\nrate = 3\n", "unknown key(s) rate"),
+    (CONFIG.replace("chunk_size = 256", "chunk = 256"), "unknown setting(s) chunk"),
+    (CONFIG.replace("replicas = [1, 2]", "replicas = [0]"), "replicas"),
+    (CONFIG.replace("ttft_ms = 300\ntpot_ms = 40", ""), "ttft_ms and/or tpot_ms"),
+    ("trace = [", "not valid TOML"),
+])
+def test_bad_config_is_one_line_exit_2(tmp_path, capsys, text, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    code = main(["sweep", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("stepcal: ") and err.count("\n") == 1 and needle in err and "bad.toml" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_backend_arguments():
+    with pytest.raises(InputError, match="--workers"):
+        run_sweep(None, "unused", workers=0)
