@@ -1,0 +1,68 @@
+"""`stepcal import`: turn another tool's measurements into a stepcal measured run."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from experiments.commands.simulate import add_scheduler_flags
+
+HELP = """Turn measurements from another tool into a measured-run directory laid out like the
+output of `stepcal measure`, so that `stepcal validate` and `stepcal calibrate` can replay them."""
+
+VLLM_BENCH_HELP = """Import a `vllm bench serve --save-result` JSON (per-request `ttfts` and `itls` in
+seconds, `input_lens`, `output_lens`, `errors`, and `start_times` where the vLLM version records
+them). Give the deployment's settings (model, scheduler, token budget, KV capacity) so that
+validate replays the same server. Arrivals come from `start_times`; without them they are evenly
+spaced at the bench's `request_rate`, or all at 0 for an unlimited rate (meta.json says which).
+Failed requests (non-empty error) are kept, unfinished. A bench has no step log, so validate
+reports no step-level error for an imported run.
+
+Writes OUT/meta.json (source "vllm-bench"), OUT/trace.parquet, OUT/repeat_0/{requests,steps}.parquet
+and summary.json, and OUT/summary.json.
+
+example:
+  stepcal import vllm-bench bench.json --model-spec llama3-8b --scheduler vllm \\
+      --max-num-seqs 256 --max-batched-tokens 8192 --device-memory-gb 80 --out runs/vllm_rate8
+  stepcal validate --measured runs/vllm_rate8 --step-model tables/h100 --out runs/vllm_rate8/validation"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("import", help="import measurements from other tools (vllm bench)",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sources = p.add_subparsers(dest="source", metavar="SOURCE")
+    v = sources.add_parser("vllm-bench", help="a `vllm bench serve --save-result` JSON",
+                           description=VLLM_BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("file", metavar="FILE", help="the JSON written by `vllm bench serve --save-result`")
+    v.add_argument("--model-spec", required=True, help="model preset or file of the served model")
+    add_scheduler_flags(v)
+    v.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    v.add_argument("--out", required=True, help="output directory")
+    v.set_defaults(func=run_vllm_bench)
+    p.set_defaults(func=_usage(p))
+
+
+def _usage(parser):
+    def run(args) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+    return run
+
+
+def run_vllm_bench(args) -> int:
+    from experiments.commands.simulate import format_summary, kv_blocks_from_args, scheduler_config_from_args
+    from experiments.importers.vllm_bench import read_vllm_bench, write_vllm_bench_run
+    from simulator.model_spec import load_model_spec
+    spec = load_model_spec(args.model_spec)
+    config = scheduler_config_from_args(args)
+    kv_blocks = kv_blocks_from_args(args)
+    bench = read_vllm_bench(args.file)
+    for warning in bench.warnings:
+        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    summary = write_vllm_bench_run(bench, args.out, model_spec=spec, scheduler=args.scheduler,
+                                   scheduler_config=config, block_size=args.block_size, kv_blocks=kv_blocks)
+    if not args.quiet:
+        print(format_summary(summary))
+        failed = int(bench.failed.sum())
+        print(f"imported {len(bench)} requests ({failed} failed, kept unfinished); arrivals from "
+              f"{bench.arrival_source}; wrote {args.out}")
+    return 0

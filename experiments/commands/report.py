@@ -1,0 +1,46 @@
+"""`stepcal report`: plots and tables of validation runs, as markdown and a self-contained HTML page."""
+from __future__ import annotations
+
+import argparse
+
+HELP = """Write OUT/report.md and a self-contained OUT/report.html (plots embedded) with the PNG plots
+beside them, from one or more directories:
+  - a validation directory (from `stepcal validate`): CDFs of TTFT, TPOT and E2E, measured vs
+    simulated; predicted vs measured step time; the error table with the noise floor and the
+    step-level MAPE;
+  - a T_step table directory (from `stepcal fit` / `calibrate`): the cost model's held-out errors
+    from its meta.json, and a heatmap of T_step over batch size and KV length (pure decode).
+--step-model linear:A,B,C (repeatable) adds the heatmap of a built-in model.
+--mlflow-run-id logs the report files as artifacts of that MLflow run.
+
+example:
+  stepcal report runs/measured/validation tables/tiny --out runs/report"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="plots and error tables of validation runs (md + html)",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="validation directories and T_step table directories")
+    p.add_argument("--step-model", action="append", default=[], metavar="SPEC",
+                   help="also draw the T_step heatmap of this model (const:MS, linear:A,B,C or a table directory)")
+    p.add_argument("--mlflow-run-id", default=None, help="log the report files as artifacts of this MLflow run")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLflow's own default)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from experiments.report.build import build_report, log_report_to_mlflow, mlflow_client
+    from simulator.errors import InputError
+    if args.tracking_uri and not args.mlflow_run_id:
+        raise InputError("--tracking-uri needs --mlflow-run-id")
+    client = mlflow_client(args.mlflow_run_id, args.tracking_uri) if args.mlflow_run_id else None
+    files = build_report(args.dirs, args.out, step_model_specs=args.step_model)
+    if client is not None:
+        log_report_to_mlflow(client, args.mlflow_run_id, args.out, files)
+    if not args.quiet:
+        print(f"wrote {args.out}/report.md, report.html and {len(files) - 2} plots")
+        if client is not None:
+            print(f"logged them to MLflow run {args.mlflow_run_id} under report/")
+    return 0

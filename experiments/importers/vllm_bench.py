@@ -1,0 +1,207 @@
+"""`vllm bench serve --save-result` JSON -> a measured-run directory, laid out like `stepcal measure`'s.
+
+The JSON holds per-request lists (index i is request i): `ttfts` (s), `itls` (list of lists, s),
+`input_lens`, `output_lens`, `errors` (empty string when OK) and, in newer vLLM versions,
+`start_times` (perf_counter seconds); and run totals such as `duration`, `completed`,
+`request_rate` ("inf" or a number) and `max_concurrency`.
+
+A vLLM bench has no step log, so the run's steps.parquet is an empty frame with the step-log
+columns; validate then reports no step-level error.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InputError
+
+PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
+# Run-level scalars worth keeping in meta.json (when present), to say what was measured.
+TOTALS_KEYS = ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "duration", "completed",
+               "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
+               "request_rate", "burstiness", "max_concurrency")
+
+
+@dataclass
+class VllmBench:
+    """One bench result, validated; index i of every array is request i."""
+    path: Path
+    arrival_s: np.ndarray          # float64, seconds from the first request's start
+    arrival_source: str            # "start_times", "request_rate" (evenly spaced) or "zero"
+    num_prompt_tokens: np.ndarray  # int64
+    num_output_tokens: np.ndarray  # int64, as the bench recorded (0 for most failed requests)
+    ttft_s: np.ndarray             # float64, NaN for failed requests
+    itl_s: list[np.ndarray]        # per request, the gaps between its streamed tokens
+    failed: np.ndarray             # bool: a non-empty error string
+    totals: dict
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def read_vllm_bench(path: str | Path) -> VllmBench:
+    """Read and check a bench JSON; every problem is an InputError naming the file and key (and index)."""
+    path = Path(path)
+    data = _load_json(path)
+    for key in PER_REQUEST_KEYS:
+        if key not in data:
+            raise InputError(f"{path}: missing key {key!r} (expected a `vllm bench serve --save-result` JSON)")
+        if not isinstance(data[key], list):
+            raise InputError(f"{path}: {key!r} must be a list, got {type(data[key]).__name__}")
+    n = len(data["input_lens"])
+    if n == 0:
+        raise InputError(f"{path}: 'input_lens' is empty: the bench has no requests")
+    errors = data.get("errors", [""] * n)
+    lists = {key: data[key] for key in PER_REQUEST_KEYS} | {"errors": errors}
+    if "start_times" in data:
+        lists["start_times"] = data["start_times"]
+    for key, values in lists.items():
+        if not isinstance(values, list) or len(values) != n:
+            got = len(values) if isinstance(values, list) else type(values).__name__
+            raise InputError(f"{path}: {key!r} has {got} entries but 'input_lens' has {n}")
+    failed = np.array([bool(e) for e in errors], dtype=bool)
+    prompt = _int_list(path, "input_lens", data["input_lens"], minimum=1)
+    output = _int_list(path, "output_lens", data["output_lens"], minimum=0)
+    ok_zero = np.flatnonzero((output == 0) & ~failed)
+    if len(ok_zero):
+        raise InputError(f"{path}: 'output_lens'[{ok_zero[0]}] is 0 for a request without an error")
+    ttft = _time_list(path, "ttfts", data["ttfts"], allow_none=failed)
+    ttft[failed] = np.nan
+    itls = [np.zeros(0) if failed[i] else _time_list(path, f"itls[{i}]", v) for i, v in enumerate(data["itls"])]
+    totals = {k: data[k] for k in TOTALS_KEYS if k in data}
+    arrival, source, warnings = _arrivals(path, data, n)
+    return VllmBench(path, arrival, source, prompt, output, ttft, itls, failed, totals, warnings)
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object (a `vllm bench serve --save-result` file)")
+    return data
+
+
+def _int_list(path: Path, key: str, values: list, minimum: int) -> np.ndarray:
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < minimum:
+            raise InputError(f"{path}: {key!r}[{i}] must be an integer >= {minimum}, got {v!r}")
+    return np.asarray(values, dtype=np.int64)
+
+
+def _time_list(path: Path, key: str, values, allow_none: np.ndarray | None = None) -> np.ndarray:
+    """Seconds, finite and non-negative; None (or anything) is tolerated where allow_none[i]."""
+    if not isinstance(values, list):
+        raise InputError(f"{path}: {key!r} must be a list of seconds, got {type(values).__name__}")
+    out = np.full(len(values), np.nan)
+    for i, v in enumerate(values):
+        if allow_none is not None and allow_none[i]:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"{path}: {key!r}[{i}] must be a number of seconds, got {v!r}")
+        if v < 0:
+            raise InputError(f"{path}: {key!r}[{i}] is negative ({v!r} s)")
+        out[i] = v
+    return out
+
+
+def _arrivals(path: Path, data: dict, n: int) -> tuple[np.ndarray, str, list[str]]:
+    """Arrival times: start_times when the bench recorded them, else evenly spaced at request_rate,
+    else all at 0; the choice is recorded in meta.json because it changes what validate replays."""
+    if "start_times" in data:
+        start = _time_list(path, "start_times", data["start_times"])
+        return start - start.min(), "start_times", []
+    rate = _rate(data.get("request_rate"))
+    concurrency = data.get("max_concurrency")
+    limit = f"; the bench's max_concurrency {concurrency} is not replayed" if concurrency else ""
+    if rate is not None:
+        return (np.arange(n, dtype=np.float64) / rate, "request_rate",
+                [f"{path}: no 'start_times' (older vLLM): arrivals evenly spaced at request_rate {rate:g} req/s, "
+                 f"an approximation of the bench's random arrivals{limit}"])
+    return (np.zeros(n), "zero",
+            [f"{path}: no 'start_times' and no finite 'request_rate': every request arrives at 0 s{limit}"])
+
+
+def _rate(value) -> float | None:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        return None
+    return rate if math.isfinite(rate) and rate > 0 else None
+
+
+def request_frame(bench: VllmBench):
+    """The request log (DESIGN.md contract 4); failed requests keep NaN first_token_s / finish_s."""
+    import pandas as pd
+
+    from simulator.metrics import request_metrics
+    first_token = bench.arrival_s + bench.ttft_s
+    finish = first_token + np.array([itl.sum() for itl in bench.itl_s])
+    frame = pd.DataFrame({
+        "request_id": np.arange(len(bench), dtype=np.int64), "replica": np.zeros(len(bench), dtype=np.int64),
+        "arrival_s": bench.arrival_s, "first_token_s": first_token, "finish_s": finish,
+        "num_prompt_tokens": bench.num_prompt_tokens, "num_output_tokens": bench.num_output_tokens})
+    frame = frame.assign(**request_metrics(frame["arrival_s"], frame["first_token_s"], frame["finish_s"],
+                                           frame["num_output_tokens"]))
+    frame["num_preemptions"] = np.zeros(len(bench), dtype=np.int64)
+    return frame
+
+
+def empty_step_frame():
+    """The step-log columns with no rows: a vLLM bench does not see the engine's steps."""
+    import pandas as pd
+
+    from simulator.schemas import STEP_LOG_COLUMNS
+    float_columns = ("start_s", "duration_ms", "prefill_attn_work")
+    list_columns = ("request_ids", "q_lens", "kv_lens")
+    return pd.DataFrame({c: pd.Series([], dtype=object if c in list_columns else
+                                      np.float64 if c in float_columns else np.int64)
+                         for c in STEP_LOG_COLUMNS})
+
+
+def bench_trace(bench: VllmBench):
+    """The workload to replay. A failed request keeps its prompt; its output length is the one the
+    bench recorded, or 1 when it recorded none, so that the simulator can still serve it."""
+    from simulator.trace import Trace
+    return Trace.from_arrays(bench.arrival_s, bench.num_prompt_tokens, np.maximum(bench.num_output_tokens, 1),
+                             request_id=np.arange(len(bench), dtype=np.int64), source=str(bench.path))
+
+
+def write_vllm_bench_run(bench: VllmBench, out: str | Path, *, model_spec, scheduler: str, scheduler_config,
+                         block_size: int, kv_blocks: int | None) -> dict:
+    """OUT/meta.json, OUT/trace.parquet, OUT/repeat_0/{requests,steps}.parquet + summary.json and
+    OUT/summary.json, as `stepcal measure` writes them; returns the summary."""
+    from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+    from simulator.metrics import clean_json, summarize
+    from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
+    trace = bench_trace(bench)
+    requests = request_frame(bench)
+    itls = [itl for itl in bench.itl_s if len(itl)]
+    summary = clean_json(summarize(requests, itl_s=np.concatenate(itls) if itls else np.zeros(0)))
+    meta = clean_json({
+        "kind": "measured_run", "source": "vllm-bench", "schema_version": SCHEMA_VERSION,
+        "tool_version": TOOL_VERSION, "bench_file": str(bench.path), "model_spec": model_spec.to_dict(),
+        "scheduler": scheduler, "scheduler_config": asdict(scheduler_config), "block_size": block_size,
+        "kv_blocks": kv_blocks, "repeats": 1, "arrival_source": bench.arrival_source,
+        "num_requests": len(bench), "num_failed": int(bench.failed.sum()), "bench_totals": bench.totals,
+        "warnings": list(bench.warnings) + list(trace.warnings)})
+    with atomic_output_dir(out) as staging:
+        atomic_write_parquet(trace.to_frame(), staging / "trace.parquet")
+        atomic_write_parquet(requests, staging / "repeat_0" / "requests.parquet")
+        atomic_write_parquet(empty_step_frame(), staging / "repeat_0" / "steps.parquet")
+        atomic_write_json(staging / "repeat_0" / "summary.json", summary)
+        atomic_write_json(staging / "summary.json", summary)
+        atomic_write_json(staging / "meta.json", meta)
+    return summary
+
+
+__all__ = ["VllmBench", "bench_trace", "empty_step_frame", "read_vllm_bench", "request_frame",
+           "write_vllm_bench_run"]

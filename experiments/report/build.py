@@ -1,0 +1,211 @@
+"""Put a report together: read the directories, draw, render report.md / report.html, log to MLflow."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from experiments.report.document import Document, Image
+from experiments.report.inputs import TablesInput, ValidationInput, load_input
+from simulator.errors import InputError
+
+HEADLINE = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
+            ("tpot_ms", "p99"), ("e2e_ms", "p50"), ("e2e_ms", "p90"), ("e2e_ms", "p99"))
+MAX_META_ROWS = 80
+
+
+def build_report(dirs: list[str], out: str | Path, step_model_specs: list[str] = ()) -> list[str]:
+    """Write OUT/report.md, OUT/report.html and the PNGs; returns the names of the files written."""
+    from simulator.io import atomic_output_dir, atomic_write_bytes
+    inputs = [load_input(d) for d in dirs]
+    models = [(spec, _resolve(spec)) for spec in step_model_specs]
+    doc = make_document(inputs, models)
+    with atomic_output_dir(out) as staging:
+        for image in doc.images:
+            atomic_write_bytes(staging / image.filename, image.png)
+        atomic_write_bytes(staging / "report.md", doc.to_markdown().encode())
+        atomic_write_bytes(staging / "report.html", doc.to_html().encode())
+    return ["report.md", "report.html"] + [image.filename for image in doc.images]
+
+
+def _resolve(spec: str):
+    from experiments.step_models import resolve_step_model
+    return resolve_step_model(spec)
+
+
+def make_document(inputs: list, models: list[tuple[str, object]]) -> Document:
+    doc = Document("stepcal report")
+    validations = [i for i in inputs if isinstance(i, ValidationInput)]
+    names = _unique_names([i.path for i in inputs])
+    if len(validations) > 1:
+        doc.heading("Headline errors")
+        doc.text("(simulated − measured) / measured per validation run; step MAPE on the measured step log.")
+        doc.table(["validation"] + [f"{m.removesuffix('_ms').upper()} {s}" for m, s in HEADLINE] + ["step MAPE"],
+                  [[names[v.path]] + [_pct(_cell(v.record, m, s).get("error")) for m, s in HEADLINE]
+                   + [_pct((v.record.get("step_level") or {}).get("mape"), signed=False)] for v in validations])
+    for item in inputs:
+        if isinstance(item, ValidationInput):
+            add_validation(doc, item, names[item.path])
+        else:
+            add_tables(doc, item, names[item.path])
+    for spec, model in models:
+        doc.heading(f"Step model {spec}")
+        doc.image(Image(f"heatmap_{_slug(spec)}.png", heatmap_png(model, f"T_step of {spec}, pure decode"),
+                        f"T_step of {spec} over batch size and KV length (pure decode)"))
+    return doc
+
+
+def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
+    r = v.record
+    doc.heading(f"Validation: {v.path}")
+    doc.text(f"measured run {r.get('measured_run')}, step model {r.get('step_model', '?')}: "
+             f"{r.get('num_requests')} requests, {r.get('num_finished_both')} finished in both runs, "
+             f"{r.get('num_finished_only_measured', 0)} only measured, "
+             f"{r.get('num_finished_only_simulated', 0)} only simulated.")
+    for note in v.notes:
+        doc.text(f"note: {note}")
+    doc.table(["metric", "stat", "measured", "simulated", "error", "noise floor"], error_rows(r))
+    doc.text(step_level_text(r.get("step_level") or {}))
+    runs = {"measured": v.measured_requests, "simulated": v.simulated_requests}
+    if any(frame is not None for frame in runs.values()):
+        from experiments.report.plots import latency_cdfs
+        doc.image(Image(f"{name}_latency_cdf.png", latency_cdfs(runs, f"{name}: measured vs simulated"),
+                        f"{name}: CDFs of TTFT, TPOT and E2E, measured vs simulated"))
+    steps = v.step_predictions
+    if steps is not None and len(steps) and {"measured_ms", "predicted_ms"} <= set(steps.columns):
+        from experiments.report.plots import step_scatter
+        mape = (r.get("step_level") or {}).get("mape")
+        title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(mape, signed=False)})"
+        doc.image(Image(f"{name}_step_time.png", step_scatter(steps["measured_ms"], steps["predicted_ms"], title),
+                        f"{name}: predicted vs measured step time"))
+
+
+def error_rows(record: dict) -> list[list[str]]:
+    rows = []
+    for metric, stats in record["metrics"].items():
+        for stat, cell in stats.items():
+            rows.append([metric, stat, _num(cell.get("measured")), _num(cell.get("simulated")),
+                         _pct(cell.get("error")), _pct(cell.get("noise_floor"), signed=False)])
+    t = record.get("throughput_rps")
+    if t:
+        rows.append(["throughput_rps", "", _num(t.get("measured")), _num(t.get("simulated")), _pct(t.get("error")),
+                     _pct(t.get("noise_floor"), signed=False)])
+    return rows
+
+
+def step_level_text(s: dict) -> str:
+    if s.get("mape") is None:
+        return "Step level: no measured step log (e.g. an imported vLLM bench), so no step-level error."
+    return (f"Step level: MAPE {_pct(s['mape'], signed=False)}, P90 APE {_pct(s.get('p90_ape'), signed=False)}, "
+            f"max APE {_pct(s.get('max_ape'), signed=False)} over {s.get('num_steps')} measured steps "
+            f"(mean measured {_num(s.get('mean_measured_ms'))} ms, predicted {_num(s.get('mean_predicted_ms'))} ms).")
+
+
+def add_tables(doc: Document, t: TablesInput, name: str) -> None:
+    doc.heading(f"Cost model: {t.path}")
+    for note in t.notes:
+        doc.text(f"note: {note}")
+    header, rows, texts = heldout_table(t.meta)
+    if rows:
+        doc.text("Held-out errors of the cost model (from meta.json):")
+        doc.table(header, rows)
+    else:
+        doc.text("meta.json records no held-out errors.")
+    for text in texts:
+        doc.text(text)
+    if t.model is not None:
+        doc.image(Image(f"{name}_heatmap.png", heatmap_png(t.model, f"{name}: T_step, pure decode"),
+                        f"{name}: T_step over batch size and KV length (pure decode)"))
+
+
+def heldout_table(meta: dict) -> tuple[list[str], list[list[str]], list[str]]:
+    """The entries of meta.json under keys that name held-out data or errors, as a table: one row per
+    dotted path to a group of numbers, one column per number's name (e.g. row `held_out_errors.gemm.random`,
+    columns mape, p90_ape); strings (notes on units) come back apart. The table format is another
+    helper's, so no particular nesting is assumed."""
+    groups: dict[str, dict] = {}
+    texts = []
+    for key, value in meta.items():
+        lowered = key.lower()
+        if not any(word in lowered for word in ("heldout", "held_out", "error", "mape")):
+            continue
+        if isinstance(value, str):
+            texts.append(f"{key}: {value}")
+            continue
+        for path, leaf in _flatten(key, value):
+            prefix, _, name = path.rpartition(".")
+            groups.setdefault(prefix or path, {})[name if prefix else "value"] = leaf
+    columns = list(dict.fromkeys(name for group in groups.values() for name in group))
+    rows = [[prefix] + [_value(group.get(c)) for c in columns] for prefix, group in groups.items()]
+    return ["held-out"] + columns, rows[:MAX_META_ROWS], texts
+
+
+def _flatten(prefix: str, value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _flatten(f"{prefix}.{k}", v)
+    else:
+        yield prefix, value
+
+
+def heatmap_png(model, title: str) -> bytes:
+    from experiments.report.plots import decode_grid_ms, decode_heatmap
+    return decode_heatmap(decode_grid_ms(model), title)
+
+
+def mlflow_client(run_id: str, tracking_uri: str | None = None):
+    """A client for an existing MLflow run (checked first, so a wrong id fails before any work)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        client.get_run(run_id)
+    except MlflowException as exc:
+        raise InputError(f"--mlflow-run-id {run_id}: no such run at {tracking_uri or 'the default tracking URI'} "
+                         f"({str(exc).splitlines()[0]})") from None
+    return client
+
+
+def log_report_to_mlflow(client, run_id: str, out: str | Path, files: list[str]) -> None:
+    """Log the report's files as artifacts (under report/) of the run."""
+    for name in files:
+        client.log_artifact(run_id, str(Path(out) / name), artifact_path="report")
+
+
+def _unique_names(paths: list[Path]) -> dict[Path, str]:
+    """A short file-name-safe name per directory (parent_name, numbered when two collide)."""
+    names: dict[Path, str] = {}
+    for path in paths:
+        base = _slug(f"{path.resolve().parent.name}_{path.name}")
+        name, k = base, 2
+        while name in names.values():
+            name, k = f"{base}_{k}", k + 1
+        names[path] = name
+    return names
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
+
+
+def _cell(record: dict, metric: str, stat: str) -> dict:
+    return (record.get("metrics", {}).get(metric) or {}).get(stat) or {}
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value, signed: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:+.1f}%" if signed else f"{100 * value:.1f}%"
+
+
+def _value(value) -> str:
+    if isinstance(value, float):
+        return "-" if not np.isfinite(value) else f"{value:.4g}"
+    return "-" if value is None else str(value)

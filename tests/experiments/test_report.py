@@ -1,0 +1,138 @@
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from experiments.report.build import heldout_table
+from experiments.report.inputs import load_validation
+from experiments.report.plots import decode_grid_ms
+from simulator.step_model import LinearStepModel
+
+BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+LINEAR = "linear:2,0.05,0.001"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """An engine validation (with a step log), an imported-bench validation (without) and a tables dir."""
+    root = tmp_path_factory.mktemp("report_inputs")
+    assert main(["measure", "--trace", "poisson:rate=40,n=16,prompt=uniform:4:60,output=uniform:2:12",
+                 "--scheduler", "sarathi", "--chunk-size", "32", "--quiet", "--out", str(root / "engine")]) == 0
+    assert main(["validate", "--measured", str(root / "engine"), "--step-model", LINEAR, "--quiet"]) == 0
+    assert main(["import", "vllm-bench", str(BENCH), "--model-spec", "tiny", "--scheduler", "continuous",
+                 "--quiet", "--out", str(root / "bench")]) == 0
+    assert main(["validate", "--measured", str(root / "bench"), "--step-model", LINEAR, "--quiet"]) == 0
+    tables = root / "tables"
+    tables.mkdir()
+    (tables / "meta.json").write_text(json.dumps(
+        {"kind": "not-loadable", "heldout": {"mape": 0.034, "per_op": {"gemm": 0.02}}, "features": ["num_tokens"]}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(inputs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "r"
+    assert main(["report", str(inputs / "engine" / "validation"), str(inputs / "bench" / "validation"),
+                 str(inputs / "tables"), "--step-model", LINEAR, "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def test_report_files_and_self_contained_html(report):
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    # engine: CDFs + step scatter; bench: CDFs only (no step log); tables: not loadable; linear: heatmap
+    assert pngs == ["bench_validation_latency_cdf.png", "engine_validation_latency_cdf.png",
+                    "engine_validation_step_time.png", "heatmap_linear_2_0.05_0.001.png"]
+    for name in pngs:
+        assert (report / name).read_bytes()[:8] == PNG_MAGIC
+    markdown = (report / "report.md").read_text()
+    assert all(f"]({name})" in markdown for name in pngs)
+    html = (report / "report.html").read_text()
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == len(pngs)
+    assert not re.search(r'src="(?!data:)', html)        # nothing fetched from outside the page
+
+
+def test_error_table_matches_validation_json(inputs, report):
+    record = json.loads((inputs / "engine" / "validation" / "validation.json").read_text())
+    cell = record["metrics"]["ttft_ms"]["p90"]
+    row = (f"| ttft_ms | p90 | {cell['measured']:.4g} | {cell['simulated']:.4g} | {100 * cell['error']:+.1f}% | - |")
+    markdown = (report / "report.md").read_text()
+    assert row in markdown
+    assert f"Step level: MAPE {100 * record['step_level']['mape']:.1f}%" in markdown
+    assert "no measured step log" in markdown                      # the imported bench
+    assert "| heldout | 0.034 | - |" in markdown and "| heldout.per_op | - | 0.02 |" in markdown
+    assert "could not load the tables as a step model" in markdown
+    assert "## Headline errors" in markdown                        # two validation runs
+
+
+def test_decode_grid_is_the_model_on_pure_decode_batches():
+    model = LinearStepModel(2.0, 0.05, 0.001)
+    grid = decode_grid_ms(model, batch_sizes=(1, 8), kv_lens=(64, 1024))
+    # A + B·b + C·b·(kv + 1): each of b sequences brings 1 token over kv cached ones
+    expected = [[2 + 0.05 * b + 0.001 * b * (kv + 1) for b in (1, 8)] for kv in (64, 1024)]
+    np.testing.assert_allclose(grid, expected)
+
+    class Bounded:
+        def step_ms(self, batch):
+            if batch.num_seqs > 4:
+                raise ValueError("outside the table")
+            return 1.0
+    assert np.isnan(decode_grid_ms(Bounded(), batch_sizes=(1, 8), kv_lens=(64,))).tolist() == [[False, True]]
+
+
+def test_heldout_table_pivots_error_keys_only():
+    meta = {"axes": {"num_seqs": [1, 2]}, "error_note": "errors in %",
+            "held_out_errors": {"gemm": {"random": {"mape": 4.5, "n": 10}, "extrapolation": {"mape": 26.7, "n": 3}},
+                                "overall": {"random": {"mape": 4.3}}}}
+    header, rows, texts = heldout_table(meta)
+    assert header == ["held-out", "mape", "n"]
+    assert rows == [["held_out_errors.gemm.random", "4.5", "10"], ["held_out_errors.gemm.extrapolation", "26.7", "3"],
+                    ["held_out_errors.overall.random", "4.3", "-"]]
+    assert texts == ["error_note: errors in %"]
+
+
+def test_measured_run_is_found_beside_a_moved_validation(inputs, tmp_path):
+    moved = tmp_path / "engine"
+    shutil.copytree(inputs / "engine", moved)
+    record = json.loads((moved / "validation" / "validation.json").read_text())
+    record["measured_run"] = "somewhere/else"
+    (moved / "validation" / "validation.json").write_text(json.dumps(record))
+    loaded = load_validation(moved / "validation")
+    assert loaded.measured_requests is not None and len(loaded.measured_requests) == 16 and not loaded.notes
+
+
+def test_report_rejects_a_directory_it_does_not_know(tmp_path, capsys):
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "neither a validation directory" in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_logs_its_files_to_mlflow(inputs, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("reports", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    out = tmp_path / "r"
+    assert main(["report", str(inputs / "bench" / "validation"), "--mlflow-run-id", run_id,
+                 "--tracking-uri", uri, "--quiet", "--out", str(out)]) == 0
+    logged = sorted(Path(a.path).name for a in client.list_artifacts(run_id, "report"))
+    assert logged == ["bench_validation_latency_cdf.png", "report.html", "report.md"]
+    assert main(["report", str(inputs / "bench" / "validation"), "--mlflow-run-id", "f" * 32,
+                 "--tracking-uri", uri, "--out", str(tmp_path / "r2")]) == 2
+    assert "--mlflow-run-id" in capsys.readouterr().err and not (tmp_path / "r2").exists()
+
+
+def test_cli_help_loads_no_plotting_or_tracking():
+    code = ("import sys; from experiments.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('matplotlib', 'mlflow', 'torch', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"
