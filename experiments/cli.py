@@ -12,7 +12,7 @@ import sys
 from simulator.errors import InputError
 
 # Module names under experiments.commands; each defines register(subparsers).
-COMMAND_MODULES = ("quickstart", "simulate", "measure", "validate", "calibrate", "trace", "profile", "capacity", "sweep", "import_cmd", "report")
+COMMAND_MODULES = ("quickstart", "simulate", "measure", "validate", "calibrate", "trace", "profile", "fit", "predict", "tables", "capacity", "sweep", "import_cmd", "report")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -213,6 +213,24 @@ class SchedulerBase:
                 return False
         return True
 
+    def _admit_whole_prompts(self) -> list[tuple[Request, int]]:
+        """Admit waiting requests in FCFS order with all their pending tokens (no chunking), while
+        they fit max_num_seqs, the token budget (the first one is admitted alone even when larger)
+        and the KV cache."""
+        scheduled, num_tokens = [], 0
+        budget = self.token_budget
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            n = request.num_pending_tokens
+            if scheduled and budget is not None and num_tokens + n > budget:
+                break
+            if not self.kv.allocate(request, n):
+                break
+            self._admit(request)
+            scheduled.append((request, n))
+            num_tokens += n
+        return scheduled
+
     def _admit(self, request: Request) -> None:
         self.waiting.popleft()
         request.status = Status.RUNNING

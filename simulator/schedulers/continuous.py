@@ -16,7 +16,7 @@ class ContinuousScheduler(SchedulerBase):
     name = "continuous"
 
     def schedule(self, now_s: float) -> StepBatch | None:
-        prefills = self._admit_prefills()
+        prefills = self._admit_whole_prompts()
         if prefills:
             return self._batch(prefills)
         scheduled = []
@@ -26,20 +26,6 @@ class ContinuousScheduler(SchedulerBase):
             if self._reserve_or_preempt(request, 1):
                 scheduled.append((request, 1))
         return self._batch(scheduled)
-
-    def _admit_prefills(self):
-        scheduled, num_tokens = [], 0
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            n = request.num_pending_tokens
-            if scheduled and num_tokens + n > self.token_budget:
-                break
-            if not self.kv.allocate(request, n):
-                break
-            self._admit(request)
-            scheduled.append((request, n))
-            num_tokens += n
-        return scheduled
 
     def _may_admit(self, batch: StepBatch) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:

@@ -66,20 +66,8 @@ class SloScheduler(VllmScheduler):
             self.waiting = deque(sorted(self.waiting, key=lambda r: -self.score(r, now_s)))
         scheduled, budget, preempted = self._schedule_running(decode_first(self.running), budget)
         if not preempted:
-            scheduled += self._admit_waiting(budget)
+            scheduled += self._admit_waiting(budget, self.max_seqs_now)
         return self._batch(scheduled)
-
-    def _admit_waiting(self, budget: int):
-        scheduled = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs_now:
-            request = self.waiting[0]
-            n = min(request.num_pending_tokens, budget)
-            if not self.kv.allocate(request, n):
-                break
-            self._admit(request)
-            scheduled.append((request, n))
-            budget -= n
-        return scheduled
 
     def _may_admit(self, batch: StepBatch) -> bool:
         return bool(self.waiting)   # scores and modes move with time: never fast-forward past a queue

@@ -17,7 +17,7 @@ class StaticScheduler(SchedulerBase):
 
     def schedule(self, now_s: float) -> StepBatch | None:
         if not self.running:
-            return self._batch(self._form_batch())
+            return self._batch(self._admit_whole_prompts())
         scheduled = []
         for request in list(self.running):
             if request.status is not Status.RUNNING:
@@ -25,21 +25,6 @@ class StaticScheduler(SchedulerBase):
             if self._reserve_or_preempt(request, 1):
                 scheduled.append((request, request.num_pending_tokens))
         return self._batch(scheduled)
-
-    def _form_batch(self):
-        scheduled, num_tokens = [], 0
-        budget = self.token_budget
-        while self.waiting and len(scheduled) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            n = request.num_pending_tokens
-            if scheduled and budget is not None and num_tokens + n > budget:
-                break
-            if not self.kv.allocate(request, n):
-                break
-            self._admit(request)
-            scheduled.append((request, n))
-            num_tokens += n
-        return scheduled
 
     def _may_admit(self, batch: StepBatch) -> bool:
         return False   # nobody joins a running batch

@@ -44,9 +44,11 @@ class VllmScheduler(SchedulerBase):
             budget -= n
         return scheduled, budget, preempted
 
-    def _admit_waiting(self, budget: int):
+    def _admit_waiting(self, budget: int, max_num_seqs: int | None = None):
+        """Admit waiting requests in queue order, each with a chunk of what is left of the budget."""
+        max_num_seqs = max_num_seqs or self.config.max_num_seqs
         scheduled = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting[0]
             n = min(request.num_pending_tokens, budget)
             if not self.kv.allocate(request, n):

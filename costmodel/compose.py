@@ -1,0 +1,182 @@
+"""Composition: the T_step terms of a model on a device, from per-operator regressors.
+
+T_step(batch) = layers × (GEMMs at Σq tokens + small per-token ops + attention) + LM head
++ overhead. Each term is evaluated on a grid (costmodel.tables looks it up); grid points past
+the profiled range take the regressor's own extrapolation (linear in FLOPs and bytes for the
+physics-informed family).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from costmodel import grid
+from costmodel.features import design
+from costmodel.fitting import FitResult
+from costmodel.records import make_records
+from costmodel.regressors import predict_with_spread
+from costmodel.terms import Term
+from simulator.model_spec import ModelSpec
+
+LAYER_GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# Vidur's per-layer small operators; `emb` runs once per step, not per layer.
+PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+
+
+@dataclass(frozen=True)
+class Axes:
+    num_tokens: np.ndarray
+    num_seqs: np.ndarray
+    kv_mean: np.ndarray
+    prefill_tokens: np.ndarray
+    prefill_ctx: np.ndarray
+
+    @classmethod
+    def default(cls) -> Axes:
+        return cls(num_tokens=grid.axis(1, 65536, 72), num_seqs=grid.axis(1, 4096, 40),
+                   kv_mean=grid.axis(1, 131072, 36), prefill_tokens=grid.axis(1, 65536, 36),
+                   prefill_ctx=grid.axis(1, 131072, 36))
+
+
+def sharded(spec: ModelSpec, tp: int) -> dict:
+    """Per-GPU sizes under tensor parallelism (heads and FFN split; KV heads at least one)."""
+    return {"heads": spec.num_heads / tp, "kv_heads": max(spec.num_kv_heads / tp, 1.0),
+            "ffn": spec.ffn_size / tp, "vocab": spec.vocab_size / tp}
+
+
+def gemm_shapes(spec: ModelSpec, tp: int) -> dict[str, tuple[float, float]]:
+    s = sharded(spec, tp)
+    hd, h = spec.head_dim, spec.hidden_size
+    return {"qkv_proj": ((s["heads"] + 2 * s["kv_heads"]) * hd, h),
+            "o_proj": (h, s["heads"] * hd),
+            "gate_up_proj": (2 * s["ffn"], h),
+            "down_proj": (h, s["ffn"]),
+            "lm_head": (s["vocab"], h)}
+
+
+def elementwise_width(name: str, spec: ModelSpec, tp: int) -> float:
+    s = sharded(spec, tp)
+    return {"emb": spec.hidden_size, "input_layernorm": spec.hidden_size,
+            "post_attention_layernorm": spec.hidden_size,
+            "attn_rope": (s["heads"] + s["kv_heads"]) * spec.head_dim,
+            "mlp_act": 3 * s["ffn"], "add": 2 * spec.hidden_size}[name]
+
+
+def predict_records(result: FitResult, target: str, columns: dict, dtype: str):
+    fit = result.targets[target]
+    frame = make_records({**columns, "dtype": dtype}, source="grid", file="grid")
+    d = design(target, frame)
+    return predict_with_spread(fit.estimator, d.X)
+
+
+def op_grids(result: FitResult, spec: ModelSpec, tp: int, axes: Axes) -> pd.DataFrame:
+    """Per-layer time of each operator over num_tokens (the layout Vidur's mlp.csv takes)."""
+    T = axes.num_tokens
+    parts = []
+    if "gemm" in result.targets:
+        shapes = gemm_shapes(spec, tp)
+        for name in LAYER_GEMMS:
+            n, k = shapes[name]
+            mean, spread = predict_records(result, "gemm", dict(
+                row=np.arange(len(T)), op="gemm", m=T, n=np.full(len(T), n), k=np.full(len(T), k)),
+                spec.dtype)
+            parts.append(pd.DataFrame({"op": name, "num_tokens": T, "time_ms": mean,
+                                       "spread_ms": spread}))
+    for name in ("emb",) + PER_LAYER_ELEMENTWISE:
+        target = f"elementwise:{name}"
+        if target in result.targets:
+            mean, spread = predict_records(result, target, dict(
+                row=np.arange(len(T)), op="elementwise", name=name, num_tokens=T,
+                width=np.full(len(T), elementwise_width(name, spec, tp))), spec.dtype)
+            parts.append(pd.DataFrame({"op": name, "num_tokens": T, "time_ms": mean,
+                                       "spread_ms": spread}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=["op", "num_tokens", "time_ms", "spread_ms"])
+
+
+def compose_terms(result: FitResult, spec: ModelSpec, tp: int, axes: Axes,
+                  ops: pd.DataFrame) -> list[Term]:
+    L = spec.num_layers
+    terms = []
+    per_layer = ops[ops["op"].isin(LAYER_GEMMS + PER_LAYER_ELEMENTWISE)]
+    if len(per_layer):
+        sums = per_layer.groupby("num_tokens")[["time_ms", "spread_ms"]].sum()
+        once = ops[ops["op"] == "emb"].set_index("num_tokens")
+        time_ms = L * sums["time_ms"].to_numpy()
+        spread = L * sums["spread_ms"].to_numpy()
+        if len(once):
+            time_ms = time_ms + once["time_ms"].reindex(sums.index).to_numpy()
+            spread = spread + once["spread_ms"].reindex(sums.index).to_numpy()
+        names = sorted(set(per_layer["op"]))
+        terms.append(Term("linear", ("num_tokens",), (sums.index.to_numpy(dtype=np.float64),),
+                          time_ms, spread, f"{L} layers x ({' + '.join(names)}) at num_tokens"))
+    lm = lm_head_ops(result, spec, tp, axes)
+    if len(lm):
+        # One LM-head row per sequence in the step: decodes and prompts that finish emit a token.
+        terms.append(Term("lm_head", ("num_seqs",), (axes.num_seqs,), lm["time_ms"].to_numpy(),
+                          lm["spread_ms"].to_numpy(), "LM head GEMM at one row per sequence"))
+    if "attn_decode" in result.targets:
+        terms.append(_decode_term(result, spec, tp, axes))
+    if "attn_prefill" in result.targets:
+        terms.append(_prefill_term(result, spec, tp, axes))
+    if "overhead" in result.targets:
+        B = axes.num_seqs
+        mean, spread = predict_records(result, "overhead", dict(
+            row=np.arange(len(B)), op="overhead", num_seqs=B, num_tokens=B), spec.dtype)
+        terms.append(Term("overhead", ("num_seqs",), (B,), mean, spread,
+                          "host overhead per step by batch size"))
+    return terms
+
+
+def _heads(spec: ModelSpec, tp: int, n: int) -> dict:
+    s = sharded(spec, tp)
+    return dict(num_heads=np.full(n, s["heads"]), num_kv_heads=np.full(n, s["kv_heads"]),
+                head_dim=np.full(n, float(spec.head_dim)))
+
+
+def _decode_term(result, spec, tp, axes) -> Term:
+    b, kv = np.meshgrid(axes.num_seqs, axes.kv_mean, indexing="ij")
+    b, kv = b.ravel(), kv.ravel()
+    zeros = np.zeros(len(b))
+    mean, spread = predict_records(result, "attn_decode", dict(
+        row=np.arange(len(b)), op="attn_decode", num_seqs=b, num_tokens=b, num_decode=b,
+        decode_kv_sum=b * kv, decode_kv_max=kv, prefill_tokens=zeros, prefill_attn_work=zeros,
+        kv_sum=b * kv, **_heads(spec, tp, len(b))), spec.dtype)
+    shape = (len(axes.num_seqs), len(axes.kv_mean))
+    return Term("decode_attn", ("num_decode", "kv_mean"), (axes.num_seqs, axes.kv_mean),
+                spec.num_layers * mean.reshape(shape), spec.num_layers * spread.reshape(shape),
+                f"{spec.num_layers} layers x decode attention by batch and mean KV length")
+
+
+def _prefill_term(result, spec, tp, axes) -> Term:
+    T, c = np.meshgrid(axes.prefill_tokens, axes.prefill_ctx, indexing="ij")
+    T, c = T.ravel(), c.ravel()
+    # A representative batch with T new tokens attending to c tokens each on average: one
+    # sequence over a cached prefix when c is long enough, else equal prompts from scratch.
+    one = c >= (T + 1) / 2
+    q = np.where(one, T, np.maximum(2 * c - 1, 1))
+    seqs = np.where(one, 1.0, T / q)
+    kv = np.where(one, c - (T + 1) / 2, 0.0)
+    zeros = np.zeros(len(T))
+    mean, spread = predict_records(result, "attn_prefill", dict(
+        row=np.arange(len(T)), op="attn_prefill", num_seqs=seqs, num_tokens=T, num_decode=zeros,
+        decode_kv_sum=zeros, decode_kv_max=zeros, prefill_tokens=T, prefill_attn_work=T * c,
+        kv_sum=seqs * kv, **_heads(spec, tp, len(T))), spec.dtype)
+    shape = (len(axes.prefill_tokens), len(axes.prefill_ctx))
+    return Term("prefill_attn", ("prefill_tokens", "prefill_ctx"),
+                (axes.prefill_tokens, axes.prefill_ctx), spec.num_layers * mean.reshape(shape),
+                spec.num_layers * spread.reshape(shape),
+                f"{spec.num_layers} layers x prefill attention by new tokens and mean context")
+
+
+def lm_head_ops(result: FitResult, spec: ModelSpec, tp: int, axes: Axes) -> pd.DataFrame:
+    if "gemm" not in result.targets:
+        return pd.DataFrame(columns=["op", "num_tokens", "time_ms", "spread_ms"])
+    B = axes.num_seqs
+    n, k = gemm_shapes(spec, tp)["lm_head"]
+    mean, spread = predict_records(result, "gemm", dict(
+        row=np.arange(len(B)), op="gemm", m=B, n=np.full(len(B), n), k=np.full(len(B), k)),
+        spec.dtype)
+    return pd.DataFrame({"op": "lm_head", "num_tokens": B, "time_ms": mean, "spread_ms": spread})

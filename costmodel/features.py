@@ -1,0 +1,119 @@
+"""Features of each target: what a regressor sees, what the physics model is linear in, and
+the size axis that the extrapolation split cuts along.
+
+A target is a group of records one regressor learns: all GEMMs together (their shape is in the
+features), each small per-token operator on its own, attention prefill, attention decode,
+whole steps, host overhead, and any other imported op by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simulator.batch import FEATURE_NAMES
+from simulator.model_spec import DTYPE_BYTES
+
+
+@dataclass(frozen=True)
+class TargetKind:
+    columns: tuple[str, ...]          # record columns the features are built from
+    physics: tuple[str, ...]          # derived features the physics model is linear in
+    size: str                         # the axis the extrapolation split cuts along
+
+
+KINDS = {
+    "gemm": TargetKind(("m", "n", "k"), ("flops", "bytes"), "m"),
+    "elementwise": TargetKind(("num_tokens", "width"), ("bytes",), "num_tokens"),
+    "attn_decode": TargetKind(("num_decode", "decode_kv_sum", "decode_kv_max", "num_heads",
+                               "num_kv_heads", "head_dim"), ("flops", "bytes", "blocks"),
+                              "decode_kv_max"),
+    "attn_prefill": TargetKind(("num_seqs", "prefill_tokens", "prefill_attn_work", "kv_sum",
+                                "num_heads", "num_kv_heads", "head_dim"),
+                               ("flops", "bytes", "blocks", "seq_len"), "seq_len"),
+    "step": TargetKind(FEATURE_NAMES, ("num_tokens", "num_seqs", "decode_kv_sum",
+                                       "prefill_attn_work"), "num_tokens"),
+    "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
+}
+
+
+def target_of(op: str, name) -> str:
+    """The target a record belongs to: e.g. 'gemm', 'elementwise:add', 'attn_decode'."""
+    if op == "elementwise":
+        return f"elementwise:{name}"
+    return str(op)
+
+
+def kind_of(target: str) -> str:
+    return target.split(":", 1)[0]
+
+
+def assign_targets(records: pd.DataFrame) -> pd.Series:
+    return pd.Series([target_of(o, n) for o, n in zip(records["op"], records["name"])],
+                     index=records.index, name="target")
+
+
+def generic_kind(records: pd.DataFrame) -> TargetKind:
+    """An imported op we know nothing about: its populated numeric shape columns, no physics."""
+    cols = tuple(c for c in ("m", "n", "k") + FEATURE_NAMES + ("num_heads", "num_kv_heads",
+                                                               "head_dim", "width", "tp")
+                 if c in records.columns and records[c].notna().all())
+    if not cols:
+        cols = ("row",)
+    return TargetKind(cols, (), cols[0])
+
+
+def kind_for(target: str, records: pd.DataFrame) -> TargetKind:
+    return KINDS.get(kind_of(target)) or generic_kind(records)
+
+
+@dataclass(frozen=True)
+class Design:
+    """The feature matrix of one target's rows: plain columns first, then the physics ones."""
+    X: np.ndarray
+    names: tuple[str, ...]
+    physics_index: tuple[int, ...]
+    size: np.ndarray
+
+
+def design(target: str, records: pd.DataFrame, kind: TargetKind | None = None) -> Design:
+    kind = kind or kind_for(target, records)
+    base = {c: records[c].to_numpy(dtype=np.float64) for c in kind.columns}
+    derived = _derived(kind_of(target), records, base)
+    names = list(kind.columns) + [p for p in kind.physics if p not in kind.columns]
+    cols = [base.get(n, derived.get(n)) for n in names]
+    X = np.column_stack(cols) if cols else np.zeros((len(records), 0))
+    X = np.nan_to_num(X, nan=0.0)
+    physics_index = tuple(names.index(p) for p in kind.physics)
+    size = base.get(kind.size, derived.get(kind.size))
+    return Design(X, tuple(names), physics_index, np.nan_to_num(np.asarray(size, dtype=np.float64)))
+
+
+def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
+    dtype_bytes = np.array([DTYPE_BYTES.get(d, 2) if isinstance(d, str) else 2
+                            for d in records["dtype"]], dtype=np.float64)
+    if kind == "gemm":
+        m, n, k = base["m"], base["n"], base["k"]
+        return {"flops": 2 * m * n * k, "bytes": (m * k + n * k + m * n) * dtype_bytes}
+    if kind == "elementwise":
+        return {"bytes": base["num_tokens"] * base["width"] * dtype_bytes}
+    if kind == "attn_decode":
+        kv_sum, heads, kv_heads, hd = (base["decode_kv_sum"], base["num_heads"],
+                                       base["num_kv_heads"], base["head_dim"])
+        # blocks: the kernel's work items (a sequence's KV head over 256-token splits), whose
+        # count sets how well a batch fills the device.
+        return {"flops": 4 * kv_sum * heads * hd,
+                "bytes": 2 * kv_sum * kv_heads * hd * dtype_bytes,
+                "blocks": kv_heads * (np.ceil(base["decode_kv_max"] / 256) * base["num_decode"])}
+    if kind == "attn_prefill":
+        tokens, work, kv_sum, seqs = (base["prefill_tokens"], base["prefill_attn_work"],
+                                      base["kv_sum"], base["num_seqs"])
+        heads, kv_heads, hd = base["num_heads"], base["num_kv_heads"], base["head_dim"]
+        q_per_seq = tokens / np.maximum(seqs, 1)
+        # blocks: 128-query tiles per head and sequence, the unit a FlashAttention kernel schedules.
+        return {"flops": 4 * work * heads * hd,
+                "bytes": (2 * tokens * heads + 2 * (tokens + kv_sum) * kv_heads) * hd * dtype_bytes,
+                "blocks": seqs * heads * np.ceil(q_per_seq / 128),
+                "seq_len": (tokens + kv_sum) / np.maximum(seqs, 1)}
+    return {}

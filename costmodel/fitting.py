@@ -1,0 +1,163 @@
+"""Fit one regressor per target and measure each on held-out rows.
+
+For every target: choose a model (the default forest for `rf`, an Optuna search on the random
+split's training rows for `tuned`), score it on the random split and on the extrapolation
+split (refitted on each split's training rows), then refit on all rows for the tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from costmodel.additive import AdditiveGridRegressor
+from costmodel.evaluation import error_stats, extrapolation_split, group_ids, random_split
+from costmodel.features import assign_targets, design, kind_for, kind_of
+from costmodel.records import data_hash
+from costmodel.regressors import make_regressor
+from costmodel.tuning import Choice, default_choice, tune
+from simulator.errors import InputError
+
+REGRESSORS = ("rf", "tuned")
+MIN_ROWS = 8
+
+
+@dataclass
+class FitConfig:
+    regressor: str = "tuned"
+    trials: int = 12
+    seed: int = 0
+    storage: str | None = None       # Optuna: None (memory), a journal file, or an RDB URL
+    timeout_s: float | None = None   # per target's study
+    test_fraction: float = 0.2
+
+
+@dataclass
+class TargetFit:
+    target: str
+    kind: str
+    feature_names: tuple[str, ...]
+    physics_index: tuple[int, ...]
+    choice: Choice
+    estimator: object                 # fitted on all of the target's rows
+    n_rows: int
+    errors: dict                      # split -> error_stats
+    held_out: dict                    # split -> (measured, predicted), for plots and pooling
+    trials: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class FitResult:
+    targets: dict[str, TargetFit]
+    errors: dict                      # split -> error_stats over every target's held-out rows
+    data_hash: str
+    records: pd.DataFrame
+    config: FitConfig
+    skipped: dict[str, str] = field(default_factory=dict)   # target -> why
+
+
+def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: str | None = None,
+                   tp: int | None = None) -> pd.DataFrame:
+    """The rows of one configuration: one device, one dtype, one tensor-parallel degree for steps."""
+    out = records
+    devices = sorted(d for d in out["device"].dropna().astype(str).unique())
+    if device is not None:
+        keep = out["device"].isna() | out["device"].astype(str).str.lower().str.contains(
+            device.lower(), regex=False)
+        if not keep[out["device"].notna()].any():
+            raise InputError(f"--device {device!r}: no rows; devices in the input: {devices}")
+        out = out[keep]
+    elif len(devices) > 1:
+        raise InputError(f"the input mixes devices {devices}; choose one with --device")
+    if dtype is not None and out["dtype"].notna().any():
+        have = sorted(out["dtype"].dropna().unique())
+        keep = out["dtype"].isna() | (out["dtype"] == dtype)
+        if not (out["dtype"] == dtype).any():
+            raise InputError(f"--dtype {dtype!r}: no rows; dtypes in the input: {have}")
+        out = out[keep]
+    steps = out["op"].isin(["step", "overhead"]) & out["tp"].notna()
+    if steps.any():
+        have = sorted(int(v) for v in out.loc[steps, "tp"].unique())
+        wanted = have[0] if tp is None else tp
+        if wanted not in have:
+            raise InputError(f"--tp {tp}: no whole-step rows at that degree; the input has {have}")
+        out = out[~steps | (out["tp"] == wanted)]
+    return out.reset_index(drop=True)
+
+
+def build_estimator(choice: Choice, physics_index, seed: int):
+    if choice.family == "additive":
+        return AdditiveGridRegressor(**choice.params)
+    return make_regressor(choice.family, choice.params, physics_index, random_state=seed)
+
+
+def fit_all(records: pd.DataFrame, config: FitConfig, holdout: pd.DataFrame | None = None,
+            progress=None) -> FitResult:
+    if config.regressor not in REGRESSORS:
+        raise InputError(f"--regressor: unknown {config.regressor!r}; known: {', '.join(REGRESSORS)}")
+    from threadpoolctl import threadpool_limits
+    # Small fits in loops: OpenMP thread pools (boosting) cost more than they give, and thrash
+    # when the machine is shared.
+    with threadpool_limits(limits=1):
+        return _fit_all(records, config, holdout, progress)
+
+
+def _fit_all(records, config, holdout, progress) -> FitResult:
+    targets = assign_targets(records)
+    hold_targets = assign_targets(holdout) if holdout is not None else None
+    fits, skipped = {}, {}
+    for target in sorted(targets.unique()):
+        rows = records[targets == target].reset_index(drop=True)
+        if len(rows) < MIN_ROWS:
+            skipped[target] = f"only {len(rows)} rows (need {MIN_ROWS})"
+            continue
+        if progress:
+            progress(target, len(rows))
+        hold = holdout[hold_targets == target] if holdout is not None else None
+        fits[target] = fit_target(target, rows, config, hold)
+    if not fits:
+        raise InputError("no target has enough rows to fit: " +
+                         "; ".join(f"{t}: {why}" for t, why in skipped.items()))
+    errors = {}
+    for split in ("random", "extrapolation", "holdout"):
+        pairs = [f.held_out[split] for f in fits.values() if split in f.held_out]
+        if pairs:
+            errors[split] = error_stats(np.concatenate([p[0] for p in pairs]),
+                                        np.concatenate([p[1] for p in pairs]))
+    return FitResult(fits, errors, data_hash(records), records, config, skipped)
+
+
+def fit_target(target: str, rows: pd.DataFrame, config: FitConfig,
+               holdout: pd.DataFrame | None = None) -> TargetFit:
+    kind = kind_for(target, rows)
+    d = design(target, rows, kind)
+    y = rows["time_ms"].to_numpy(dtype=np.float64)
+    seed = config.seed
+    test = random_split(group_ids(rows), config.test_fraction, seed)
+    choice, trials = default_choice(kind_of(target)), []
+    if config.regressor == "tuned":
+        def build(c):
+            return build_estimator(c, d.physics_index, seed)
+        choice, trials = tune(build, d.X[~test], y[~test], d.size[~test], kind=kind_of(target),
+                              has_physics=bool(d.physics_index), n_trials=config.trials,
+                              seed=seed, storage=config.storage,
+                              study_name=f"stepcal-{target}", timeout_s=config.timeout_s)
+    splits = {"random": test, "extrapolation": extrapolation_split(d.size)}
+    errors, held_out = {}, {}
+    for split, mask in splits.items():
+        if mask is None or (~mask).sum() < 2:
+            continue
+        model = build_estimator(choice, d.physics_index, seed).fit(d.X[~mask], y[~mask])
+        predicted = model.predict(d.X[mask])
+        errors[split] = error_stats(y[mask], predicted)
+        held_out[split] = (y[mask], predicted)
+    final = build_estimator(choice, d.physics_index, seed).fit(d.X, y)
+    if holdout is not None and len(holdout):
+        hd = design(target, holdout.reset_index(drop=True), kind)
+        measured = holdout["time_ms"].to_numpy(dtype=np.float64)
+        predicted = final.predict(hd.X)
+        errors["holdout"] = error_stats(measured, predicted)
+        held_out["holdout"] = (measured, predicted)
+    return TargetFit(target, kind_of(target), d.names, d.physics_index, choice, final, len(rows),
+                     errors, held_out, trials)

@@ -1,0 +1,77 @@
+"""Vidur's per-layer operator profile (`mlp.csv`): operator times by num_tokens and TP degree.
+
+Each row of mlp.csv times one transformer layer's operators at one num_tokens; it becomes one
+record per operator. The four projections are GEMMs whose (n, k) follow from the model's
+dimensions and Vidur's tensor-parallel sharding; the rest are small per-token operators.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from costmodel.records import check_positive, check_times, make_records, require_columns
+from simulator.errors import InputError
+
+KEY_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
+               "num_tokens", "num_tensor_parallel_workers")
+# Vidur op -> our GEMM sub-operation name (simulator.model_spec.ModelSpec.gemm_shapes).
+GEMM_OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj",
+            "mlp_up_proj": "gate_up_proj", "mlp_down_proj": "down_proj"}
+ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+STAT = "median"   # the statistic Vidur itself trains on
+
+
+def import_mlp(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    require_columns(frame, KEY_COLUMNS, path=path, what="Vidur mlp.csv")
+    frame = frame.reset_index(drop=True)
+    check_positive(frame, [c for c in KEY_COLUMNS if c != "use_gated_mlp"], path=path)
+    ops = [op for op in (*GEMM_OPS, *ELEMENTWISE_OPS) if f"time_stats.{op}.{STAT}" in frame.columns]
+    if not ops:
+        raise InputError(f"{path}: not a Vidur mlp.csv file: no time_stats.<op>.{STAT} columns")
+    parts = []
+    for op in ops:
+        col = f"time_stats.{op}.{STAT}"
+        check_times(frame, col, path=path)
+        parts.append(_op_records(frame, op, frame[col].to_numpy(dtype=np.float64), path))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _op_records(frame: pd.DataFrame, op: str, time_ms: np.ndarray, path: str) -> pd.DataFrame:
+    tp = frame["num_tensor_parallel_workers"].to_numpy(dtype=np.float64)
+    heads = frame["n_head"].to_numpy(dtype=np.float64)
+    kv_heads = frame["n_kv_head"].to_numpy(dtype=np.float64)
+    hidden = frame["n_embd"].to_numpy(dtype=np.float64)
+    ffn = frame["n_expanded_embd"].to_numpy(dtype=np.float64)
+    gated = frame["use_gated_mlp"].astype(str).str.lower().isin(["true", "1", "1.0"]).to_numpy()
+    head_dim = hidden / heads
+    tokens = frame["num_tokens"].to_numpy(dtype=np.float64)
+    cols = dict(row=np.arange(len(frame)), num_tokens=tokens, tp=tp, time_ms=time_ms,
+                num_heads=heads / tp, num_kv_heads=np.maximum(kv_heads / tp, 1.0), head_dim=head_dim)
+    if op in GEMM_OPS:
+        n, k = {
+            "attn_pre_proj": ((heads + 2 * kv_heads) * head_dim / tp, hidden),
+            "attn_post_proj": (hidden, heads * head_dim / tp),
+            "mlp_up_proj": (np.where(gated, 2.0, 1.0) * ffn / tp, hidden),
+            "mlp_down_proj": (hidden, ffn / tp),
+        }[op]
+        cols.update(op="gemm", name=GEMM_OPS[op], m=tokens, n=n, k=k)
+    else:
+        cols.update(op="elementwise", name=op,
+                    width=elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn, tp))
+    # Vidur profiles in fp16 / bf16 alike; both are two bytes per element.
+    cols["dtype"] = "bfloat16"
+    return make_records(cols, source="vidur", file=path)
+
+
+def elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn, tp):
+    """Elements touched per token by one of Vidur's small operators (bytes = width x 2)."""
+    widths = {
+        "emb": hidden,
+        "input_layernorm": hidden,
+        "post_attention_layernorm": hidden,
+        "attn_rope": (heads + kv_heads) * head_dim / tp,
+        "mlp_act": 3 * ffn / tp,          # reads gate and up, writes the product
+        "add": 2 * hidden,
+    }
+    return np.asarray(widths[op], dtype=np.float64) * np.ones_like(np.asarray(hidden, dtype=np.float64))
+

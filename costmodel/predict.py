@@ -1,0 +1,64 @@
+"""Predictions of a table directory for every timed row of a profile file (any supported format).
+
+Whole steps go through the T_step tables (what the simulator sees); operator rows go through
+the fitted regressor of their target, stored with the tables.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from costmodel.features import assign_targets, design
+from costmodel.regressors import predict_with_spread
+from costmodel.tables import load_step_model, read_meta
+from simulator.batch import StepFeatures
+from simulator.errors import InputError
+
+OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_decode",
+                        "decode_kv_sum", "decode_kv_max", "prefill_tokens", "prefill_attn_work",
+                        "kv_sum", "num_heads", "num_kv_heads", "head_dim", "width", "tp")
+
+
+def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFrame:
+    """One row per record: row, op, shape columns, measured_ms, predicted_ms, spread_ms, ape_percent."""
+    table_dir = Path(table_dir)
+    meta = read_meta(table_dir)
+    targets = assign_targets(records)
+    predicted = np.full(len(records), np.nan)
+    spread = np.full(len(records), np.nan)
+    step_model = None
+    for target in targets.unique():
+        mask = (targets == target).to_numpy()
+        rows = records[mask].reset_index(drop=True)
+        if target == "step":
+            step_model = step_model or load_step_model(table_dir)
+            features = StepFeatures.from_columns(rows)
+            predicted[mask] = step_model.features_ms(features)
+            spread[mask] = step_model.features_spread_ms(features)
+            continue
+        model = _load_regressor(table_dir, meta, target)
+        if model is None:
+            continue   # the tables know nothing of this target: predicted_ms stays empty
+        predicted[mask], spread[mask] = predict_with_spread(model, design(target, rows).X)
+    out = pd.DataFrame({"row": records["row"].to_numpy(), "op": records["op"].to_numpy()})
+    for col in OUTPUT_SHAPE_COLUMNS:
+        if records[col].notna().any():
+            out[col] = records[col].to_numpy()
+    out["measured_ms"] = records["time_ms"].to_numpy()
+    out["predicted_ms"] = predicted
+    out["spread_ms"] = spread
+    out["ape_percent"] = 100 * np.abs(predicted - out["measured_ms"]) / out["measured_ms"]
+    return out
+
+
+def _load_regressor(table_dir: Path, meta: dict, target: str):
+    import joblib
+    entry = meta.get("targets", {}).get(target)
+    if entry is None:
+        return None
+    path = table_dir / entry["model"]
+    if not path.exists():
+        raise InputError(f"{path}: regressor of target {target!r} is missing from the tables")
+    return joblib.load(path)

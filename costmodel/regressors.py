@@ -1,0 +1,191 @@
+"""Regressors, following scikit-learn's rules: `fit` validates, learns `*_` attributes, writes
+nothing and returns self. Tuning (costmodel.tuning) and tracking (costmodel.tracking) wrap them.
+
+Families: plain tree ensembles (random forest, extra trees, histogram gradient boosting) and a
+physics-informed model, linear in FLOPs and bytes moved with a tree model on its residual, which
+keeps extrapolating along the linear part where pure trees go flat. Each can give a spread per
+prediction (the spread of its trees) for the simulator's ranges.
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+FAMILIES = ("rf", "et", "hgb", "physics")
+
+
+def _tree(kind: str, *, n_estimators: int, min_samples_leaf: int, max_features: float,
+          learning_rate: float, max_iter: int, max_leaf_nodes: int, random_state):
+    if kind == "hgb":
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        return HistGradientBoostingRegressor(learning_rate=learning_rate, max_iter=max_iter,
+                                             max_leaf_nodes=max_leaf_nodes,
+                                             min_samples_leaf=max(min_samples_leaf, 2),
+                                             random_state=random_state)
+    from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor
+    cls = RandomForestRegressor if kind == "rf" else ExtraTreesRegressor
+    # One job: fits are small and run inside CV loops, where a thread pool costs more than it saves.
+    return cls(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf,
+               max_features=max_features, random_state=random_state, n_jobs=1)
+
+
+def _tree_spread(model, X: np.ndarray) -> np.ndarray:
+    """Standard deviation over a forest's trees; zero for boosting (one additive model)."""
+    trees = getattr(model, "estimators_", None)
+    if trees is None or not len(trees) or not hasattr(trees[0], "predict"):
+        return np.zeros(len(X))
+    per_tree = np.stack([t.predict(X) for t in trees])
+    return per_tree.std(axis=0)
+
+
+class TreeRegressor(RegressorMixin, BaseEstimator):
+    """A tree ensemble on the raw features; learns log(time) so that its error is relative."""
+
+    def __init__(self, tree="rf", n_estimators=100, min_samples_leaf=1, max_features=1.0,
+                 learning_rate=0.1, max_iter=200, max_leaf_nodes=31, log_target=True,
+                 random_state=0):
+        self.tree = tree
+        self.n_estimators = n_estimators
+        self.min_samples_leaf = min_samples_leaf
+        self.max_features = max_features
+        self.learning_rate = learning_rate
+        self.max_iter = max_iter
+        self.max_leaf_nodes = max_leaf_nodes
+        self.log_target = log_target
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y, y_numeric=True)
+        if (y <= 0).any():
+            raise ValueError("times must be positive")
+        self.model_ = _tree(self.tree, n_estimators=self.n_estimators,
+                            min_samples_leaf=self.min_samples_leaf, max_features=self.max_features,
+                            learning_rate=self.learning_rate, max_iter=self.max_iter,
+                            max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
+        self.model_.fit(X, np.log(y) if self.log_target else y)
+        return self
+
+    def predict(self, X):
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, reset=False)
+        raw = self.model_.predict(X)
+        return np.exp(raw) if self.log_target else raw
+
+    def predict_spread(self, X):
+        """One standard deviation of the prediction over the trees, in ms."""
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, reset=False)
+        spread = _tree_spread(self.model_, X)
+        return self.predict(X) * spread if self.log_target else spread
+
+
+class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
+    """time = (c0 + c·physics(x)) corrected by a tree model of the residual.
+
+    The linear part is a non-negative least-squares fit in relative error on the physics
+    columns (FLOPs, bytes moved, ...). The residual is a ratio (`residual="ratio"`, the tree
+    learns log(time / linear)) or a difference (`"additive"`). Beyond the profiled range the
+    tree's correction stays at its value at the edge while the linear part keeps growing, so
+    the model extrapolates like the roofline rather than going flat.
+    """
+
+    def __init__(self, physics_index=(), intercept=True, residual="ratio", tree="rf",
+                 n_estimators=100, min_samples_leaf=1, max_features=1.0, learning_rate=0.1,
+                 max_iter=200, max_leaf_nodes=31, random_state=0):
+        self.physics_index = physics_index
+        self.intercept = intercept
+        self.residual = residual
+        self.tree = tree
+        self.n_estimators = n_estimators
+        self.min_samples_leaf = min_samples_leaf
+        self.max_features = max_features
+        self.learning_rate = learning_rate
+        self.max_iter = max_iter
+        self.max_leaf_nodes = max_leaf_nodes
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        from scipy.optimize import nnls
+        X, y = validate_data(self, X, y, y_numeric=True)
+        if (y <= 0).any():
+            raise ValueError("times must be positive")
+        if self.residual not in ("ratio", "additive"):
+            raise ValueError(f"residual must be 'ratio' or 'additive', got {self.residual!r}")
+        P = self._physics(X)
+        self.scale_ = np.maximum(np.abs(P).max(axis=0), 1e-300)
+        w = 1.0 / y   # relative error: every point counts alike whatever its size
+        coef, _ = nnls(P / self.scale_ * w[:, None], y * w)
+        self.coef_ = coef / self.scale_
+        linear = self._linear(X)
+        if not (linear > 0).all():
+            # No usable physics (e.g. all coefficients zero): the tree carries everything.
+            self.coef_ = np.zeros_like(self.coef_)
+            self.fallback_ms_ = float(np.median(y))
+            linear = self._linear(X)
+        self.tree_ = _tree(self.tree, n_estimators=self.n_estimators,
+                           min_samples_leaf=self.min_samples_leaf, max_features=self.max_features,
+                           learning_rate=self.learning_rate, max_iter=self.max_iter,
+                           max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
+        target = np.log(y / linear) if self.residual == "ratio" else y - linear
+        self.tree_.fit(self._tree_features(X), target)
+        return self
+
+    def predict(self, X):
+        check_is_fitted(self, "tree_")
+        X = validate_data(self, X, reset=False)
+        linear = self._linear(X)
+        correction = self.tree_.predict(self._tree_features(X))
+        if self.residual == "ratio":
+            return linear * np.exp(correction)
+        return np.maximum(linear + correction, 1e-3 * linear)
+
+    def predict_spread(self, X):
+        check_is_fitted(self, "tree_")
+        X = validate_data(self, X, reset=False)
+        spread = _tree_spread(self.tree_, self._tree_features(X))
+        if self.residual == "ratio":
+            return self.predict(X) * spread
+        return spread
+
+    def _physics(self, X):
+        cols = [X[:, i] for i in self.physics_index]
+        if self.intercept or not cols:
+            cols = [np.ones(len(X))] + cols
+        return np.column_stack(cols)
+
+    def _linear(self, X):
+        base = getattr(self, "fallback_ms_", 0.0)
+        return self._physics(X) @ self.coef_ + base
+
+    @staticmethod
+    def _tree_features(X):
+        # Sizes span decades: logs put 8 vs 16 tokens as far apart as 4096 vs 8192.
+        return np.log1p(np.maximum(X, 0.0))
+
+
+def make_regressor(family: str, params: dict, physics_index, random_state=0):
+    """An unfitted regressor of a family with its hyperparameters (names as in the classes)."""
+    if family == "physics":
+        if not physics_index:
+            raise ValueError("the physics family needs physics features")
+        return PhysicsResidualRegressor(physics_index=tuple(physics_index),
+                                        random_state=random_state, **params)
+    if family in ("rf", "et", "hgb"):
+        return TreeRegressor(tree=family, random_state=random_state, **params)
+    raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def predict_with_spread(model, X) -> tuple[np.ndarray, np.ndarray]:
+    mean = model.predict(X)
+    spread = model.predict_spread(X) if hasattr(model, "predict_spread") else np.zeros(len(mean))
+    return mean, spread
+
+
+__all__ = [
+    "FAMILIES",
+    "PhysicsResidualRegressor",
+    "TreeRegressor",
+    "make_regressor",
+    "predict_with_spread",
+]

@@ -1,0 +1,141 @@
+"""The Optuna search over model families and hyperparameters for one target.
+
+TPE, seeded; a median pruner stops trials whose first folds are already worse than most.
+The objective weighs the APE of one extrapolation fold (fit on the smaller half of the size
+axis, score on the larger) and the mean APE over three random folds half and half, so that
+families that go flat beyond the data lose. Everything here runs on training rows only; the caller holds out the rest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.evaluation import ape_percent, extrapolation_split
+
+TUNE_MAX_ROWS = 1500   # trials see at most this many rows: the ranking of configs survives it
+
+
+# Known-good configurations tried first, so that even a short study has seen each idea once.
+STARTING_POINTS = {
+    "ops": [{"family": "physics", "residual": "ratio", "intercept": True, "tree": "hgb",
+             "learning_rate": 0.1, "max_iter": 300, "max_leaf_nodes": 31, "min_samples_leaf": 4},
+            {"family": "physics", "residual": "additive", "intercept": False, "tree": "et",
+             "n_estimators": 60, "min_samples_leaf": 1, "max_features": 0.7},
+            {"family": "rf", "n_estimators": 100, "min_samples_leaf": 2, "max_features": 1.0}],
+    "step": [{"n_knots": 8, "smoothing": 1e-3}],
+}
+
+
+@dataclass
+class Choice:
+    family: str
+    params: dict = field(default_factory=dict)
+
+
+def default_choice(kind: str) -> Choice:
+    if kind == "step":
+        return Choice("additive", {"n_knots": 8, "smoothing": 1e-3})
+    return Choice("rf", {"n_estimators": 100, "min_samples_leaf": 2, "max_features": 1.0})
+
+
+def make_storage(storage: str | None):
+    """None: in memory. A URL (sqlite:///..., postgresql://...): RDB. Anything else: a journal file."""
+    import optuna
+    if storage is None:
+        return None
+    if "://" in storage:
+        return storage
+    from optuna.storages.journal import JournalFileBackend
+    return optuna.storages.JournalStorage(JournalFileBackend(storage))
+
+
+def suggest(trial, kind: str, has_physics: bool) -> Choice:
+    if kind == "step":
+        return Choice("additive", {"n_knots": trial.suggest_int("n_knots", 4, 16),
+                                   "smoothing": trial.suggest_float("smoothing", 1e-5, 1e-1,
+                                                                    log=True)})
+    families = ["rf", "et", "hgb"] + (["physics"] if has_physics else [])
+    family = trial.suggest_categorical("family", families)
+    params: dict = {}
+    tree = family
+    if family == "physics":
+        params["residual"] = trial.suggest_categorical("residual", ["ratio", "additive"])
+        params["intercept"] = trial.suggest_categorical("intercept", [True, False])
+        tree = params["tree"] = trial.suggest_categorical("tree", ["rf", "et", "hgb"])
+    if tree == "hgb":
+        params["learning_rate"] = trial.suggest_float("learning_rate", 0.02, 0.3, log=True)
+        params["max_iter"] = trial.suggest_int("max_iter", 50, 300, log=True)
+        params["max_leaf_nodes"] = trial.suggest_int("max_leaf_nodes", 8, 64, log=True)
+        params["min_samples_leaf"] = trial.suggest_int("min_samples_leaf", 2, 20, log=True)
+    else:
+        params["n_estimators"] = trial.suggest_int("n_estimators", 30, 120, log=True)
+        params["min_samples_leaf"] = trial.suggest_int("min_samples_leaf", 1, 8, log=True)
+        params["max_features"] = trial.suggest_categorical("max_features", [1.0, 0.7, 0.4])
+    return Choice(family, params)
+
+
+def tune(build, X: np.ndarray, y: np.ndarray, size: np.ndarray, *, kind: str, has_physics: bool,
+         n_trials: int, seed: int, storage: str | None = None, study_name: str | None = None,
+         timeout_s: float | None = None) -> tuple[Choice, list[dict]]:
+    """The best Choice found and a record of every trial. `build(choice)` makes an estimator."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rng = np.random.default_rng(seed)
+    if len(y) > TUNE_MAX_ROWS:
+        keep = np.sort(rng.choice(len(y), TUNE_MAX_ROWS, replace=False))
+        X, y, size = X[keep], y[keep], size[keep]
+    folds = _folds(len(y), size, rng)
+    has_extrapolation = len(folds) == 4
+
+    def objective(trial):
+        choice = suggest(trial, kind, has_physics)
+        scores = []
+        for step, (train, test) in enumerate(folds):
+            model = build(choice).fit(X[train], y[train])
+            scores.append(float(ape_percent(y[test], model.predict(X[test])).mean()))
+            trial.report(_objective(scores, has_extrapolation), step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        trial.set_user_attr("choice", {"family": choice.family, "params": choice.params})
+        return _objective(scores, has_extrapolation)
+
+    study = optuna.create_study(
+        direction="minimize", study_name=study_name, storage=make_storage(storage),
+        load_if_exists=storage is not None,
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(4, n_trials // 3)),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1))
+    if not study.trials:
+        for params in STARTING_POINTS.get(kind if kind == "step" else "ops", []):
+            if has_physics or params.get("family") != "physics":
+                study.enqueue_trial(params)
+    study.optimize(objective, n_trials=n_trials, timeout=timeout_s)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        return default_choice(kind), _trial_log(study)
+    best = study.best_trial.user_attrs["choice"]
+    return Choice(best["family"], best["params"]), _trial_log(study)
+
+
+def _objective(scores: list[float], has_extrapolation: bool) -> float:
+    """The extrapolation fold (first) and the random folds count half each."""
+    if not has_extrapolation or len(scores) < 2:
+        return float(np.mean(scores))
+    return 0.5 * scores[0] + 0.5 * float(np.mean(scores[1:]))
+
+
+def _folds(n: int, size: np.ndarray, rng) -> list[tuple[np.ndarray, np.ndarray]]:
+    order = rng.permutation(n)
+    parts = np.array_split(order, 3)
+    folds = [(np.setdiff1d(order, part), part) for part in parts]
+    extrap = extrapolation_split(size)
+    if extrap is not None and (~extrap).sum() >= 10:
+        # First, so that the pruner judges every trial on extrapolation from its first report.
+        folds.insert(0, (np.flatnonzero(~extrap), np.flatnonzero(extrap)))
+    return folds
+
+
+def _trial_log(study) -> list[dict]:
+    return [{"number": t.number, "state": t.state.name, "value": t.value, "params": dict(t.params),
+             "duration_s": t.duration.total_seconds() if t.duration else None}
+            for t in study.trials]

@@ -1,0 +1,140 @@
+"""The end-to-end campaign: profile → fit → measure → simulate → validate → calibrate → report.
+
+Each stage is one `stepcal` command run in-process, so the campaign exercises exactly what a
+user runs by hand, and every intermediate directory can be inspected or rerun on its own.
+
+Loads are set from each scheduler's measured capacity (a saturation run: every request arrives
+at once). The lowest load is the calibration run: its step log joins the kernel profile as
+training data for the T_step tables, and its request log calibrates the host terms. The higher
+loads are held out: only they are validated.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simulator.errors import InputError
+
+
+@dataclass
+class CampaignConfig:
+    out: Path
+    model_spec: str = "tiny"
+    device: str = "cpu"
+    schedulers: tuple[str, ...] = ("continuous", "sarathi")
+    loads: tuple[float, ...] = (0.3, 0.6, 0.9)      # shares of each scheduler's measured capacity
+    num_requests: int = 200
+    prompt: str = "lognormal:128:0.8"
+    output: str = "lognormal:32:0.8"
+    chunk_size: int = 64
+    repeats: int = 2
+    trials: int = 4
+    grid: str = "quick"
+    seed: int = 0
+    timings: dict = field(default_factory=dict)
+
+    def workload(self, rate_rps: float, num_requests: int | None = None) -> str:
+        n = num_requests or self.num_requests
+        return f"poisson:rate={rate_rps:.6g},n={n},prompt={self.prompt},output={self.output},seed={self.seed}"
+
+
+class Campaign:
+    def __init__(self, config: CampaignConfig) -> None:
+        self.c = config
+        self.t0 = time.perf_counter()
+
+    def stage(self, title: str, argv: list[str]) -> None:
+        from experiments.cli import main
+        started = time.perf_counter()
+        print(f"[{started - self.t0:6.1f} s] {title}", file=sys.stderr, flush=True)
+        code = main([str(a) for a in argv])
+        if code != 0:
+            raise InputError(f"quickstart: stage '{title}' failed (stepcal {' '.join(map(str, argv[:1]))} exited {code})")
+        self.c.timings[title] = round(time.perf_counter() - started, 1)
+
+    def scheduler_flags(self, scheduler: str) -> list[str]:
+        return ["--scheduler", scheduler, "--chunk-size", self.c.chunk_size]
+
+    def run(self) -> dict:
+        c, out = self.c, self.c.out
+        self.stage("profile kernels (quick grid)", ["profile", "--model-spec", c.model_spec, "--device", c.device,
+                                                    "--grid", c.grid, "--no-progress", "--out", out / "profile"])
+        capacity = {}
+        for s in c.schedulers:
+            self.stage(f"measure {s} capacity (saturation run)",
+                       ["measure", "--model-spec", c.model_spec, "--device", c.device, "--quiet",
+                        "--trace", c.workload(10_000.0, max(60, c.num_requests // 2)), *self.scheduler_flags(s),
+                        "--seed", c.seed, "--out", out / "measured" / s / "saturation"])
+            capacity[s] = _summary(out / "measured" / s / "saturation")["throughput_rps"]
+        for s in c.schedulers:
+            for load in c.loads:
+                self.stage(f"measure {s} at {load:.0%} load", [
+                    "measure", "--model-spec", c.model_spec, "--device", c.device, "--quiet",
+                    "--trace", c.workload(load * capacity[s]), *self.scheduler_flags(s), "--repeats", c.repeats,
+                    "--seed", c.seed, "--out", out / "measured" / s / _load_name(load)])
+        calibration_logs = [out / "measured" / s / _load_name(c.loads[0]) / "repeat_0" / "steps.parquet"
+                            for s in c.schedulers]
+        self.stage("fit T_step tables (tuned)", ["fit", "--profile", out / "profile" / "profile.parquet",
+                                                 *calibration_logs, "--model-spec", c.model_spec,
+                                                 "--regressor", "tuned", "--trials", c.trials, "--seed", c.seed,
+                                                 "--out", out / "tables"])
+        validations = []
+        for s in c.schedulers:
+            low = out / "measured" / s / _load_name(c.loads[0])
+            self.stage(f"calibrate host terms on {s} at {c.loads[0]:.0%} load",
+                       ["calibrate", "--measured", low, "--step-model", out / "tables", "--quiet",
+                        "--out", out / "calibrated" / s])
+            for load in c.loads:
+                measured = out / "measured" / s / _load_name(load)
+                for model_name, model in (("tables", out / "tables"), ("calibrated", out / "calibrated" / s)):
+                    target = out / "validation" / model_name / s / _load_name(load)
+                    self.stage(f"simulate + validate {s} at {load:.0%} load ({model_name})",
+                               ["validate", "--measured", measured, "--step-model", model, "--quiet", "--out", target])
+                    validations.append((s, load, model_name, target))
+        report_dirs = [v[3] for v in validations if v[2] == "calibrated"] + [out / "tables"]
+        self.stage("report", ["report", *report_dirs, "--out", out / "report"])
+        return self.headline(capacity, validations)
+
+    def headline(self, capacity: dict, validations: list) -> dict:
+        rows = []
+        for scheduler, load, model_name, path in validations:
+            record = json.loads((path / "validation.json").read_text())
+            row = {"scheduler": scheduler, "load": load, "model": model_name,
+                   "held_out": load != self.c.loads[0], "step_mape": record["step_level"].get("mape")}
+            for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+                for stat in ("p50", "p90", "p99"):
+                    cell = record["metrics"][metric][stat]
+                    row[f"{metric}.{stat}"] = cell["error"]
+                    row[f"{metric}.{stat}.noise"] = cell["noise_floor"]
+            rows.append(row)
+        result = {"capacity_rps": capacity, "rows": rows, "timings_s": self.c.timings,
+                  "wall_s": round(time.perf_counter() - self.t0, 1)}
+        (self.c.out / "headline.json").write_text(json.dumps(result, indent=2))
+        return result
+
+
+def _load_name(load: float) -> str:
+    return f"load_{round(100 * load):02d}"
+
+
+def _summary(path: Path) -> dict:
+    return json.loads((path / "summary.json").read_text())
+
+
+def format_headline(result: dict) -> str:
+    def pct(v):
+        return "   -  " if v is None else f"{100 * v:+6.1f}%"
+    lines = ["capacity (saturation throughput): " + ", ".join(f"{s} {r:.1f} req/s" for s, r in result["capacity_rps"].items()),
+             "", "errors of the simulator against the measured runs, (simulated − measured) / measured; "
+             "[noise] = run-to-run difference of the measured repeats",
+             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE':>10}  "
+             + "".join(f"{m + ' ' + s:>17}" for m in ("TTFT", "TPOT", "E2E") for s in ("p50", "p99"))]
+    for r in result["rows"]:
+        tag = "" if r["held_out"] else " (calibration run)"
+        cells = "".join(f"{pct(r[f'{m}.{s}'])} [{pct(r[f'{m}.{s}.noise']).strip():>6}]"
+                        for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p99"))
+        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{pct(r['step_mape']):>10}  {cells}{tag}")
+    return "\n".join(lines)

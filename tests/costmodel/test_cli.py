@@ -1,0 +1,123 @@
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from costmodel.tables import load_step_model
+from experiments.cli import main
+from simulator.batch import StepFeatures
+from tests.costmodel.conftest import PROFILES, make_step_log, require_shared, step_ms
+
+
+def test_fit_logs_an_mlflow_run_and_registers_a_model(step_log_file, tmp_path, tracking_uri):
+    import mlflow
+    out = tmp_path / "tables"
+    assert main(["fit", "--profile", str(step_log_file), "--regressor", "tuned", "--trials", "3",
+                 "--tracking-uri", tracking_uri, "--register", "stepcal-test", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["mode"] == "step" and meta["t_step_terms"] == ["step"]
+    run = mlflow.MlflowClient(tracking_uri).get_run(meta["mlflow_run_id"])
+    assert run.data.tags["training_data_hash"] == meta["training_data_hash"]
+    assert run.data.metrics["random.mape"] == pytest.approx(meta["held_out_errors"]["overall"]["random"]["mape"])
+    children = mlflow.MlflowClient(tracking_uri).search_runs(
+        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    assert len(children) == 3                          # one nested run per Optuna trial
+    versions = mlflow.MlflowClient(tracking_uri).search_model_versions("name = 'stepcal-test'")
+    assert len(versions) >= 1
+    # the registered pyfunc gives the tables' T_step
+    log = make_step_log(10, seed=3)
+    pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/t_step")
+    got = pyfunc.predict(log)["t_step_ms"].to_numpy()
+    expected = load_step_model(out).features_ms(StepFeatures.from_columns(log))
+    assert got.tolist() == pytest.approx(expected.tolist())
+    assert got == pytest.approx(log.apply(step_ms, axis=1).to_numpy(), rel=0.05)
+
+
+def test_predict_writes_one_row_per_timed_row(fitted_tables, profile_file, tmp_path, capsys):
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--tables", str(fitted_tables), "--input", str(profile_file),
+                 "--out", str(out)]) == 0
+    pred = pd.read_csv(out)
+    src = pd.read_parquet(profile_file)
+    assert len(pred) == (src["status"] == "ok").sum()
+    assert {"row", "op", "measured_ms", "predicted_ms", "spread_ms", "m", "num_seqs"} <= set(pred.columns)
+    gemm = pred[pred["op"] == "gemm"]
+    assert gemm["predicted_ms"].notna().all() and gemm["ape_percent"].mean() < 10
+    # overhead had too few rows to fit: no prediction rather than a made-up one
+    assert pred.loc[pred["op"] == "overhead", "predicted_ms"].isna().all()
+    assert "rows predicted" in capsys.readouterr().out
+
+
+def test_export_vidur_csv_json(fitted_tables, tmp_path):
+    assert main(["tables", "export", str(fitted_tables), "--format", "vidur",
+                 "--out", str(tmp_path / "v")]) == 0
+    mlp = pd.read_csv(tmp_path / "v" / "mlp.csv")
+    assert {"time_stats.attn_pre_proj.median", "time_stats.mlp_down_proj.std", "num_tokens",
+            "n_embd", "num_tensor_parallel_workers"} <= set(mlp.columns)
+    assert (mlp["n_embd"] == 256).all() and (mlp["time_stats.mlp_up_proj.median"] > 0).all()
+    attention = pd.read_csv(tmp_path / "v" / "attention.csv")
+    decode = attention[~attention["is_prefill"]]
+    assert (decode["time_stats.attn_decode.median"] > 0).all()
+    assert attention["is_prefill"].any()
+    assert main(["tables", "export", str(fitted_tables), "--format", "csv",
+                 "--out", str(tmp_path / "c")]) == 0
+    linear = pd.read_csv(tmp_path / "c" / "linear.csv")
+    assert list(linear.columns) == ["num_tokens", "time_ms", "spread_ms"]
+    assert main(["tables", "export", str(fitted_tables), "--format", "json",
+                 "--out", str(tmp_path / "j")]) == 0
+    data = json.loads((tmp_path / "j" / "tables.json").read_text())
+    assert set(data["tables"]) >= {"linear", "decode_attn", "ops"}
+
+
+def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame({"op": ["gemm"], "time_ms": [-1.0], "m": [1], "n": [2], "k": [3]}).to_csv(bad, index=False)
+    assert main(["fit", "--profile", str(bad), "--no-mlflow", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepcal: ") and "row 0" in err and "'time_ms'" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+    assert main(["fit", "--profile", str(profile_file), "--no-mlflow", "--regressor", "rf",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--model-spec" in capsys.readouterr().err
+    assert main(["predict", "--tables", str(tmp_path), "--input", str(profile_file),
+                 "--out", str(tmp_path / "p.csv")]) == 2
+    assert "no meta.json" in capsys.readouterr().err
+
+
+def test_fit_on_real_vidur_profile_composes_a_model(tmp_path):
+    path = require_shared(PROFILES / "vidur/a100/meta-llama/Llama-2-7b-hf/mlp.csv")
+    out = tmp_path / "t"
+    assert main(["fit", "--profile", str(path), "--model-spec", "llama-2-7b", "--regressor", "rf",
+                 "--no-mlflow", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["missing_terms"] == ["decode_attn", "overhead", "prefill_attn"]
+    assert any("lm_head" in note for note in meta["notes"])
+    assert meta["held_out_errors"]["gemm"]["random"]["mape"] < 6
+    model = load_step_model(out)
+    ops = pd.read_parquet(out / "ops.parquet")
+    tokens = float(sorted(ops["num_tokens"].unique())[40])     # a grid point
+    f = StepFeatures.from_columns({n: [tokens] if n in ("num_tokens", "prefill_tokens") else [1.0]
+                                   for n in StepFeatures.__dataclass_fields__})
+    at512 = ops[ops["num_tokens"] == tokens]
+    # the linear term is 32 layers of the per-layer operators plus the embedding once
+    expected = 32 * at512.loc[at512["op"] != "emb", "time_ms"].sum() + at512.loc[
+        at512["op"] == "emb", "time_ms"].sum()
+    assert model.term_ms(f)["linear"][0] == pytest.approx(expected)
+
+
+def test_import_costmodel_loads_no_torch():
+    code = ("import sys, costmodel, costmodel.tables, costmodel.importers, costmodel.fitting; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_loading_tables_needs_no_sklearn(fitted_tables):
+    code = ("import sys; from costmodel.tables import load_step_model; "
+            f"load_step_model({str(fitted_tables)!r}); "
+            "print([m for m in ('sklearn', 'scipy', 'mlflow', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from costmodel.additive import AdditiveGridRegressor
+from costmodel.regressors import PhysicsResidualRegressor, TreeRegressor, make_regressor
+
+
+def gemm_data(ms, n=1024, k=1024):
+    m = np.asarray(ms, dtype=np.float64)
+    flops = 2 * m * n * k
+    nbytes = 2 * (m * k + n * k + m * n)
+    X = np.column_stack([m, np.full_like(m, n), np.full_like(m, k), flops, nbytes])
+    # a roofline-ish device: memory-bound for few rows, compute-bound for many
+    y = 0.005 + np.maximum(flops / 4e11, nbytes / 2e9)
+    return X, y
+
+
+def test_estimators_follow_sklearn_rules():
+    X, y = gemm_data(np.arange(1, 200, 3))
+    for est in (TreeRegressor(n_estimators=10), AdditiveGridRegressor(n_knots=5),
+                PhysicsResidualRegressor(physics_index=(3, 4), n_estimators=10)):
+        with pytest.raises(NotFittedError):
+            est.predict(X)
+        assert est.fit(X, y) is est
+        assert clone(est).get_params() == est.get_params()
+        assert est.predict(X).shape == (len(X),)
+        assert not hasattr(clone(est), "n_features_in_")
+
+
+def test_physics_model_extrapolates_where_a_forest_goes_flat():
+    X_train, y_train = gemm_data(np.arange(1, 1025, 8))
+    X_test, y_test = gemm_data([2048, 4096, 8192])
+    physics = PhysicsResidualRegressor(physics_index=(3, 4), n_estimators=30).fit(X_train, y_train)
+    forest = TreeRegressor(n_estimators=30).fit(X_train, y_train)
+    physics_err = np.abs(physics.predict(X_test) / y_test - 1)
+    forest_err = np.abs(forest.predict(X_test) / y_test - 1)
+    # 8x past the data, across the knee of the roofline: close, where the forest is not
+    assert physics_err.max() < 0.15
+    assert forest_err.min() > 0.3 and forest_err.max() > 0.7   # stuck at its value at m = 1024
+
+
+def test_spread_is_non_negative_and_zero_for_a_perfect_fit():
+    X, y = gemm_data(np.arange(1, 300, 2))
+    est = make_regressor("rf", {"n_estimators": 20}, (3, 4)).fit(X, y)
+    spread = est.predict_spread(X)
+    assert (spread >= 0).all() and spread.max() > 0
+    ratio = make_regressor("physics", {"n_estimators": 20}, (3, 4)).fit(X, y)
+    assert (ratio.predict_spread(X) >= 0).all()
+
+
+def test_additive_grid_recovers_an_additive_law():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(1, 1000, size=(400, 2))
+    y = 1.0 + 0.01 * X[:, 0] + 2.0 * np.sqrt(X[:, 1])
+    est = AdditiveGridRegressor(n_knots=12, smoothing=1e-4).fit(X, y)
+    X_test = rng.uniform(1, 1000, size=(100, 2))
+    y_test = 1.0 + 0.01 * X_test[:, 0] + 2.0 * np.sqrt(X_test[:, 1])
+    assert np.abs(est.predict(X_test) / y_test - 1).mean() < 0.03   # sqrt bends between knots
+
+
+def test_times_must_be_positive():
+    X, y = gemm_data([1, 2, 3, 4])
+    y[2] = 0.0
+    with pytest.raises(ValueError, match="positive"):
+        TreeRegressor(n_estimators=5).fit(X, y)

@@ -1,0 +1,81 @@
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from costmodel.compose import gemm_shapes
+from costmodel.tables import TableStepModel, load_step_model
+from simulator.batch import StepBatch, StepFeatures
+from simulator.errors import InputError
+from simulator.step_model import FeatureStepModel
+from tests.costmodel.conftest import SPEC, decode_ms, gemm_ms
+
+
+def test_loaded_tables_are_a_feature_step_model(fitted_tables):
+    model = load_step_model(fitted_tables)
+    assert isinstance(model, FeatureStepModel) and isinstance(model, TableStepModel)
+    meta = json.loads((fitted_tables / "meta.json").read_text())
+    assert meta["mode"] == "composed"
+    assert meta["t_step_terms"] == ["linear", "lm_head", "decode_attn", "prefill_attn"]
+    assert meta["missing_terms"] == ["overhead"]
+    assert meta["host_terms"] is None and meta["model_spec"]["name"] == "tiny"
+    assert meta["held_out_errors"]["gemm"]["random"]["mape"] < 10
+
+
+def test_composed_decode_step_matches_the_synthetic_device(fitted_tables):
+    model = load_step_model(fitted_tables)
+    b, s = 8, 1000
+    batch = StepBatch.of(range(b), [1] * b, [s] * b)
+    layers = SPEC.num_layers
+    shapes = gemm_shapes(SPEC, 1)
+    expected = (layers * sum(gemm_ms(b, *shapes[g]) for g in ("qkv_proj", "o_proj",
+                                                              "gate_up_proj", "down_proj"))
+                + gemm_ms(b, *shapes["lm_head"]) + layers * decode_ms(b * s))
+    assert model.step_ms(batch) == pytest.approx(expected, rel=0.08)
+    assert model.step_ms_spread(batch) >= 0
+
+
+def test_vectorised_and_single_step_paths_agree(fitted_tables):
+    model = load_step_model(fitted_tables)
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(30):
+        b = int(rng.integers(1, 40))
+        q = rng.integers(1, 600, b) * (rng.random(b) < 0.2) + 1
+        batches.append(StepBatch.of(range(b), q, rng.integers(0, 3000, b)))
+    many = model.features_ms(StepFeatures.from_batches(batches))
+    one_by_one = np.array([model.step_ms(b) for b in batches])
+    np.testing.assert_array_equal(many, one_by_one)
+    assert (many > 0).all()
+    run = model.decode_run_ms(np.array([100, 200, 300]), 5)
+    steps = [model.step_ms(StepBatch.of(range(3), [1, 1, 1], np.array([100, 200, 300]) + j))
+             for j in range(5)]
+    np.testing.assert_allclose(run, steps, rtol=1e-12)
+    assert (np.diff(run) >= 0).all()        # longer caches never make a step faster
+
+
+def test_host_terms_in_meta_are_added(fitted_tables, tmp_path):
+    copy = tmp_path / "t"
+    shutil.copytree(fitted_tables, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["host_terms"] = {"per_step_ms": 0.5, "per_seq_ms": 0.01, "per_token_ms": 0.001,
+                          "per_request_ms": 3.0}
+    (copy / "meta.json").write_text(json.dumps(meta))
+    base, calibrated = load_step_model(fitted_tables), load_step_model(copy)
+    batch = StepBatch.of(range(4), [1, 1, 1, 20], [50, 60, 70, 0])
+    assert calibrated.step_ms(batch) - base.step_ms(batch) == pytest.approx(0.5 + 0.04 + 0.023)
+
+
+def test_broken_table_directories_fail_with_a_message(fitted_tables, tmp_path):
+    with pytest.raises(InputError, match="no meta.json"):
+        load_step_model(tmp_path)
+    copy = tmp_path / "t"
+    shutil.copytree(fitted_tables, copy)
+    (copy / "linear.parquet").unlink()
+    with pytest.raises(InputError, match="linear.parquet: missing"):
+        load_step_model(copy)
+    pd.DataFrame({"num_tokens": [1.0]}).to_parquet(copy / "linear.parquet")
+    with pytest.raises(InputError, match="missing column"):
+        load_step_model(copy)
