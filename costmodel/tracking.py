@@ -19,6 +19,16 @@ def default_tracking_uri(out_dir: Path) -> str:
     return f"sqlite:///{Path(out_dir).resolve() / 'mlflow.db'}"
 
 
+def _quiet_mlflow() -> None:
+    """MLflow's store migrations and model-logging advice are noise on a CLI's terminal."""
+    import logging
+    import warnings
+    logging.getLogger("mlflow").setLevel(logging.ERROR)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
+    warnings.filterwarnings("ignore", message=".*Passing a Python object as `python_model`.*")
+
+
 def track_fit(result: FitResult, table_dir: Path, meta: dict, *, tracking_uri: str,
               experiment: str = "stepcal-fit", register: str | None = None,
               plot_path: Path | None = None, params: dict | None = None,
@@ -26,6 +36,8 @@ def track_fit(result: FitResult, table_dir: Path, meta: dict, *, tracking_uri: s
     """Log the fit; returns the run id. A new experiment keeps its artifacts in `artifact_root`
     (so that a default store under the output folder does not write into the working directory)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    _quiet_mlflow()
     import mlflow
     mlflow.set_tracking_uri(tracking_uri)
     if artifact_root is not None and mlflow.get_experiment_by_name(experiment) is None:

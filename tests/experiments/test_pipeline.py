@@ -1,0 +1,38 @@
+"""The whole campaign on a miniature grid and workload: every stage runs and hands its output on."""
+import json
+
+import pytest
+
+from experiments.pipeline import Campaign, CampaignConfig, format_headline
+
+SMALL_GRID = {
+    "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 1},
+    "gemm": {"m": [1, 16, 128]},
+    "attn_prefill": {"num_seqs": [1], "q": [16, 64], "s": [0, 64], "patterns": ["uniform"]},
+    "attn_decode": {"num_seqs": [1, 8], "s": [64, 256], "patterns": ["uniform"]},
+    "step": {"batches": [{"num_decode": 1, "decode_s": 64}, {"num_decode": 8, "decode_s": 128},
+                         {"num_prefill": 1, "q": 64, "s": 0}, {"num_prefill": 1, "q": 32, "s": 0,
+                                                               "num_decode": 4, "decode_s": 64}]},
+    "overhead": {"num_seqs": [1, 8], "s": [64]},
+}
+
+
+@pytest.mark.slow
+def test_campaign_runs_every_stage(tmp_path):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps(SMALL_GRID))
+    config = CampaignConfig(out=tmp_path / "qs", schedulers=("continuous",), loads=(0.3, 0.7), num_requests=24,
+                            repeats=2, trials=1, grid=str(grid), prompt="uniform:8:48", output="uniform:2:10")
+    result = Campaign(config).run()
+    out = tmp_path / "qs"
+    for path in ("profile/profile.parquet", "tables/meta.json", "calibrated/continuous/meta.json",
+                 "measured/continuous/load_30/repeat_1/steps.parquet", "report/report.html", "headline.json"):
+        assert (out / path).exists(), path
+    assert result["capacity_rps"]["continuous"] > 0
+    rows = result["rows"]
+    assert [(r["load"], r["model"], r["held_out"]) for r in rows] == [
+        (0.3, "tables", False), (0.3, "calibrated", False), (0.7, "tables", True), (0.7, "calibrated", True)]
+    assert all(r["ttft_ms.p50.noise"] is not None and r["step_mape"] is not None for r in rows)
+    calibrated = json.loads((out / "calibrated/continuous/meta.json").read_text())
+    assert calibrated["host_terms"] is not None and "calibration" in calibrated
+    assert "continuous" in format_headline(result)
