@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.errors import InputError
+from simulator.io import read_config_file
 from simulator.model_spec import ModelSpec
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
@@ -168,14 +169,7 @@ def load_grid(name_or_path: str, spec: ModelSpec) -> Grid:
     if not path.is_file():
         raise InputError(f"--grid: {name_or_path!r} is neither a built-in grid "
                          f"({', '.join(BUILT_IN)}) nor an existing file")
-    try:
-        if path.suffix == ".toml":
-            import tomllib
-            source = tomllib.loads(path.read_text())
-        else:
-            source = json.loads(path.read_text())
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{path}: cannot parse grid: {exc}") from None
+    source = read_config_file(path, "grid")
     return expand_grid(str(path), source, spec, where=str(path))
 
 

@@ -1,11 +1,11 @@
 """ModelSpec: the shape of a Llama-style decoder, and the sizes that follow from it."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from simulator.errors import InputError
+from simulator.io import read_config_file
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "fp8": 1, "float8": 1, "int8": 1}
@@ -104,14 +104,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     if not path.exists():
         raise InputError(f"--model-spec: {name_or_path!r} is neither a preset "
                          f"({', '.join(PRESETS)}) nor an existing file")
-    try:
-        if path.suffix == ".toml":
-            import tomllib
-            data = tomllib.loads(path.read_text())
-        else:
-            data = json.loads(path.read_text())
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{path}: cannot parse model spec: {exc}") from None
+    data = read_config_file(path, "model spec")
     known = {f.name for f in fields(ModelSpec)}
     unknown = set(data) - known
     missing = known - set(data) - {"dtype", "name"}
