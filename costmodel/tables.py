@@ -28,7 +28,6 @@ from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
 from simulator.step_model import FeatureStepModel
 
 TABLE_KIND = "stepcal.t_step_tables"
-HOST_TERM_KEYS = ("per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms")
 
 
 def step_term(estimator) -> Term:
@@ -192,26 +191,25 @@ class _Lookup:
 
 
 class TableStepModel(FeatureStepModel):
-    """T_step from tables: the sum of the terms (never below zero each) plus host terms."""
+    """T_step from tables: the sum of the terms (never below zero each).
+
+    Calibrated host terms in meta.json are not added here: experiments.step_models wraps the
+    tables in simulator.step_model.HostTermsModel, the one place they are applied."""
 
     def __init__(self, terms: list[_Lookup], meta: dict, path: Path | None = None):
         self.terms = terms
         self.meta = meta
         self.path = path
-        host = meta.get("host_terms") or {}
-        self.host_terms = {k: float(host.get(k) or 0.0) for k in HOST_TERM_KEYS}
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
-        total = (self.host_terms["per_step_ms"] + self.host_terms["per_seq_ms"] * features.num_seqs
-                 + self.host_terms["per_token_ms"] * features.num_tokens)
+        total = np.zeros(len(features))
         for term in self.terms:
             total = total + np.maximum(term.evaluate(features), 0.0)
         return np.asarray(total, dtype=np.float64) * np.ones(len(features))
 
     def row_ms(self, row: tuple) -> float:
         """The simulator's one-step path: plain floats, bit-identical to features_ms."""
-        h = self.host_terms
-        total = h["per_step_ms"] + h["per_seq_ms"] * float(row[0]) + h["per_token_ms"] * float(row[1])
+        total = 0.0
         for term in self.terms:
             total = total + max(term.row_ms(row), 0.0)
         return total

@@ -26,9 +26,6 @@ def resolve_step_model(spec: str):
     else:
         from costmodel.tables import load_step_model  # sklearn-free, but only needed here
         base = load_step_model(path)
-        if getattr(base, "host_terms", None):
-            # host terms are applied once, by HostTermsModel below, never inside the tables too
-            base.host_terms = dict.fromkeys(base.host_terms, 0.0)
     terms = meta.get("host_terms")
     return HostTermsModel(base, HostTerms.from_dict(terms)) if terms else base
 

@@ -99,7 +99,7 @@ def run(args) -> int:
     )
     from experiments.capacity.plot import plot_capacity
     from experiments.commands.simulate import kv_blocks_from_args, scheduler_config_from_args
-    from experiments.step_models import describe_step_model, resolve_step_model
+    from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.errors import InputError
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
@@ -122,6 +122,7 @@ def run(args) -> int:
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), num_replicas=num_replicas,
                        router=args.router, step_overhead_ms=args.step_overhead_ms, skip_oversize=args.skip_oversize,
+                       request_overhead_ms=request_overhead_ms(model),
                        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     deployments = {"aggregated": RateEvaluator(trace, aggregated(model, config))}
     if split is not None:

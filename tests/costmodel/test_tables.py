@@ -56,16 +56,19 @@ def test_vectorised_and_single_step_paths_agree(fitted_tables):
     assert (np.diff(run) >= 0).all()        # longer caches never make a step faster
 
 
-def test_host_terms_in_meta_are_added(fitted_tables, tmp_path):
+def test_host_terms_in_meta_are_added_once(fitted_tables, tmp_path):
+    from experiments.step_models import resolve_step_model
     copy = tmp_path / "t"
     shutil.copytree(fitted_tables, copy)
     meta = json.loads((copy / "meta.json").read_text())
     meta["host_terms"] = {"per_step_ms": 0.5, "per_seq_ms": 0.01, "per_token_ms": 0.001,
                           "per_request_ms": 3.0}
     (copy / "meta.json").write_text(json.dumps(meta))
-    base, calibrated = load_step_model(fitted_tables), load_step_model(copy)
+    base, calibrated = resolve_step_model(str(fitted_tables)), resolve_step_model(str(copy))
     batch = StepBatch.of(range(4), [1, 1, 1, 20], [50, 60, 70, 0])
     assert calibrated.step_ms(batch) - base.step_ms(batch) == pytest.approx(0.5 + 0.04 + 0.023)
+    assert calibrated.per_request_ms == 3.0
+    assert load_step_model(copy).step_ms(batch) == base.step_ms(batch)   # the tables alone add nothing
 
 
 def test_broken_table_directories_fail_with_a_message(fitted_tables, tmp_path):
