@@ -103,7 +103,8 @@ class Campaign:
         for scheduler, load, model_name, path in validations:
             record = json.loads((path / "validation.json").read_text())
             row = {"scheduler": scheduler, "load": load, "model": model_name,
-                   "held_out": load != self.c.loads[0], "step_mape": record["step_level"].get("mape")}
+                   "held_out": load != self.c.loads[0], "step_mape": record["step_level"].get("mape"),
+                   "step_mape.noise": (record["step_level"].get("noise_floor") or {}).get("mape")}
             for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
                 for stat in ("p50", "p90", "p99"):
                     cell = record["metrics"][metric][stat]
@@ -130,11 +131,12 @@ def format_headline(result: dict) -> str:
     lines = ["capacity (saturation throughput): " + ", ".join(f"{s} {r:.1f} req/s" for s, r in result["capacity_rps"].items()),
              "", "errors of the simulator against the measured runs, (simulated − measured) / measured; "
              "[noise] = run-to-run difference of the measured repeats",
-             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE':>10}  "
+             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}  "
              + "".join(f"{m + ' ' + s:>17}" for m in ("TTFT", "TPOT", "E2E") for s in ("p50", "p99"))]
     for r in result["rows"]:
         tag = "" if r["held_out"] else " (calibration run)"
         cells = "".join(f"{pct(r[f'{m}.{s}'])} [{pct(r[f'{m}.{s}.noise']).strip():>6}]"
                         for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p99"))
-        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{pct(r['step_mape']):>10}  {cells}{tag}")
+        step = f"{pct(r['step_mape'])} [{pct(r['step_mape.noise']).strip():>6}]"
+        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{step:>19}  {cells}{tag}")
     return "\n".join(lines)

@@ -84,6 +84,29 @@ def step_level_error(model, steps, predicted: np.ndarray | None = None) -> dict:
             "num_steps": len(steps)}
 
 
+def step_noise_floor(path: Path) -> dict | None:
+    """Run-to-run noise of step time itself: the same batch (same requests, q_lens, kv_lens) in
+    repeat 0 and repeat 1, |t1 - t0| / t0 over the batches both repeats ran. No model can predict
+    a measured step closer than this. None without a second repeat."""
+    import pandas as pd
+    second = path / "repeat_1" / "steps.parquet"
+    if not second.exists():
+        return None
+    a, b = pd.read_parquet(path / "repeat_0" / "steps.parquet"), pd.read_parquet(second)
+    if not len(a) or not len(b):
+        return None
+
+    def keyed(steps):
+        key = [repr((tuple(r), tuple(q), tuple(k))) for r, q, k in zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])]
+        return pd.DataFrame({"key": key, "ms": steps["duration_ms"].to_numpy()}).drop_duplicates("key")
+
+    both = keyed(a).merge(keyed(b), on="key", suffixes=("_0", "_1"))
+    if both.empty:
+        return None
+    ape = (both["ms_1"] - both["ms_0"]).abs() / both["ms_0"]
+    return {"mape": float(ape.mean()), "median_ape": float(ape.median()), "num_matched_steps": len(both)}
+
+
 def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_error: dict) -> dict:
     """The validation record: per metric and statistic, measured, simulated, error, noise floor."""
     measured_ids = set(run.requests.loc[run.requests["finish_s"].notna(), "request_id"])
@@ -131,6 +154,10 @@ def format_table(record: dict) -> str:
     lines += ["", f"step level: MAPE {_pct(s['mape'])}, P90 APE {_pct(s['p90_ape'])}, max APE {_pct(s['max_ape'])} "
                   f"over {s['num_steps']} measured steps (mean measured {s['mean_measured_ms']:.3f} ms, "
                   f"predicted {s['mean_predicted_ms']:.3f} ms)"]
+    noise = s.get("noise_floor")
+    if noise:
+        lines.append(f"step-time noise floor: the same batch in two repeats differs by {_pct(noise['mape'])} "
+                     f"on average (median {_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches)")
     return "\n".join(lines)
 
 

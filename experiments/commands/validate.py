@@ -34,6 +34,7 @@ def run(args) -> int:
         predict_steps,
         sim_config_for,
         step_level_error,
+        step_noise_floor,
     )
     from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
     from simulator.simulation import simulate
@@ -42,7 +43,9 @@ def run(args) -> int:
     model = resolve_step_model(args.step_model)
     result = simulate(measured.trace, model, sim_config_for(measured, args.step_overhead_ms, request_overhead_ms(model)))
     predicted = predict_steps(model, measured.steps)
-    record = compare(measured, result.requests, result.summary, step_level_error(model, measured.steps, predicted))
+    step_error = step_level_error(model, measured.steps, predicted)
+    step_error["noise_floor"] = step_noise_floor(measured.path)
+    record = compare(measured, result.requests, result.summary, step_error)
     record["step_model"] = args.step_model
     table = format_table(record)
     out = Path(args.out) if args.out else Path(args.measured) / "validation"

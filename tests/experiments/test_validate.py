@@ -26,6 +26,8 @@ def test_validate_replays_the_measured_run(measured, tmp_path, capsys):
     assert cell["noise_floor"] is not None           # two repeats were measured
     steps = pd.read_parquet(measured / "repeat_0" / "steps.parquet")
     assert record["step_level"]["num_steps"] == len(steps)
+    noise = record["step_level"]["noise_floor"]          # the same batches, timed in both repeats
+    assert noise["num_matched_steps"] > 0 and noise["mape"] >= 0
     # the simulated run used the measured run's scheduler: same first batch composition
     simulated = pd.read_parquet(out / "simulated_requests.parquet")
     assert sorted(simulated["request_id"]) == list(range(16))
