@@ -75,8 +75,10 @@ class Campaign:
                     "measure", "--model-spec", c.model_spec, "--device", c.device, "--quiet",
                     "--trace", c.workload(load * capacity[s]), *self.scheduler_flags(s), "--repeats", c.repeats,
                     "--seed", c.seed, "--out", out / "measured" / s / _load_name(load)])
-        calibration_logs = [out / "measured" / s / _load_name(c.loads[0]) / "repeat_0" / "steps.parquet"
-                            for s in c.schedulers]
+        # Training data beyond the kernel profile: the step logs of the runs that are never validated,
+        # the calibration load and the saturation run (it covers the largest batches).
+        calibration_logs = [out / "measured" / s / run / "repeat_0" / "steps.parquet"
+                            for s in c.schedulers for run in (_load_name(c.loads[0]), "saturation")]
         self.stage("fit T_step tables (tuned)", ["fit", "--profile", out / "profile" / "profile.parquet",
                                                  *calibration_logs, "--model-spec", c.model_spec,
                                                  "--regressor", "tuned", "--trials", c.trials, "--seed", c.seed,
