@@ -31,18 +31,14 @@ class MeasuredRun:
 def load_measured_run(path: str | Path) -> MeasuredRun:
     import pandas as pd
 
-    from simulator.trace import Trace
+    from simulator.workload import read_trace
     path = Path(path)
     for name in ("meta.json", "trace.parquet", "summary.json", "repeat_0/requests.parquet", "repeat_0/steps.parquet"):
         if not (path / name).exists():
             raise InputError(f"--measured {path}: missing {name} (expected the output of `stepcal measure` "
                              f"or `stepcal import vllm-bench`)")
     meta = json.loads((path / "meta.json").read_text())
-    frame = pd.read_parquet(path / "trace.parquet")
-    optional = {c: frame[c].to_numpy() for c in ("priority", "slo_ttft_ms", "slo_tpot_ms") if c in frame}
-    trace = Trace.from_arrays(frame["arrival_s"].to_numpy(), frame["num_prompt_tokens"].to_numpy(),
-                              frame["num_output_tokens"].to_numpy(), request_id=frame["request_id"].to_numpy(),
-                              source=str(path / "trace.parquet"), **optional)
+    trace = read_trace(path / "trace.parquet", "stepcal")   # written in our own trace format
     return MeasuredRun(path, meta, trace, pd.read_parquet(path / "repeat_0/requests.parquet"),
                        pd.read_parquet(path / "repeat_0/steps.parquet"), json.loads((path / "summary.json").read_text()))
 
@@ -84,15 +80,15 @@ def step_level_error(model, steps, predicted: np.ndarray | None = None) -> dict:
             "num_steps": len(steps)}
 
 
-def step_noise_floor(path: Path) -> dict | None:
+def step_noise_floor(run: MeasuredRun) -> dict | None:
     """Run-to-run noise of step time itself: the same batch (same requests, q_lens, kv_lens) in
     repeat 0 and repeat 1, |t1 - t0| / t0 over the batches both repeats ran. No model can predict
     a measured step closer than this. None without a second repeat."""
     import pandas as pd
-    second = path / "repeat_1" / "steps.parquet"
+    second = run.path / "repeat_1" / "steps.parquet"
     if not second.exists():
         return None
-    a, b = pd.read_parquet(path / "repeat_0" / "steps.parquet"), pd.read_parquet(second)
+    a, b = run.steps, pd.read_parquet(second)
     if not len(a) or not len(b):
         return None
 
@@ -144,20 +140,20 @@ def format_table(record: dict) -> str:
     for metric, stats in record["metrics"].items():
         for stat, cell in stats.items():
             lines.append(f"| {metric} | {stat} | {_fmt(cell['measured'])} | {_fmt(cell['simulated'])} | "
-                         f"{_pct(cell['error'])} | {_pct(cell['noise_floor'])} |")
+                         f"{format_pct(cell['error'])} | {format_pct(cell['noise_floor'])} |")
     t = record["throughput_rps"]
-    lines.append(f"| throughput_rps | | {_fmt(t['measured'])} | {_fmt(t['simulated'])} | {_pct(t['error'])} | "
-                 f"{_pct(t['noise_floor'])} |")
+    lines.append(f"| throughput_rps | | {_fmt(t['measured'])} | {_fmt(t['simulated'])} | {format_pct(t['error'])} | "
+                 f"{format_pct(t['noise_floor'])} |")
     s = record["step_level"]
     if s.get("mape") is None:
         return "\n".join(lines + ["", "step level: no measured step log"])
-    lines += ["", f"step level: MAPE {_pct(s['mape'])}, P90 APE {_pct(s['p90_ape'])}, max APE {_pct(s['max_ape'])} "
+    lines += ["", f"step level: MAPE {format_pct(s['mape'])}, P90 APE {format_pct(s['p90_ape'])}, max APE {format_pct(s['max_ape'])} "
                   f"over {s['num_steps']} measured steps (mean measured {s['mean_measured_ms']:.3f} ms, "
                   f"predicted {s['mean_predicted_ms']:.3f} ms)"]
     noise = s.get("noise_floor")
     if noise:
-        lines.append(f"step-time noise floor: the same batch in two repeats differs by {_pct(noise['mape'])} "
-                     f"on average (median {_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches)")
+        lines.append(f"step-time noise floor: the same batch in two repeats differs by {format_pct(noise['mape'])} "
+                     f"on average (median {format_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches)")
     return "\n".join(lines)
 
 
@@ -165,5 +161,5 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _pct(value) -> str:
+def format_pct(value) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"

@@ -42,7 +42,7 @@ from simulator.metrics import distribution, summarize
 from simulator.request import Request
 from simulator.router import make_router
 from simulator.schedulers import SchedulerConfig, make_scheduler
-from simulator.simulation import SimResult, make_requests
+from simulator.simulation import SimResult, make_requests, next_batch
 from simulator.step_log import StepLogBuilder
 from simulator.step_model import FeatureStepModel
 from simulator.trace import Trace
@@ -227,14 +227,10 @@ class DisaggSimulation:
     # -- steps -----------------------------------------------------------------------------------
     def _start_step(self, replica: _Replica, now: float) -> None:
         scheduler = replica.scheduler
-        batch = scheduler.schedule(now)
+        batch = next_batch(scheduler, now, f"{replica.pool} replica {replica.index}")
+        replica.busy = batch is not None
         if batch is None:
-            replica.busy = False
-            if scheduler.has_work():
-                raise RuntimeError(f"{replica.pool} replica {replica.index}: scheduler {scheduler.name} is stuck "
-                                   f"with {len(scheduler.waiting)} waiting requests and nothing running")
             return
-        replica.busy = True
         is_decode_pool = replica.pool == "decode"
         if is_decode_pool:
             for request in scheduler.in_flight:

@@ -42,15 +42,14 @@ class BlockManager:
         return self.num_blocks - self.num_free_blocks
 
     def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        total = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        total = blocks_for(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, total - request.num_blocks)
 
     def allocate(self, request: Request, num_new_tokens: int) -> bool:
         """Reserve room for num_new_tokens more tokens of `request`; False (and no change) if it does not fit."""
-        total = request.num_computed_tokens + num_new_tokens
-        if total <= request.num_blocks * self.block_size:
+        if request.num_computed_tokens + num_new_tokens <= request.num_blocks * self.block_size:
             return True   # the common decode case: room left in the last block
-        need = -(-total // self.block_size) - request.num_blocks
+        need = self.blocks_needed(request, num_new_tokens)
         if need > self.num_free_blocks:
             return False
         self.num_free_blocks -= need
@@ -59,7 +58,7 @@ class BlockManager:
 
     def grow_to(self, request: Request, num_tokens: int) -> None:
         """Hold enough blocks for num_tokens cached tokens (used by decode runs, whose fit is checked first)."""
-        need = -(-num_tokens // self.block_size) - request.num_blocks
+        need = blocks_for(num_tokens, self.block_size) - request.num_blocks
         if need > 0:
             assert need <= self.num_free_blocks, "decode run outgrew the KV cache"
             self.num_free_blocks -= need

@@ -146,14 +146,10 @@ class Simulation:
     # -- steps -----------------------------------------------------------------------------------
     def _start_step(self, replica: _Replica, now: float) -> None:
         scheduler = replica.scheduler
-        batch = scheduler.schedule(now)
+        batch = next_batch(scheduler, now, f"replica {replica.index}")
+        replica.busy = batch is not None
         if batch is None:
-            replica.busy = False
-            if scheduler.has_work():
-                raise RuntimeError(f"replica {replica.index}: scheduler {scheduler.name} is stuck with "
-                                   f"{len(scheduler.waiting)} waiting requests and nothing running")
             return
-        replica.busy = True
         if self.config.fast_path and scheduler.in_flight_is_decode:
             num_steps = scheduler.decode_run_length(batch)
             if num_steps > 1 and self._start_run(replica, batch, now, num_steps):
@@ -218,6 +214,16 @@ class Simulation:
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})
         return SimResult(requests, steps, summary, itl_s, itl_w, self.num_skipped, wall_s)
+
+
+def next_batch(scheduler, now: float, label: str):
+    """The scheduler's next step batch, or None when it has nothing to run; a scheduler that holds
+    work but schedules nothing is a bug, not an idle replica."""
+    batch = scheduler.schedule(now)
+    if batch is None and scheduler.has_work():
+        raise RuntimeError(f"{label}: scheduler {scheduler.name} is stuck with {len(scheduler.waiting)} "
+                           f"waiting requests and nothing running")
+    return batch
 
 
 def _progress_bar(total: int):

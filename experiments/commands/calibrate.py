@@ -33,7 +33,7 @@ def run(args) -> int:
 
     from experiments.calibration import calibrate
     from experiments.step_models import resolve_step_model
-    from experiments.validation import load_measured_run
+    from experiments.validation import format_pct, load_measured_run
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
     from simulator.step_model import HostTermsModel
@@ -63,10 +63,7 @@ def run(args) -> int:
         print(f"{'metric':<16}{'before':>10}{'after':>10}")
         for key, before in result.errors_before.items():
             after = result.errors_after[key]
-            print(f"{key:<16}{_pct(before):>10}{_pct(after):>10}")
+            print(f"{key:<16}{format_pct(before):>10}{format_pct(after):>10}")
         print(f"wrote {args.out}")
     return 0
 
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:+.1f}%"

@@ -44,7 +44,7 @@ def run(args) -> int:
     result = simulate(measured.trace, model, sim_config_for(measured, args.step_overhead_ms, request_overhead_ms(model)))
     predicted = predict_steps(model, measured.steps)
     step_error = step_level_error(model, measured.steps, predicted)
-    step_error["noise_floor"] = step_noise_floor(measured.path)
+    step_error["noise_floor"] = step_noise_floor(measured)
     record = compare(measured, result.requests, result.summary, step_error)
     record["step_model"] = args.step_model
     table = format_table(record)

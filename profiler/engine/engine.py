@@ -22,7 +22,7 @@ from simulator.logs import request_log
 from simulator.metrics import summarize
 from simulator.request import Request, Status
 from simulator.schedulers import SchedulerConfig, make_scheduler
-from simulator.simulation import make_requests
+from simulator.simulation import make_requests, next_batch
 from simulator.step_log import StepLogBuilder
 from simulator.trace import Trace
 
@@ -104,9 +104,7 @@ class Engine:
 
     def _step(self, now: float) -> None:
         t0 = time.perf_counter()
-        batch = self.scheduler.schedule(now)
-        if batch is None:
-            raise RuntimeError(f"scheduler {self.scheduler.name} is stuck with work left")
+        batch = next_batch(self.scheduler, now, "engine")   # called only while the scheduler has work
         in_flight = self.scheduler.in_flight
         self._drop_preempted_caches()
         token_ids, caches, emit = self._inputs(in_flight, batch)
@@ -119,11 +117,11 @@ class Engine:
         t3 = time.perf_counter()
         elapsed_s = (t3 - t0) + self._carry_s
         end_s = self.clock.step_end(now, elapsed_s)
-        device_ms = (t2 - t1) * 1000.0
-        self.log.add_step(now, (end_s - now) * 1000.0, feature_row(batch.q_lens, batch.kv_lens),
+        duration_ms, device_ms = (end_s - now) * 1000.0, (t2 - t1) * 1000.0
+        self.log.add_step(now, duration_ms, feature_row(batch.q_lens, batch.kv_lens),
                           batch.request_ids, batch.q_lens, batch.kv_lens)
         self.device_ms.append(device_ms)
-        self.host_ms.append((end_s - now) * 1000.0 - device_ms)
+        self.host_ms.append(duration_ms - device_ms)
         t4 = time.perf_counter()
         for request in self.scheduler.on_step_done(batch, end_s):
             self.caches.pop(request.request_id, None)

@@ -60,16 +60,12 @@ def numbers(where: Where, series, column: str, *, allow_missing: bool = False) -
 
 def positive_ints(where: Where, series, column: str) -> np.ndarray:
     """The column as int64 > 0 (token counts)."""
-    values = numbers(where, series, column)
-    fractional = values != np.round(values)
-    if fractional.any():
-        i = _first(fractional)
-        raise where.error(series.index[i], column, "must be a whole number", series.iloc[i])
+    values = ints(where, series, column)
     not_positive = values <= 0
     if not_positive.any():
         i = _first(not_positive)
         raise where.error(series.index[i], column, "must be positive", series.iloc[i])
-    return values.astype(np.int64)
+    return values
 
 
 def ints(where: Where, series, column: str) -> np.ndarray:
