@@ -76,9 +76,10 @@ class Campaign:
                     "--trace", c.workload(load * capacity[s]), *self.scheduler_flags(s), "--repeats", c.repeats,
                     "--seed", c.seed, "--out", out / "measured" / s / _load_name(load)])
         # Training data beyond the kernel profile: the step logs of the runs that are never validated,
-        # the calibration load and the saturation run (it covers the largest batches).
-        calibration_logs = [out / "measured" / s / run / "repeat_0" / "steps.parquet"
-                            for s in c.schedulers for run in (_load_name(c.loads[0]), "saturation")]
+        # the calibration load (every repeat: the machine's speed drifts, and more of it averages out)
+        # and the saturation run (it covers the largest batches).
+        calibration_logs = sorted((out / "measured" / s / _load_name(c.loads[0])).glob("repeat_*/steps.parquet"))
+        calibration_logs += [out / "measured" / s / "saturation" / "repeat_0" / "steps.parquet" for s in c.schedulers]
         self.stage("fit T_step tables (tuned)", ["fit", "--profile", out / "profile" / "profile.parquet",
                                                  *calibration_logs, "--model-spec", c.model_spec,
                                                  "--regressor", "tuned", "--trials", c.trials, "--seed", c.seed,
@@ -106,12 +107,15 @@ class Campaign:
             record = json.loads((path / "validation.json").read_text())
             row = {"scheduler": scheduler, "load": load, "model": model_name,
                    "held_out": load != self.c.loads[0], "step_mape": record["step_level"].get("mape"),
-                   "step_mape.noise": (record["step_level"].get("noise_floor") or {}).get("mape")}
+                   "step_mape.noise": (record["step_level"].get("noise_floor") or {}).get("mape"),
+                   "step_total": record["step_level"].get("total_error")}
+            matched = (record.get("step_matched") or {}).get("metrics") or {}
             for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
                 for stat in ("p50", "p90", "p99"):
                     cell = record["metrics"][metric][stat]
                     row[f"{metric}.{stat}"] = cell["error"]
                     row[f"{metric}.{stat}.noise"] = cell["noise_floor"]
+                    row[f"{metric}.{stat}.step_matched"] = (matched.get(metric) or {}).get(stat)
             rows.append(row)
         result = {"capacity_rps": capacity, "rows": rows, "timings_s": self.c.timings,
                   "wall_s": round(time.perf_counter() - self.t0, 1)}
@@ -133,12 +137,22 @@ def format_headline(result: dict) -> str:
     lines = ["capacity (saturation throughput): " + ", ".join(f"{s} {r:.1f} req/s" for s, r in result["capacity_rps"].items()),
              "", "errors of the simulator against the measured runs, (simulated − measured) / measured; "
              "[noise] = run-to-run difference of the measured repeats",
-             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}  "
+             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}{'step total':>11}  "
              + "".join(f"{m + ' ' + s:>17}" for m in ("TTFT", "TPOT", "E2E") for s in ("p50", "p99"))]
     for r in result["rows"]:
         tag = "" if r["held_out"] else " (calibration run)"
         cells = "".join(f"{pct(r[f'{m}.{s}'])} [{pct(r[f'{m}.{s}.noise']).strip():>6}]"
                         for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p99"))
         step = f"{pct(r['step_mape'])} [{pct(r['step_mape.noise']).strip():>6}]"
-        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{step:>19}  {cells}{tag}")
+        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{step:>19}{pct(r.get('step_total')):>11}  "
+                     f"{cells}{tag}")
+    lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
+                  "is queueing, scheduling and KV capacity):",
+              f"{'scheduler':<11}{'load':>5}  " + "".join(f"{m + ' ' + s:>10}" for m in ("TTFT", "TPOT", "E2E")
+                                                          for s in ("p50", "p99"))]
+    for r in result["rows"]:
+        if r["model"] == "tables":
+            lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%}  " + "".join(
+                f"{pct(r.get(f'{m}.{s}.step_matched')):>10}" for m in ("ttft_ms", "tpot_ms", "e2e_ms")
+                for s in ("p50", "p99")))
     return "\n".join(lines)

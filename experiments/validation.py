@@ -75,9 +75,31 @@ def step_level_error(model, steps, predicted: np.ndarray | None = None) -> dict:
     predicted = predict_steps(model, steps) if predicted is None else predicted
     measured = steps["duration_ms"].to_numpy(dtype=np.float64)
     ape = np.abs(predicted - measured) / measured
+    # total_error: what the latencies feel (they are sums of steps); MAPE also counts scatter.
     return {"mape": float(ape.mean()), "p90_ape": float(np.percentile(ape, 90)), "max_ape": float(ape.max()),
+            "total_error": float(predicted.sum() / measured.sum() - 1.0),
             "mean_predicted_ms": float(predicted.mean()), "mean_measured_ms": float(measured.mean()),
             "num_steps": len(steps)}
+
+
+def step_matched_errors(run: MeasuredRun, model, step_error: dict, config) -> dict | None:
+    """Errors left once step time is right in total: the model rescaled by measured / predicted total
+    over the measured step log, the same workload simulated again. What remains is queueing,
+    scheduling and KV capacity; the difference to the plain errors is step time's share.
+    None without a step log, or for a model that is not a FeatureStepModel."""
+    from simulator.simulation import simulate
+    from simulator.step_model import FeatureStepModel, ScaledStepModel
+    total_error = step_error.get("total_error")
+    if total_error is None or not isinstance(model, FeatureStepModel):
+        return None
+    factor = 1.0 / (1.0 + total_error)
+    result = simulate(run.trace, ScaledStepModel(model, factor), config)
+    errors = {metric: {stat: relative_error((result.summary.get(metric) or {}).get(stat),
+                                            (run.summary.get(metric) or {}).get(stat)) for stat in STATS}
+              for metric in METRICS}
+    return clean_json({"scale": factor, "metrics": errors,
+                       "throughput_rps": relative_error(result.summary.get("throughput_rps"),
+                                                        run.summary.get("throughput_rps"))})
 
 
 def step_noise_floor(run: MeasuredRun) -> dict | None:
@@ -148,12 +170,19 @@ def format_table(record: dict) -> str:
     if s.get("mape") is None:
         return "\n".join(lines + ["", "step level: no measured step log"])
     lines += ["", f"step level: MAPE {format_pct(s['mape'])}, P90 APE {format_pct(s['p90_ape'])}, max APE {format_pct(s['max_ape'])} "
-                  f"over {s['num_steps']} measured steps (mean measured {s['mean_measured_ms']:.3f} ms, "
-                  f"predicted {s['mean_predicted_ms']:.3f} ms)"]
+                  f"over {s['num_steps']} measured steps; total step time {format_pct(s.get('total_error'))} "
+                  f"(mean measured {s['mean_measured_ms']:.3f} ms, predicted {s['mean_predicted_ms']:.3f} ms)"]
     noise = s.get("noise_floor")
     if noise:
         lines.append(f"step-time noise floor: the same batch in two repeats differs by {format_pct(noise['mape'])} "
                      f"on average (median {format_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches)")
+    matched = record.get("step_matched")
+    if matched:
+        lines += ["", f"with step time matched in total (model x {matched['scale']:.3f}), the error left is queueing, "
+                      "scheduling and KV capacity:", "", "| metric | p50 | p90 | p99 |", "|---|---|---|---|"]
+        for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            cells = matched["metrics"][metric]
+            lines.append(f"| {metric} | " + " | ".join(format_pct(cells[f'p{q}']) for q in (50, 90, 99)) + " |")
     return "\n".join(lines)
 
 

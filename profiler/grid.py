@@ -111,8 +111,12 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 # --- built-in grids ------------------------------------------------------------------------
 
+# Six passes over the quick grid, pooled: on a shared VM the machine's speed drifts over tens of
+# seconds, and two passes left a third of the points' medians outside the other run's [p10, p90];
+# six (about 40 s for `tiny` on one CPU core) put 88% inside and every |difference| within the
+# p10-p90 width (experiments/profile_noise.py, 2026-11-30).
 QUICK = {
-    "timing": {"max_point_s": 0.4, "target_rel_precision": 0.02, "min_repeats": 10, "rounds": 2},
+    "timing": {"max_point_s": 0.4, "target_rel_precision": 0.02, "min_repeats": 12, "rounds": 6},
     "limits": {"max_tokens": 4096, "max_kv_tokens": 262144},
     "gemm": {"m": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]},
     "attn_prefill": {"num_seqs": [1, 4], "q": [16, 128, 512], "s": [0, 512, 2048],

@@ -147,3 +147,30 @@ class HostTermsModel(FeatureStepModel):
     def describe(self) -> str:
         base = self.base.describe() if hasattr(self.base, "describe") else type(self.base).__name__
         return f"{base} + host terms {self.terms.to_dict()}"
+
+
+class ScaledStepModel(FeatureStepModel):
+    """A base model's step times times a constant factor. Validation uses it to ask how much of an
+    error is step time: rescaled so its total matches a measured run's total step time, whatever
+    error is left comes from queueing, scheduling and KV capacity."""
+
+    def __init__(self, base: FeatureStepModel, factor: float) -> None:
+        if not isinstance(base, FeatureStepModel):
+            raise TypeError(f"ScaledStepModel needs a FeatureStepModel base, got {type(base).__name__}")
+        if not factor > 0:
+            raise ValueError(f"scale factor must be positive, got {factor}")
+        self.base, self.factor = base, float(factor)
+
+    @property
+    def per_request_ms(self) -> float:
+        return float(getattr(self.base, "per_request_ms", 0.0))
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        return self.factor * self.base.features_ms(features)
+
+    def row_ms(self, row: tuple) -> float:
+        return self.factor * self.base.row_ms(row)
+
+    def describe(self) -> str:
+        base = self.base.describe() if hasattr(self.base, "describe") else type(self.base).__name__
+        return f"{base} x {self.factor:.4g}"

@@ -34,6 +34,7 @@ def run(args) -> int:
         predict_steps,
         sim_config_for,
         step_level_error,
+        step_matched_errors,
         step_noise_floor,
     )
     from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
@@ -41,12 +42,14 @@ def run(args) -> int:
 
     measured = load_measured_run(args.measured)
     model = resolve_step_model(args.step_model)
-    result = simulate(measured.trace, model, sim_config_for(measured, args.step_overhead_ms, request_overhead_ms(model)))
+    config = sim_config_for(measured, args.step_overhead_ms, request_overhead_ms(model))
+    result = simulate(measured.trace, model, config)
     predicted = predict_steps(model, measured.steps)
     step_error = step_level_error(model, measured.steps, predicted)
     step_error["noise_floor"] = step_noise_floor(measured)
     record = compare(measured, result.requests, result.summary, step_error)
     record["step_model"] = args.step_model
+    record["step_matched"] = step_matched_errors(measured, model, step_error, config)
     table = format_table(record)
     out = Path(args.out) if args.out else Path(args.measured) / "validation"
     with atomic_output_dir(out) as staging:

@@ -33,6 +33,7 @@ def test_campaign_runs_every_stage(tmp_path):
     assert [(r["load"], r["model"], r["held_out"]) for r in rows] == [
         (0.3, "tables", False), (0.3, "calibrated", False), (0.7, "tables", True), (0.7, "calibrated", True)]
     assert all(r["ttft_ms.p50.noise"] is not None and r["step_mape"] is not None for r in rows)
+    assert all(r["step_total"] is not None and r["e2e_ms.p50.step_matched"] is not None for r in rows)
     calibrated = json.loads((out / "calibrated/continuous/meta.json").read_text())
     assert calibrated["host_terms"] is not None and "calibration" in calibrated
     assert "continuous" in format_headline(result)

@@ -64,3 +64,27 @@ def test_validate_bad_measured_dir(tmp_path, capsys):
     assert main(["validate", "--measured", str(tmp_path), "--step-model", "const:1"]) == 2
     err = capsys.readouterr().err
     assert "meta.json" in err and err.count("\n") == 1
+
+
+def test_step_matched_errors_isolate_step_time_from_queueing(measured):
+    """A 'measured' run made by the simulator with 2 ms steps, validated with a 3 ms model: every
+    latency is off, but once the model is rescaled to the measured total, nothing is left."""
+    from dataclasses import replace
+
+    from experiments.validation import MeasuredRun, sim_config_for, step_level_error, step_matched_errors
+    from simulator.simulation import simulate
+    from simulator.step_model import ConstStepModel
+    run = load_measured_run(measured)
+    config = sim_config_for(run)
+    truth = simulate(run.trace, ConstStepModel(2.0), replace(config, record_batches=True))
+    synthetic = MeasuredRun(run.path, run.meta, run.trace, truth.requests, truth.steps, truth.summary)
+    model = ConstStepModel(3.0)
+    step_error = step_level_error(model, truth.steps)
+    assert step_error["total_error"] == pytest.approx(0.5)
+    plain = simulate(run.trace, model, config).summary
+    assert relative_error(plain["e2e_ms"]["p50"], truth.summary["e2e_ms"]["p50"]) > 0.2
+    matched = step_matched_errors(synthetic, model, step_error, config)
+    assert matched["scale"] == pytest.approx(2.0 / 3.0)
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        for stat in ("p50", "p90", "p99"):
+            assert matched["metrics"][metric][stat] == pytest.approx(0.0, abs=1e-9)
