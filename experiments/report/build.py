@@ -41,10 +41,13 @@ def make_document(inputs: list, models: list[tuple[str, object]]) -> Document:
     names = _unique_names([i.path for i in inputs])
     if len(validations) > 1:
         doc.heading("Headline errors")
-        doc.text("(simulated − measured) / measured per validation run; step MAPE on the measured step log.")
-        doc.table(["validation"] + [f"{m.removesuffix('_ms').upper()} {s}" for m, s in HEADLINE] + ["step MAPE"],
+        doc.text("(simulated − measured) / measured per validation run; step MAPE and the error of the total "
+                 "step time on the measured step log.")
+        doc.table(["validation"] + [f"{m.removesuffix('_ms').upper()} {s}" for m, s in HEADLINE]
+                  + ["step MAPE", "step total"],
                   [[names[v.path]] + [_pct(_cell(v.record, m, s).get("error")) for m, s in HEADLINE]
-                   + [_pct((v.record.get("step_level") or {}).get("mape"), signed=False)] for v in validations])
+                   + [_pct((v.record.get("step_level") or {}).get("mape"), signed=False),
+                      _pct((v.record.get("step_level") or {}).get("total_error"))] for v in validations])
     for item in inputs:
         if isinstance(item, ValidationInput):
             add_validation(doc, item, names[item.path])
@@ -68,6 +71,13 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
         doc.text(f"note: {note}")
     doc.table(["metric", "stat", "measured", "simulated", "error", "noise floor"], error_rows(r))
     doc.text(step_level_text(r.get("step_level") or {}))
+    matched = r.get("step_matched")
+    if matched:
+        doc.text(f"With the step model rescaled (x {matched['scale']:.3f}) so that its total matches the measured "
+                 "step log's, the error left comes from queueing, scheduling and KV capacity:")
+        doc.table(["metric", "p50", "p90", "p99"],
+                  [[m] + [_pct(matched["metrics"][m].get(f"p{q}")) for q in (50, 90, 99)]
+                   for m in ("ttft_ms", "tpot_ms", "e2e_ms")])
     runs = {"measured": v.measured_requests, "simulated": v.simulated_requests}
     if any(frame is not None for frame in runs.values()):
         from experiments.report.plots import latency_cdfs
@@ -99,7 +109,8 @@ def step_level_text(s: dict) -> str:
     if s.get("mape") is None:
         return "Step level: no measured step log (e.g. an imported vLLM bench), so no step-level error."
     return (f"Step level: MAPE {_pct(s['mape'], signed=False)}, P90 APE {_pct(s.get('p90_ape'), signed=False)}, "
-            f"max APE {_pct(s.get('max_ape'), signed=False)} over {s.get('num_steps')} measured steps "
+            f"max APE {_pct(s.get('max_ape'), signed=False)} over {s.get('num_steps')} measured steps; "
+            f"total step time {_pct(s.get('total_error'))} "
             f"(mean measured {_num(s.get('mean_measured_ms'))} ms, predicted {_num(s.get('mean_predicted_ms'))} ms).")
 
 

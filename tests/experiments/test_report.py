@@ -65,6 +65,10 @@ def test_error_table_matches_validation_json(inputs, report):
     markdown = (report / "report.md").read_text()
     assert row in markdown
     assert f"Step level: MAPE {100 * record['step_level']['mape']:.1f}%" in markdown
+    assert f"total step time {100 * record['step_level']['total_error']:+.1f}%" in markdown
+    matched = record["step_matched"]["metrics"]["e2e_ms"]
+    assert (f"| e2e_ms | {100 * matched['p50']:+.1f}% | {100 * matched['p90']:+.1f}% | "
+            f"{100 * matched['p99']:+.1f}% |") in markdown
     assert "no measured step log" in markdown                      # the imported bench
     assert "| heldout | 0.034 | - |" in markdown and "| heldout.per_op | - | 0.02 |" in markdown
     assert "could not load the tables as a step model" in markdown
