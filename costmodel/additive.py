@@ -67,8 +67,16 @@ class AdditiveGridRegressor(RegressorMixin, BaseEstimator):
         return np.zeros(len(X))
 
     def _knots(self, x: np.ndarray) -> np.ndarray:
-        levels = np.linspace(0.0, 1.0, max(int(self.n_knots), 2))
-        return np.unique(np.quantile(x, levels))
+        """Quantiles of the training values, joined by a geometric ladder from the smallest positive
+        value to the largest. Step features are heavy-tailed (in a step log most steps hold 1-3
+        sequences, a few hold a 1,000-token prefill): quantile knots alone were [1, 2, 3, 8173] for
+        num_tokens, and prefills of 256-1,000 tokens came out 6-11% low on one straight segment."""
+        count = max(int(self.n_knots), 2)
+        knots = [np.quantile(x, np.linspace(0.0, 1.0, count))]
+        low, high = max(float(x.min()), 1.0), float(x.max())
+        if high > low:
+            knots.append(np.geomspace(low, high, count))
+        return np.unique(np.concatenate(knots))
 
     def _design(self, X):
         blocks = [np.ones((len(X), 1))]
