@@ -117,7 +117,7 @@ class Campaign:
                     row[f"{metric}.{stat}.noise"] = cell["noise_floor"]
                     row[f"{metric}.{stat}.step_matched"] = (matched.get(metric) or {}).get(stat)
             rows.append(row)
-        result = {"capacity_rps": capacity, "rows": rows, "timings_s": self.c.timings,
+        result = {"capacity_rps": capacity, "rows": rows, "targets": target_summary(rows), "timings_s": self.c.timings,
                   "wall_s": round(time.perf_counter() - self.t0, 1)}
         (self.c.out / "headline.json").write_text(json.dumps(result, indent=2))
         return result
@@ -146,6 +146,7 @@ def format_headline(result: dict) -> str:
         step = f"{pct(r['step_mape'])} [{pct(r['step_mape.noise']).strip():>6}]"
         lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{step:>19}{pct(r.get('step_total')):>11}  "
                      f"{cells}{tag}")
+    lines += ["", target_summary(result["rows"])]
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",
               f"{'scheduler':<11}{'load':>5}  " + "".join(f"{m + ' ' + s:>10}" for m in ("TTFT", "TPOT", "E2E")
@@ -156,3 +157,16 @@ def format_headline(result: dict) -> str:
                 f"{pct(r.get(f'{m}.{s}.step_matched')):>10}" for m in ("ttft_ms", "tpot_ms", "e2e_ms")
                 for s in ("p50", "p99")))
     return "\n".join(lines)
+
+
+def target_summary(rows: list[dict]) -> str:
+    """How many held-out cells meet the validation targets: |error| at P50 and P90 within 5% or
+    1.5 x the run-to-run noise floor (whichever is larger), P99 within 10%."""
+    held_out = [r for r in rows if r["held_out"] and r["model"] == "tables"]
+    central = [abs(r[f"{m}.{s}"]) <= max(0.05, 1.5 * abs(r[f"{m}.{s}.noise"] or 0.0))
+               for r in held_out for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p90")
+               if r[f"{m}.{s}"] is not None]
+    tail = [abs(r[f"{m}.p99"]) <= 0.10 for r in held_out for m in ("ttft_ms", "tpot_ms", "e2e_ms")
+            if r[f"{m}.p99"] is not None]
+    return (f"held-out runs, tables: {sum(central)} of {len(central)} P50/P90 errors within max(5%, 1.5 x noise); "
+            f"{sum(tail)} of {len(tail)} P99 errors within 10%")

@@ -37,3 +37,21 @@ def test_campaign_runs_every_stage(tmp_path):
     calibrated = json.loads((out / "calibrated/continuous/meta.json").read_text())
     assert calibrated["host_terms"] is not None and "calibration" in calibrated
     assert "continuous" in format_headline(result)
+
+
+def test_target_summary_counts_cells_against_noise_and_fixed_bounds():
+    from experiments.pipeline import target_summary
+
+    def row(err, noise, p99, held_out=True, model="tables"):
+        r = {"held_out": held_out, "model": model}
+        for m in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            r.update({f"{m}.p50": err, f"{m}.p50.noise": noise, f"{m}.p90": err, f"{m}.p90.noise": noise,
+                      f"{m}.p99": p99})
+        return r
+    rows = [row(0.04, 0.0, 0.09),            # inside 5%, inside 10%
+            row(-0.12, 0.10, 0.2),           # inside 1.5 x noise (15%), P99 outside
+            row(0.2, 0.1, 0.0),              # outside both
+            row(0.5, 0.0, 0.5, held_out=False),       # calibration run: not counted
+            row(0.5, 0.0, 0.5, model="calibrated")]   # other model: not counted
+    assert target_summary(rows) == ("held-out runs, tables: 12 of 18 P50/P90 errors within max(5%, 1.5 x noise); "
+                                    "6 of 9 P99 errors within 10%")
