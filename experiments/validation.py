@@ -122,7 +122,10 @@ def step_noise_floor(run: MeasuredRun) -> dict | None:
     if both.empty:
         return None
     ape = (both["ms_1"] - both["ms_0"]).abs() / both["ms_0"]
-    return {"mape": float(ape.mean()), "median_ape": float(ape.median()), "num_matched_steps": len(both)}
+    # The machine's speed between the repeats: the same batches, total time of repeat 1 over repeat 0.
+    speed = float(both["ms_1"].sum() / both["ms_0"].sum() - 1.0)
+    return {"mape": float(ape.mean()), "median_ape": float(ape.median()), "num_matched_steps": len(both),
+            "total_difference": speed}
 
 
 def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_error: dict) -> dict:
@@ -175,7 +178,8 @@ def format_table(record: dict) -> str:
     noise = s.get("noise_floor")
     if noise:
         lines.append(f"step-time noise floor: the same batch in two repeats differs by {format_pct(noise['mape'])} "
-                     f"on average (median {format_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches)")
+                     f"on average (median {format_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches); "
+                     f"their total time, repeat 1 vs repeat 0: {format_pct(noise.get('total_difference'))}")
     matched = record.get("step_matched")
     if matched:
         lines += ["", f"with step time matched in total (model x {matched['scale']:.3f}), the error left is queueing, "

@@ -88,3 +88,21 @@ def test_step_matched_errors_isolate_step_time_from_queueing(measured):
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
         for stat in ("p50", "p90", "p99"):
             assert matched["metrics"][metric][stat] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_step_noise_floor_compares_the_same_batches_of_two_repeats(measured):
+    from experiments.validation import step_noise_floor
+    run = load_measured_run(measured)
+    second = pd.read_parquet(measured / "repeat_1" / "steps.parquet")
+
+    def by_batch(steps):
+        first = {}       # a batch seen twice in one run counts with its first timing
+        for r, q, k, d in zip(steps.request_ids, steps.q_lens, steps.kv_lens, steps.duration_ms):
+            first.setdefault((tuple(r), tuple(q), tuple(k)), d)
+        return first
+    a, b = by_batch(run.steps), by_batch(second)
+    common = sorted(set(a) & set(b))
+    noise = step_noise_floor(run)
+    assert noise["num_matched_steps"] == len(common)
+    assert noise["total_difference"] == pytest.approx(sum(b[k] for k in common) / sum(a[k] for k in common) - 1)
+    assert noise["mape"] == pytest.approx(sum(abs(b[k] - a[k]) / a[k] for k in common) / len(common))
