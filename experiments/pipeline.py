@@ -108,7 +108,8 @@ class Campaign:
             row = {"scheduler": scheduler, "load": load, "model": model_name,
                    "held_out": load != self.c.loads[0], "step_mape": record["step_level"].get("mape"),
                    "step_mape.noise": (record["step_level"].get("noise_floor") or {}).get("mape"),
-                   "step_total": record["step_level"].get("total_error")}
+                   "step_total": record["step_level"].get("total_error"),
+                   "step_total.noise": (record["step_level"].get("noise_floor") or {}).get("total_difference")}
             matched = (record.get("step_matched") or {}).get("metrics") or {}
             for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
                 for stat in ("p50", "p90", "p99"):
@@ -132,20 +133,20 @@ def _summary(path: Path) -> dict:
 
 
 def format_headline(result: dict) -> str:
-    def pct(v):
-        return "   -  " if v is None else f"{100 * v:+6.1f}%"
+    def pct(v, sign="+"):
+        return "   -  " if v is None else f"{100 * v:{sign}6.1f}%"
     lines = ["capacity (saturation throughput): " + ", ".join(f"{s} {r:.1f} req/s" for s, r in result["capacity_rps"].items()),
              "", "errors of the simulator against the measured runs, (simulated − measured) / measured; "
              "[noise] = run-to-run difference of the measured repeats",
-             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}{'step total':>11}  "
+             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}{'step total [noise]':>20}  "
              + "".join(f"{m + ' ' + s:>17}" for m in ("TTFT", "TPOT", "E2E") for s in ("p50", "p99"))]
     for r in result["rows"]:
         tag = "" if r["held_out"] else " (calibration run)"
         cells = "".join(f"{pct(r[f'{m}.{s}'])} [{pct(r[f'{m}.{s}.noise']).strip():>6}]"
                         for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p99"))
-        step = f"{pct(r['step_mape'])} [{pct(r['step_mape.noise']).strip():>6}]"
-        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{step:>19}{pct(r.get('step_total')):>11}  "
-                     f"{cells}{tag}")
+        step = f"{pct(r['step_mape'], '')} [{pct(r['step_mape.noise'], '').strip():>5}]"
+        total = f"{pct(r.get('step_total'))} [{pct(r.get('step_total.noise')).strip():>6}]"
+        lines.append(f"{r['scheduler']:<11}{r['load']:>5.0%} {r['model']:<11}{step:>19}{total:>20}  {cells}{tag}")
     lines += ["", target_summary(result["rows"])]
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",
