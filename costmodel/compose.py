@@ -89,6 +89,7 @@ def op_grids(result: FitResult, spec: ModelSpec, tp: int, axes: Axes) -> pd.Data
         if target in result.targets:
             mean, spread = predict_records(result, target, dict(
                 row=np.arange(len(T)), op="elementwise", name=name, num_tokens=T,
+                tp=np.full(len(T), float(tp)),
                 width=np.full(len(T), elementwise_width(name, spec, tp))), spec.dtype)
             parts.append(pd.DataFrame({"op": name, "num_tokens": T, "time_ms": mean,
                                        "spread_ms": spread}))

@@ -21,17 +21,20 @@ class TargetKind:
     columns: tuple[str, ...]          # record columns the features are built from
     physics: tuple[str, ...]          # derived features the physics model is linear in
     size: str                         # the axis the extrapolation split cuts along
+    extra: tuple[str, ...] = ()       # derived features only the trees see
 
 
 KINDS = {
-    "gemm": TargetKind(("m", "n", "k"), ("flops", "bytes"), "m"),
-    "elementwise": TargetKind(("num_tokens", "width"), ("bytes",), "num_tokens"),
+    "gemm": TargetKind(("m", "n", "k"), ("flops", "bytes"), "m",
+                       ("m_tiles_64", "m_tiles_128", "tiles_128")),
+    "elementwise": TargetKind(("num_tokens", "width", "tp"), ("bytes",), "num_tokens"),
     "attn_decode": TargetKind(("num_decode", "decode_kv_sum", "decode_kv_max", "num_heads",
                                "num_kv_heads", "head_dim"), ("flops", "bytes", "blocks"),
                               "decode_kv_max"),
     "attn_prefill": TargetKind(("num_seqs", "prefill_tokens", "prefill_attn_work", "kv_sum",
                                 "num_heads", "num_kv_heads", "head_dim"),
-                               ("flops", "bytes", "blocks", "seq_len"), "seq_len"),
+                               ("flops", "bytes", "blocks", "seq_len"), "seq_len",
+                               ("tile_work",)),
     "step": TargetKind(FEATURE_NAMES, ("num_tokens", "num_seqs", "decode_kv_sum",
                                        "prefill_attn_work"), "num_tokens"),
     "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
@@ -80,8 +83,11 @@ class Design:
 def design(target: str, records: pd.DataFrame, kind: TargetKind | None = None) -> Design:
     kind = kind or kind_for(target, records)
     base = {c: records[c].to_numpy(dtype=np.float64) for c in kind.columns}
+    if "tp" in base:
+        base["tp"] = np.nan_to_num(base["tp"], nan=1.0)   # no tensor parallelism: one GPU
     derived = _derived(kind_of(target), records, base)
-    names = list(kind.columns) + [p for p in kind.physics if p not in kind.columns]
+    names = list(kind.columns) + list(kind.extra) + [p for p in kind.physics
+                                                     if p not in kind.columns]
     cols = [base.get(n, derived.get(n)) for n in names]
     X = np.column_stack(cols) if cols else np.zeros((len(records), 0))
     X = np.nan_to_num(X, nan=0.0)
@@ -95,7 +101,11 @@ def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
                             for d in records["dtype"]], dtype=np.float64)
     if kind == "gemm":
         m, n, k = base["m"], base["n"], base["k"]
-        return {"flops": 2 * m * n * k, "bytes": (m * k + n * k + m * n) * dtype_bytes}
+        # Tiles: a GEMM kernel covers the output in fixed tiles, so its time steps up where m
+        # crosses a multiple of the tile (a partly filled tile costs a full one).
+        return {"flops": 2 * m * n * k, "bytes": (m * k + n * k + m * n) * dtype_bytes,
+                "m_tiles_64": np.ceil(m / 64), "m_tiles_128": np.ceil(m / 128),
+                "tiles_128": np.ceil(m / 128) * np.ceil(n / 128)}
     if kind == "elementwise":
         return {"bytes": base["num_tokens"] * base["width"] * dtype_bytes}
     if kind == "attn_decode":
@@ -111,9 +121,14 @@ def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
                                       base["kv_sum"], base["num_seqs"])
         heads, kv_heads, hd = base["num_heads"], base["num_kv_heads"], base["head_dim"]
         q_per_seq = tokens / np.maximum(seqs, 1)
+        q_tiles = np.ceil(q_per_seq / 128)
+        # tile_work: 128x128 score tiles a causal FlashAttention kernel computes, whole tiles on
+        # the diagonal included (what it costs, where flops counts only the useful half).
+        kv_tiles = np.ceil(kv_sum / np.maximum(seqs, 1) / 128)
+        tile_work = seqs * heads * (q_tiles * kv_tiles + q_tiles * (q_tiles + 1) / 2)
         # blocks: 128-query tiles per head and sequence, the unit a FlashAttention kernel schedules.
-        return {"flops": 4 * work * heads * hd,
+        return {"tile_work": tile_work, "flops": 4 * work * heads * hd,
                 "bytes": (2 * tokens * heads + 2 * (tokens + kv_sum) * kv_heads) * hd * dtype_bytes,
-                "blocks": seqs * heads * np.ceil(q_per_seq / 128),
+                "blocks": seqs * heads * q_tiles,
                 "seq_len": (tokens + kv_sum) / np.maximum(seqs, 1)}
     return {}

@@ -9,7 +9,7 @@ prediction (the spread of its trees) for the simulator's ranges.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 FAMILIES = ("rf", "et", "hgb", "physics")
@@ -87,12 +87,14 @@ class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
     columns (FLOPs, bytes moved, ...). The residual is a ratio (`residual="ratio"`, the tree
     learns log(time / linear)) or a difference (`"additive"`). Beyond the profiled range the
     tree's correction stays at its value at the edge while the linear part keeps growing, so
-    the model extrapolates like the roofline rather than going flat.
+    the model extrapolates like the roofline rather than going flat. With `trim` (a log
+    ratio, e.g. 0.4 for 1.5x) the model is fitted without the training rows that 3-fold
+    out-of-fold predictions miss by more than that factor: glitched profile points.
     """
 
     def __init__(self, physics_index=(), intercept=True, residual="ratio", tree="rf",
                  n_estimators=100, min_samples_leaf=1, max_features=1.0, learning_rate=0.1,
-                 max_iter=200, max_leaf_nodes=31, random_state=0):
+                 max_iter=200, max_leaf_nodes=31, trim=None, random_state=0):
         self.physics_index = physics_index
         self.intercept = intercept
         self.residual = residual
@@ -103,13 +105,34 @@ class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
         self.learning_rate = learning_rate
         self.max_iter = max_iter
         self.max_leaf_nodes = max_leaf_nodes
+        self.trim = trim
         self.random_state = random_state
 
     def fit(self, X, y):
-        from scipy.optimize import nnls
         X, y = validate_data(self, X, y, y_numeric=True)
         if (y <= 0).any():
             raise ValueError("times must be positive")
+        keep = np.ones(len(y), dtype=bool)
+        if self.trim is not None and len(y) >= 30:
+            keep = self._consistent_rows(X, y)
+        self.n_trimmed_ = int((~keep).sum())
+        return self._fit(X[keep], y[keep])
+
+    def _consistent_rows(self, X, y) -> np.ndarray:
+        """Rows whose time agrees with a model of the other rows within a factor exp(trim).
+
+        A profile may hold a few glitched points (several times off their neighbours); one in a
+        leaf drags every prediction near it. Out-of-fold predictions (3 folds) find them."""
+        rng = np.random.default_rng(self.random_state)
+        fold = rng.integers(0, 3, len(y))
+        oof = np.empty(len(y))
+        for f in range(3):
+            inner = clone(self).set_params(trim=None).fit(X[fold != f], y[fold != f])
+            oof[fold == f] = inner.predict(X[fold == f])
+        return np.abs(np.log(y / oof)) <= self.trim
+
+    def _fit(self, X, y):
+        from scipy.optimize import nnls
         if self.residual not in ("ratio", "additive"):
             raise ValueError(f"residual must be 'ratio' or 'additive', got {self.residual!r}")
         P = self._physics(X)

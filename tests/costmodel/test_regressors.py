@@ -65,3 +65,38 @@ def test_times_must_be_positive():
     y[2] = 0.0
     with pytest.raises(ValueError, match="positive"):
         TreeRegressor(n_estimators=5).fit(X, y)
+
+
+def test_trim_drops_glitched_training_rows_and_their_damage():
+    X, y = gemm_data(np.arange(8, 2048, 8))
+    glitched = y.copy()
+    bad = np.arange(5, len(y), 25)                  # ten points measured 3x too slow
+    glitched[bad] *= 3.0
+    params = dict(physics_index=(3, 4), n_estimators=30, random_state=0)
+    plain = PhysicsResidualRegressor(**params).fit(X, glitched)
+    trimmed = PhysicsResidualRegressor(trim=0.4, **params).fit(X, glitched)
+    assert trimmed.n_trimmed_ >= len(bad) and plain.n_trimmed_ == 0
+    near = np.setdiff1d(np.concatenate([bad - 1, bad + 1]), bad)
+    err = lambda est: np.abs(est.predict(X[near]) / y[near] - 1).mean()  # noqa: E731
+    assert err(trimmed) < 0.05 < err(plain)
+
+
+def test_tile_features_of_gemm_and_prefill_attention():
+    from costmodel.features import design
+    from costmodel.records import make_records
+    gemm = make_records(dict(row=[0, 1, 2], op="gemm", m=[128.0, 129.0, 64.0], n=[300.0] * 3,
+                             k=[64.0] * 3, time_ms=[1.0] * 3), source="t", file="t")
+    d = design("gemm", gemm)
+    col = {name: d.X[:, i] for i, name in enumerate(d.names)}
+    # a partly filled tile costs a whole one: 129 rows take two 128-row tiles
+    np.testing.assert_array_equal(col["m_tiles_128"], [1, 2, 1])
+    np.testing.assert_array_equal(col["m_tiles_64"], [2, 3, 1])
+    np.testing.assert_array_equal(col["tiles_128"], [3, 6, 3])
+    assert "m_tiles_128" not in [d.names[i] for i in d.physics_index]
+    # two prompts of 256 tokens, 4 heads: 2 q tiles each, causal 1 + 2 score tiles per head
+    attn = make_records(dict(row=[0], op="attn_prefill", num_seqs=[2.0], prefill_tokens=[512.0],
+                             prefill_attn_work=[2 * 256 * 257 / 2], kv_sum=[0.0], num_heads=[4.0],
+                             num_kv_heads=[4.0], head_dim=[128.0], time_ms=[1.0]),
+                        source="t", file="t")
+    d = design("attn_prefill", attn)
+    assert d.X[0, d.names.index("tile_work")] == 2 * 4 * 3
