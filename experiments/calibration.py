@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.validation import MeasuredRun, relative_error, sim_config_for
+from experiments.validation import MeasuredRun, sim_config_for, stat_error
 from simulator.step_model import HostTerms, HostTermsModel
 
 # (metric, statistic) pairs the fit matches; P99 is left out on purpose: it is what we validate.
@@ -41,8 +41,7 @@ class Calibration:
 
 
 def _errors(run: MeasuredRun, summary: dict) -> dict:
-    return {f"{m}.{s}": relative_error((summary.get(m) or {}).get(s), (run.summary.get(m) or {}).get(s))
-            for m, s in OBJECTIVE}
+    return {f"{m}.{s}": stat_error(summary, run.summary, m, s) for m, s in OBJECTIVE}
 
 
 def _loss(errors: dict) -> float:

@@ -105,11 +105,11 @@ class Campaign:
         rows = []
         for scheduler, load, model_name, path in validations:
             record = json.loads((path / "validation.json").read_text())
+            step, step_noise = record["step_level"], record["step_level"].get("noise_floor") or {}
             row = {"scheduler": scheduler, "load": load, "model": model_name,
-                   "held_out": load != self.c.loads[0], "step_mape": record["step_level"].get("mape"),
-                   "step_mape.noise": (record["step_level"].get("noise_floor") or {}).get("mape"),
-                   "step_total": record["step_level"].get("total_error"),
-                   "step_total.noise": (record["step_level"].get("noise_floor") or {}).get("total_difference")}
+                   "held_out": load != self.c.loads[0], "step_mape": step.get("mape"),
+                   "step_mape.noise": step_noise.get("mape"), "step_total": step.get("total_error"),
+                   "step_total.noise": step_noise.get("total_difference")}
             matched = (record.get("step_matched") or {}).get("metrics") or {}
             for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
                 for stat in ("p50", "p90", "p99"):

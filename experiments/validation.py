@@ -60,6 +60,11 @@ def relative_error(predicted, measured) -> float | None:
     return (predicted - measured) / measured
 
 
+def stat_error(simulated: dict, measured: dict, metric: str, stat: str) -> float | None:
+    """Relative error of one statistic between two run summaries (None where either lacks it)."""
+    return relative_error((simulated.get(metric) or {}).get(stat), (measured.get(metric) or {}).get(stat))
+
+
 def predict_steps(model, steps) -> np.ndarray:
     """The model's time for each measured step's batch, in ms."""
     from simulator.batch import StepBatch
@@ -94,8 +99,7 @@ def step_matched_errors(run: MeasuredRun, model, step_error: dict, config) -> di
         return None
     factor = 1.0 / (1.0 + total_error)
     result = simulate(run.trace, ScaledStepModel(model, factor), config)
-    errors = {metric: {stat: relative_error((result.summary.get(metric) or {}).get(stat),
-                                            (run.summary.get(metric) or {}).get(stat)) for stat in STATS}
+    errors = {metric: {stat: stat_error(result.summary, run.summary, metric, stat) for stat in STATS}
               for metric in METRICS}
     return clean_json({"scale": factor, "metrics": errors,
                        "throughput_rps": relative_error(result.summary.get("throughput_rps"),
@@ -155,6 +159,16 @@ def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_
     })
 
 
+STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
+                     "the error left comes from queueing, scheduling and KV capacity:")
+
+
+def step_matched_rows(matched: dict) -> list[list[str]]:
+    """Rows (metric, P50, P90, P99 errors) of the step-matched simulation, for the table and the report."""
+    return [[metric] + [format_pct(matched["metrics"][metric].get(f"p{q}")) for q in (50, 90, 99)]
+            for metric in ("ttft_ms", "tpot_ms", "e2e_ms")]
+
+
 def format_table(record: dict) -> str:
     """A markdown table of the validation record."""
     lines = [f"measured run {record['measured_run']}: {record['num_requests']} requests, "
@@ -182,11 +196,9 @@ def format_table(record: dict) -> str:
                      f"their total time, repeat 1 vs repeat 0: {format_pct(noise.get('total_difference'))}")
     matched = record.get("step_matched")
     if matched:
-        lines += ["", f"with step time matched in total (model x {matched['scale']:.3f}), the error left is queueing, "
-                      "scheduling and KV capacity:", "", "| metric | p50 | p90 | p99 |", "|---|---|---|---|"]
-        for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
-            cells = matched["metrics"][metric]
-            lines.append(f"| {metric} | " + " | ".join(format_pct(cells[f'p{q}']) for q in (50, 90, 99)) + " |")
+        lines += ["", STEP_MATCHED_NOTE.format(scale=matched["scale"]), "",
+                  "| metric | p50 | p90 | p99 |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in step_matched_rows(matched)]
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from experiments.report.document import Document, Image
 from experiments.report.inputs import TablesInput, ValidationInput, load_input
+from experiments.validation import STEP_MATCHED_NOTE, step_matched_rows
 from simulator.errors import InputError
 
 HEADLINE = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
@@ -73,11 +74,9 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     doc.text(step_level_text(r.get("step_level") or {}))
     matched = r.get("step_matched")
     if matched:
-        doc.text(f"With the step model rescaled (x {matched['scale']:.3f}) so that its total matches the measured "
-                 "step log's, the error left comes from queueing, scheduling and KV capacity:")
-        doc.table(["metric", "p50", "p90", "p99"],
-                  [[m] + [_pct(matched["metrics"][m].get(f"p{q}")) for q in (50, 90, 99)]
-                   for m in ("ttft_ms", "tpot_ms", "e2e_ms")])
+        note = STEP_MATCHED_NOTE.format(scale=matched["scale"])
+        doc.text(note[0].upper() + note[1:])
+        doc.table(["metric", "p50", "p90", "p99"], step_matched_rows(matched))
     runs = {"measured": v.measured_requests, "simulated": v.simulated_requests}
     if any(frame is not None for frame in runs.values()):
         from experiments.report.plots import latency_cdfs

@@ -26,6 +26,12 @@ class Where:
             return f"line {label + 1}"
         return f"data row {label + 1} (1-based)"
 
+    def reject(self, series, column: str, bad: np.ndarray, problem: str, *, show_value: bool = True) -> None:
+        """Raise for the first row where `bad` holds, naming its value unless it has none to show."""
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise self.error(series.index[i], column, problem, series.iloc[i] if show_value else None)
+
     def error(self, label: int, column: str, problem: str, value=None) -> InputError:
         if hasattr(value, "item"):    # a numpy scalar prints as np.int64(-3); show -3
             value = value.item()
@@ -46,64 +52,40 @@ def numbers(where: Where, series, column: str, *, allow_missing: bool = False) -
     values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     missing = series.isna().to_numpy()
     not_numeric = np.isnan(values) & ~missing
-    if not_numeric.any():
-        i = _first(not_numeric)
-        raise where.error(series.index[i], column, "is not a number", series.iloc[i])
-    if not allow_missing and missing.any():
-        raise where.error(series.index[_first(missing)], column, "is missing (empty or NaN)")
-    infinite = np.isinf(values)
-    if infinite.any():
-        i = _first(infinite)
-        raise where.error(series.index[i], column, "is not finite", series.iloc[i])
+    where.reject(series, column, not_numeric, "is not a number")
+    if not allow_missing:
+        where.reject(series, column, missing, "is missing (empty or NaN)", show_value=False)
+    where.reject(series, column, np.isinf(values), "is not finite")
     return values
 
 
 def positive_ints(where: Where, series, column: str) -> np.ndarray:
     """The column as int64 > 0 (token counts)."""
     values = ints(where, series, column)
-    not_positive = values <= 0
-    if not_positive.any():
-        i = _first(not_positive)
-        raise where.error(series.index[i], column, "must be positive", series.iloc[i])
+    where.reject(series, column, values <= 0, "must be positive")
     return values
 
 
 def ints(where: Where, series, column: str) -> np.ndarray:
     """The column as int64 (ids, priorities)."""
     values = numbers(where, series, column)
-    fractional = values != np.round(values)
-    if fractional.any():
-        i = _first(fractional)
-        raise where.error(series.index[i], column, "must be a whole number", series.iloc[i])
+    where.reject(series, column, values != np.round(values), "must be a whole number")
     return values.astype(np.int64)
 
 
 def non_negative(where: Where, series, column: str) -> np.ndarray:
     """The column as float64 >= 0 (arrival times)."""
     values = numbers(where, series, column)
-    negative = values < 0
-    if negative.any():
-        i = _first(negative)
-        raise where.error(series.index[i], column, "must not be negative", series.iloc[i])
+    where.reject(series, column, values < 0, "must not be negative")
     return values
 
 
 def seconds_since_first(where: Where, series, column: str) -> np.ndarray:
     """Date-time strings (ISO 8601, up to nanoseconds) as float seconds since the earliest one."""
     import pandas as pd
-    missing = series.isna().to_numpy()
-    if missing.any():
-        raise where.error(series.index[_first(missing)], column, "is empty")
+    where.reject(series, column, series.isna().to_numpy(), "is empty", show_value=False)
     stamps = pd.to_datetime(series, format="ISO8601", errors="coerce")
-    bad = stamps.isna().to_numpy()
-    if bad.any():
-        i = _first(bad)
-        raise where.error(series.index[i], column, "is not a date-time like 2023-11-16 18:15:46.6805900",
-                          series.iloc[i])
+    where.reject(series, column, stamps.isna().to_numpy(), "is not a date-time like 2023-11-16 18:15:46.6805900")
     # Differences in integer nanoseconds first, so the 7th fractional digit survives.
     offsets = stamps - stamps.min()
     return (offsets.to_numpy().astype("timedelta64[ns]").astype(np.int64) / 1e9).astype(np.float64)
-
-
-def _first(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
