@@ -75,11 +75,7 @@ class Campaign:
                     "measure", "--model-spec", c.model_spec, "--device", c.device, "--quiet",
                     "--trace", c.workload(load * capacity[s]), *self.scheduler_flags(s), "--repeats", c.repeats,
                     "--seed", c.seed, "--out", out / "measured" / s / _load_name(load)])
-        # Training data beyond the kernel profile: the step logs of the runs that are never validated,
-        # the calibration load (every repeat: the machine's speed drifts, and more of it averages out)
-        # and the saturation run (it covers the largest batches).
-        calibration_logs = sorted((out / "measured" / s / _load_name(c.loads[0])).glob("repeat_*/steps.parquet"))
-        calibration_logs += [out / "measured" / s / "saturation" / "repeat_0" / "steps.parquet" for s in c.schedulers]
+        calibration_logs = training_logs(out / "measured", c.schedulers, c.loads[0])
         self.stage("fit T_step tables (tuned)", ["fit", "--profile", out / "profile" / "profile.parquet",
                                                  *calibration_logs, "--model-spec", c.model_spec,
                                                  "--regressor", "tuned", "--trials", c.trials, "--seed", c.seed,
@@ -122,6 +118,15 @@ class Campaign:
                   "wall_s": round(time.perf_counter() - self.t0, 1)}
         (self.c.out / "headline.json").write_text(json.dumps(result, indent=2))
         return result
+
+
+def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:
+    """Training data beyond the kernel profile: the step logs of every scheduler's runs that are
+    never validated: the calibration load (every repeat: the machine's speed drifts, and more of
+    it averages out) and the saturation run (it covers the largest batches)."""
+    logs = [log for s in schedulers
+            for log in sorted((measured / s / _load_name(calibration_load)).glob("repeat_*/steps.parquet"))]
+    return logs + [measured / s / "saturation" / "repeat_0" / "steps.parquet" for s in schedulers]
 
 
 def _load_name(load: float) -> str:

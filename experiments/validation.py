@@ -24,8 +24,9 @@ class MeasuredRun:
     meta: dict
     trace: object            # simulator.trace.Trace
     requests: object         # DataFrame, repeat 0
-    steps: object            # DataFrame, repeat 0
-    summary: dict            # repeat 0, with noise_floor when there are repeats
+    steps: object            # DataFrame, every repeat's step log, with a `repeat` column
+    summary: dict            # each statistic averaged over the repeats, with noise_floor when there are repeats
+    num_repeats: int = 1
 
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
@@ -39,8 +40,39 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
                              f"or `stepcal import vllm-bench`)")
     meta = json.loads((path / "meta.json").read_text())
     trace = read_trace(path / "trace.parquet", "stepcal")   # written in our own trace format
-    return MeasuredRun(path, meta, trace, pd.read_parquet(path / "repeat_0/requests.parquet"),
-                       pd.read_parquet(path / "repeat_0/steps.parquet"), json.loads((path / "summary.json").read_text()))
+    repeats = _repeat_dirs(path)
+    summaries = [json.loads((d / "summary.json").read_text()) for d in repeats if (d / "summary.json").exists()]
+    summary = json.loads((path / "summary.json").read_text())
+    if len(summaries) == len(repeats) > 1:
+        summary = {**summary, **mean_over_repeats(summaries)}
+    steps = pd.concat([pd.read_parquet(d / "steps.parquet").assign(repeat=k) for k, d in enumerate(repeats)],
+                      ignore_index=True)
+    return MeasuredRun(path, meta, trace, pd.read_parquet(path / "repeat_0/requests.parquet"), steps, summary,
+                       len(repeats))
+
+
+def _repeat_dirs(path: Path) -> list[Path]:
+    """repeat_0, repeat_1, ... as long as each has a step log (a run may have been written with one)."""
+    dirs = []
+    while (path / f"repeat_{len(dirs)}" / "steps.parquet").exists():
+        dirs.append(path / f"repeat_{len(dirs)}")
+    return dirs
+
+
+def mean_over_repeats(summaries: list[dict]) -> dict:
+    """Each latency statistic and the throughput averaged over the repeats: the measured value the
+    simulator is compared with. One repeat alone carries the machine's speed at that moment (on a
+    shared CPU the same batches differ by up to 20% in total between repeats minutes apart)."""
+    out = {}
+    for metric in METRICS:
+        stats = {}
+        for stat in STATS:
+            values = [(s.get(metric) or {}).get(stat) for s in summaries]
+            stats[stat] = float(np.mean(values)) if all(v is not None for v in values) else None
+        out[metric] = stats
+    tput = [s.get("throughput_rps") for s in summaries]
+    out["throughput_rps"] = float(np.mean(tput)) if all(v is not None for v in tput) else None
+    return out
 
 
 def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, request_overhead_ms: float = 0.0):
@@ -111,10 +143,7 @@ def step_noise_floor(run: MeasuredRun) -> dict | None:
     repeat 0 and repeat 1, |t1 - t0| / t0 over the batches both repeats ran. No model can predict
     a measured step closer than this. None without a second repeat."""
     import pandas as pd
-    second = run.path / "repeat_1" / "steps.parquet"
-    if not second.exists():
-        return None
-    a, b = run.steps, pd.read_parquet(second)
+    a, b = run.steps[run.steps["repeat"] == 0], run.steps[run.steps["repeat"] == 1]
     if not len(a) or not len(b):
         return None
 
@@ -146,7 +175,7 @@ def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_
             metrics[metric][stat] = {"measured": m, "simulated": s, "error": relative_error(s, m),
                                      "noise_floor": (noise.get(metric) or {}).get(stat)}
     return clean_json({
-        "measured_run": str(run.path), "num_requests": len(run.trace),
+        "measured_run": str(run.path), "num_requests": len(run.trace), "num_repeats": run.num_repeats,
         "num_finished_both": len(measured_ids & simulated_ids),
         "num_finished_only_measured": len(measured_ids - simulated_ids),
         "num_finished_only_simulated": len(simulated_ids - measured_ids),
@@ -171,8 +200,10 @@ def step_matched_rows(matched: dict) -> list[list[str]]:
 
 def format_table(record: dict) -> str:
     """A markdown table of the validation record."""
+    repeats = record.get("num_repeats", 1)
     lines = [f"measured run {record['measured_run']}: {record['num_requests']} requests, "
-             f"{record['num_finished_both']} finished in both runs"
+             + (f"each statistic the mean of {repeats} repeats, " if repeats > 1 else "")
+             + f"{record['num_finished_both']} finished in both runs"
              + (f", {record['num_finished_only_measured']} only measured" if record['num_finished_only_measured'] else "")
              + (f", {record['num_finished_only_simulated']} only simulated" if record['num_finished_only_simulated'] else ""),
              "", "| metric | stat | measured | simulated | error | noise floor |", "|---|---|---|---|---|---|"]

@@ -55,3 +55,15 @@ def test_target_summary_counts_cells_against_noise_and_fixed_bounds():
             row(0.5, 0.0, 0.5, model="calibrated")]   # other model: not counted
     assert target_summary(rows) == ("held-out runs, tables: 12 of 18 P50/P90 errors within max(5%, 1.5 x noise); "
                                     "6 of 9 P99 errors within 10%")
+
+
+def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):
+    from experiments.pipeline import training_logs
+    for s in ("continuous", "sarathi"):
+        for run in ("load_30/repeat_0", "load_30/repeat_1", "load_60/repeat_0", "saturation/repeat_0"):
+            (tmp_path / s / run).mkdir(parents=True)
+            (tmp_path / s / run / "steps.parquet").write_bytes(b"")
+    logs = [str(p.relative_to(tmp_path)) for p in training_logs(tmp_path, ("continuous", "sarathi"), 0.3)]
+    assert logs == ["continuous/load_30/repeat_0/steps.parquet", "continuous/load_30/repeat_1/steps.parquet",
+                    "sarathi/load_30/repeat_0/steps.parquet", "sarathi/load_30/repeat_1/steps.parquet",
+                    "continuous/saturation/repeat_0/steps.parquet", "sarathi/saturation/repeat_0/steps.parquet"]

@@ -24,8 +24,12 @@ def test_validate_replays_the_measured_run(measured, tmp_path, capsys):
     cell = record["metrics"]["ttft_ms"]["p50"]
     assert cell["error"] == pytest.approx((cell["simulated"] - cell["measured"]) / cell["measured"])
     assert cell["noise_floor"] is not None           # two repeats were measured
-    steps = pd.read_parquet(measured / "repeat_0" / "steps.parquet")
-    assert record["step_level"]["num_steps"] == len(steps)
+    # the measured value is the mean of the repeats' values; the step log is every repeat's
+    repeats = [json.loads((measured / f"repeat_{k}" / "summary.json").read_text()) for k in (0, 1)]
+    assert cell["measured"] == pytest.approx((repeats[0]["ttft_ms"]["p50"] + repeats[1]["ttft_ms"]["p50"]) / 2)
+    assert record["num_repeats"] == 2 and "mean of 2 repeats" in (out / "validation.md").read_text()
+    steps = [pd.read_parquet(measured / f"repeat_{k}" / "steps.parquet") for k in (0, 1)]
+    assert record["step_level"]["num_steps"] == len(steps[0]) + len(steps[1])
     noise = record["step_level"]["noise_floor"]          # the same batches, timed in both repeats
     assert noise["num_matched_steps"] > 0 and noise["mape"] >= 0
     # the simulated run used the measured run's scheduler: same first batch composition
@@ -47,7 +51,8 @@ def test_a_perfect_step_model_has_zero_step_error(measured):
         def step_ms(self, batch):
             return self.by_batch[(batch.request_ids, tuple(batch.q_lens), tuple(batch.kv_lens))]
 
-    assert step_level_error(Replay(run.steps), run.steps)["mape"] == 0.0
+    first = run.steps[run.steps["repeat"] == 0]
+    assert step_level_error(Replay(first), first)["mape"] == 0.0
 
 
 def test_unfinished_requests_are_counted_not_dropped(measured):
@@ -100,7 +105,7 @@ def test_step_noise_floor_compares_the_same_batches_of_two_repeats(measured):
         for r, q, k, d in zip(steps.request_ids, steps.q_lens, steps.kv_lens, steps.duration_ms):
             first.setdefault((tuple(r), tuple(q), tuple(k)), d)
         return first
-    a, b = by_batch(run.steps), by_batch(second)
+    a, b = by_batch(pd.read_parquet(measured / "repeat_0" / "steps.parquet")), by_batch(second)
     common = sorted(set(a) & set(b))
     noise = step_noise_floor(run)
     assert noise["num_matched_steps"] == len(common)
