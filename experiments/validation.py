@@ -27,6 +27,7 @@ class MeasuredRun:
     steps: object            # DataFrame, every repeat's step log, with a `repeat` column
     summary: dict            # each statistic averaged over the repeats, with noise_floor when there are repeats
     num_repeats: int = 1
+    speed_probe_ms: list = None   # per repeat: a fixed decode step's time around it (the machine's speed)
 
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
@@ -47,8 +48,9 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
         summary = {**summary, **mean_over_repeats(summaries)}
     steps = pd.concat([pd.read_parquet(d / "steps.parquet").assign(repeat=k) for k, d in enumerate(repeats)],
                       ignore_index=True)
+    probes = [s.get("speed_probe_ms") for s in summaries]
     return MeasuredRun(path, meta, trace, pd.read_parquet(path / "repeat_0/requests.parquet"), steps, summary,
-                       len(repeats))
+                       len(repeats), probes if probes and None not in probes else None)
 
 
 def _repeat_dirs(path: Path) -> list[Path]:
@@ -185,6 +187,7 @@ def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_
                            "error": relative_error(simulated_summary.get("throughput_rps"), run.summary.get("throughput_rps")),
                            "noise_floor": noise.get("throughput_rps")},
         "step_level": step_error,
+        "speed_probe_ms": run.speed_probe_ms,
     })
 
 
@@ -225,6 +228,9 @@ def format_table(record: dict) -> str:
         lines.append(f"step-time noise floor: the same batch in two repeats differs by {format_pct(noise['mape'])} "
                      f"on average (median {format_pct(noise['median_ape'])}, {noise['num_matched_steps']} batches); "
                      f"their total time, repeat 1 vs repeat 0: {format_pct(noise.get('total_difference'))}")
+    if record.get("speed_probe_ms"):
+        lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "
+                     + " / ".join(f"{v:.3f}" for v in record["speed_probe_ms"]) + " ms")
     matched = record.get("step_matched")
     if matched:
         lines += ["", STEP_MATCHED_NOTE.format(scale=matched["scale"]), "",

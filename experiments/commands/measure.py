@@ -56,7 +56,7 @@ def run(args) -> int:
     import torch
 
     from profiler.engine import Engine
-    from profiler.engine.measure import engine_meta, warm_up, write_measured_run
+    from profiler.engine.measure import engine_meta, speed_probe_ms, warm_up, write_measured_run
     from profiler.fingerprint import hardware_fingerprint
     from profiler.model import build_model, default_dtype
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -65,9 +65,12 @@ def run(args) -> int:
     dtype = args.dtype or default_dtype(args.device)
     model = build_model(spec, device=args.device, dtype=dtype, seed=args.seed)
     warm_up(model)
-    results = []
+    results, probes = [], [speed_probe_ms(model)]
     for k in range(args.repeats):
         result = Engine(model, trace, config).run()
+        probes.append(speed_probe_ms(model))
+        # the machine's speed during this repeat: the probes just before and just after it
+        result.summary["speed_probe_ms"] = (probes[-2] + probes[-1]) / 2
         results.append(result)
         if not args.quiet:
             s = result.summary

@@ -8,10 +8,12 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
   profile   kernel sweep on the quick grid (GEMM, attention, whole steps, host overhead)
   measure   each scheduler's capacity (saturation run), then a Poisson workload with log-normal
             lengths at 30%, 60% and 90% of it, served for real by the torch engine, twice each
+            (interleaved: every run once, then every run again)
   fit       T_step tables (Optuna-tuned) from the profile and the 30%-load step logs
   calibrate host terms from the 30%-load request logs
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
-            TPOT, ITL, E2E (mean, P50-P99), throughput and step time; 60% and 90% are held out
+            TPOT, ITL, E2E (the mean of the repeats' statistics; mean, P50-P99), throughput and
+            step time; 60% and 90% are held out
   report    report.md / report.html with CDFs, step-time scatter, T_step heatmap, error tables
 
 and print the headline errors. Everything lands under --out; each stage is a plain stepcal

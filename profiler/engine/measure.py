@@ -21,6 +21,29 @@ def warm_up(model, num_steps: int = 3) -> None:
         model.forward_step([torch.tensor([1])], [cache], [True])
 
 
+def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int = 128) -> float:
+    """Median time of one fixed decode step, timed back to back: the machine's speed at this
+    moment, recorded before and after each repeat. On a shared CPU the same batch can cost 30%
+    more a few minutes later; the probe lets validation tell that drift from model error."""
+    import time
+
+    import torch
+    caches = [model.new_cache() for _ in range(num_seqs)]
+    with torch.inference_mode():
+        for cache in caches:
+            cache.fill_random(kv_len)
+        tokens, emit = [torch.tensor([1])] * num_seqs, [True] * num_seqs
+        times_ms = []
+        for k in range(num_steps + num_steps // 5):      # the first fifth warms up, untimed
+            t0 = time.perf_counter()
+            model.forward_step(tokens, caches, emit)
+            if k >= num_steps // 5:
+                times_ms.append((time.perf_counter() - t0) * 1000.0)
+            for cache in caches:
+                cache.truncate(kv_len)
+    return float(sorted(times_ms)[len(times_ms) // 2])
+
+
 def noise_floor(summaries: list[dict]) -> dict:
     """Run-to-run relative difference of each metric statistic: |b - a| / a between the first two
     repeats (max over pairs with the first when there are more): the floor a simulator cannot beat."""
@@ -56,6 +79,42 @@ def write_measured_run(out: str | Path, trace, results: list, meta: dict) -> dic
     return summary
 
 
+# Settings that must agree for single-repeat runs to be one measured run's repeats.
+_SAME_RUN_KEYS = ("model_spec", "device", "dtype", "num_threads", "scheduler", "scheduler_config", "block_size",
+                  "kv_blocks", "clock", "seed")
+
+
+def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
+    """One measured run from single-repeat runs of the same workload taken at different times.
+
+    The quickstart interleaves repeats across its runs (every run's repeat 0, then every run's
+    repeat 1), so that each run's repeats sample the machine's speed at different moments of
+    the campaign instead of two back-to-back minutes. Writes the layout `write_measured_run`
+    writes; raises InputError when the parts differ in trace or settings."""
+    import json
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from simulator.errors import InputError
+    from simulator.workload import read_trace
+    parts = [Path(p) for p in parts]
+    metas = [json.loads((p / "meta.json").read_text()) for p in parts]
+    traces = [pd.read_parquet(p / "trace.parquet") for p in parts]
+    for part, meta, trace in zip(parts[1:], metas[1:], traces[1:]):
+        differ = [k for k in _SAME_RUN_KEYS if meta.get(k) != metas[0].get(k)]
+        if differ or not trace.equals(traces[0]):
+            raise InputError(f"{part}: not a repeat of {parts[0]} (differs in {', '.join(differ) or 'trace'})")
+    results = []
+    for part in parts:
+        results += [SimpleNamespace(requests=pd.read_parquet(d / "requests.parquet"),
+                                    steps=pd.read_parquet(d / "steps.parquet"),
+                                    summary=json.loads((d / "summary.json").read_text()))
+                    for d in sorted(part.glob("repeat_*"), key=lambda d: int(d.name.split("_")[1]))]
+    meta = dict(metas[0], repeats=len(results))
+    return write_measured_run(out, read_trace(parts[0] / "trace.parquet", "stepcal"), results, meta)
+
+
 def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trace_source: str,
                 repeats: int, fingerprint: dict) -> dict:
     from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
@@ -67,4 +126,4 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
             "seed": config.seed}
 
 
-__all__ = ["engine_meta", "noise_floor", "warm_up", "write_measured_run"]
+__all__ = ["combine_repeats", "engine_meta", "noise_floor", "speed_probe_ms", "warm_up", "write_measured_run"]

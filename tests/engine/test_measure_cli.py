@@ -44,3 +44,27 @@ def test_noise_floor_is_the_relative_difference():
     floor = noise_floor([a, b])
     assert floor["ttft_ms"]["p50"] == 0.1 and floor["ttft_ms"]["p99"] == 0.25 and floor["ttft_ms"]["p90"] == 0.0
     assert abs(floor["throughput_rps"] - 0.1) < 1e-12 and floor["tpot_ms"]["p50"] is None
+
+
+def test_single_repeat_runs_combine_into_one_run_with_its_noise_floor(tmp_path, capsys):
+    import pytest
+
+    from profiler.engine.measure import combine_repeats
+    from simulator.errors import InputError
+    trace = "poisson:rate=50,n=8,prompt=uniform:4:40,output=uniform:1:8"
+    for name, seed in (("a", "0"), ("b", "0"), ("other", "1")):
+        assert main(["measure", "--trace", trace, "--scheduler", "continuous", "--seed", seed, "--quiet",
+                     "--out", str(tmp_path / name)]) == 0
+    summary = combine_repeats([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    meta = json.loads((tmp_path / "ab" / "meta.json").read_text())
+    assert meta["repeats"] == 2 and summary["num_finished"] == 8
+    for k, part in enumerate("ab"):    # each part's repeat, in order, unchanged
+        combined = pd.read_parquet(tmp_path / "ab" / f"repeat_{k}" / "steps.parquet")
+        assert combined.equals(pd.read_parquet(tmp_path / part / "repeat_0" / "steps.parquet"))
+    first = json.loads((tmp_path / "a" / "repeat_0" / "summary.json").read_text())
+    second = json.loads((tmp_path / "b" / "repeat_0" / "summary.json").read_text())
+    assert summary["noise_floor"] == noise_floor([first, second])
+    assert first["speed_probe_ms"] > 0
+    with pytest.raises(InputError, match="other: not a repeat of"):      # another seed: another trace
+        combine_repeats([tmp_path / "a", tmp_path / "other"], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

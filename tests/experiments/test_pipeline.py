@@ -52,9 +52,10 @@ def test_target_summary_counts_cells_against_noise_and_fixed_bounds():
             row(-0.12, 0.10, 0.2),           # inside 1.5 x noise (15%), P99 outside
             row(0.2, 0.1, 0.0),              # outside both
             row(0.5, 0.0, 0.5, held_out=False),       # calibration run: not counted
-            row(0.5, 0.0, 0.5, model="calibrated")]   # other model: not counted
-    assert target_summary(rows) == ("held-out runs, tables: 12 of 18 P50/P90 errors within max(5%, 1.5 x noise); "
-                                    "6 of 9 P99 errors within 10%")
+            row(0.5, 0.0, 0.5, model="calibrated")]   # another model: counted on its own line
+    assert target_summary(rows).splitlines() == [
+        "held-out runs, tables: 12 of 18 P50/P90 errors within max(5%, 1.5 x noise); 6 of 9 P99 errors within 10%",
+        "held-out runs, calibrated: 0 of 6 P50/P90 errors within max(5%, 1.5 x noise); 0 of 3 P99 errors within 10%"]
 
 
 def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):

@@ -28,6 +28,7 @@ def test_validate_replays_the_measured_run(measured, tmp_path, capsys):
     repeats = [json.loads((measured / f"repeat_{k}" / "summary.json").read_text()) for k in (0, 1)]
     assert cell["measured"] == pytest.approx((repeats[0]["ttft_ms"]["p50"] + repeats[1]["ttft_ms"]["p50"]) / 2)
     assert record["num_repeats"] == 2 and "mean of 2 repeats" in (out / "validation.md").read_text()
+    assert len(record["speed_probe_ms"]) == 2 and min(record["speed_probe_ms"]) > 0
     steps = [pd.read_parquet(measured / f"repeat_{k}" / "steps.parquet") for k in (0, 1)]
     assert record["step_level"]["num_steps"] == len(steps[0]) + len(steps[1])
     noise = record["step_level"]["noise_floor"]          # the same batches, timed in both repeats
