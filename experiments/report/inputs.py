@@ -14,7 +14,7 @@ class ValidationInput:
     path: Path
     record: dict                       # validation.json
     simulated_requests: object | None  # DataFrame
-    measured_requests: object | None   # DataFrame, repeat 0 of the measured run
+    measured_requests: object | None   # DataFrame, every repeat of the measured run pooled
     step_predictions: object | None    # DataFrame with measured_ms, predicted_ms (empty for imported runs)
     notes: list[str] = field(default_factory=list)
 
@@ -52,7 +52,11 @@ def load_validation(path: Path) -> ValidationInput:
     if measured_dir is None:
         notes.append(f"measured run {record.get('measured_run')!r} not found: CDFs show the simulated run only")
     else:
-        measured = _read_parquet(measured_dir / "repeat_0" / "requests.parquet", notes)
+        import pandas as pd
+        # every repeat's requests pooled: validation compares with the repeats' mean statistics
+        repeats = [_read_parquet(f, notes) for f in sorted(measured_dir.glob("repeat_*/requests.parquet"))]
+        repeats = [r for r in repeats if r is not None]
+        measured = pd.concat(repeats, ignore_index=True) if repeats else None
     return ValidationInput(path, record, simulated, measured, steps, notes)
 
 

@@ -140,3 +140,13 @@ def test_cli_help_loads_no_plotting_or_tracking():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+def test_measured_requests_pool_every_repeat(inputs, tmp_path):
+    run = tmp_path / "engine"
+    shutil.copytree(inputs / "engine", run)
+    shutil.copytree(run / "repeat_0", run / "repeat_1")
+    record = json.loads((run / "validation" / "validation.json").read_text())
+    (run / "validation" / "validation.json").write_text(json.dumps({**record, "measured_run": str(run)}))
+    loaded = load_validation(run / "validation")
+    assert len(loaded.measured_requests) == 32 and not loaded.notes
