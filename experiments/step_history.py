@@ -1,0 +1,100 @@
+"""Does a step's time depend only on its batch? Two measurements of the history a T_step table cannot see.
+
+    .venv/bin/python experiments/step_history.py --rounds 6          # the engine's model, in isolation
+    .venv/bin/python experiments/step_history.py --campaign runs/quickstart   # a quickstart's own logs
+
+1. Interleave: one 1-sequence decode step timed back to back, with a 128-token prefill (another
+   request's) run every N decode steps. If step time were a function of the batch alone, the
+   mean decode time would not depend on N.
+2. Campaign: the tables of a quickstart directory against every measured run's step log:
+   Σ measured / Σ predicted per run and, for decode-only steps, per batch size. The tables are
+   fitted on the lowest load; a ratio that moves with the load, for the same batch sizes, is
+   step time the batch does not explain.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+INTERVALS = (3, 5, 10, 20, 50, 200)
+
+
+def interleave(model_spec: str, rounds: int) -> dict[int, list[float]]:
+    """Mean decode step time (ms) per prefill interval N, one value per round (rounds interleave the Ns)."""
+    import torch
+
+    from profiler.model import build_model
+    from simulator.model_spec import load_model_spec
+    torch.set_num_threads(1)
+    model = build_model(load_model_spec(model_spec))
+    decode_cache, prefill_cache = model.new_cache(), model.new_cache()
+    prompt = torch.arange(128) % model.spec.vocab_size
+    means: dict[int, list[float]] = {n: [] for n in INTERVALS}
+    with torch.inference_mode():
+        model.forward_step([torch.arange(100) % model.spec.vocab_size], [decode_cache], [True])
+        for _ in range(rounds):
+            for n in INTERVALS:
+                times = []
+                for _ in range(max(600 // n, 3)):
+                    prefill_cache.truncate(0)
+                    model.forward_step([prompt], [prefill_cache], [True])
+                    for _ in range(n):
+                        decode_cache.truncate(100)
+                        t0 = time.perf_counter()
+                        model.forward_step([torch.tensor([1])], [decode_cache], [True])
+                        times.append(time.perf_counter() - t0)
+                means[n].append(1000.0 * sum(times) / len(times))
+    return means
+
+
+def campaign(root: Path) -> list[str]:
+    import numpy as np
+    import pandas as pd
+
+    from experiments.step_models import resolve_step_model
+    from experiments.validation import predict_steps
+    model = resolve_step_model(str(root / "tables"))
+    bins = [0, 1, 2, 4, 8, 16, 1 << 20]
+    lines = ["| run | Σ measured / Σ predicted | decode-only steps by batch size: 1, 2, 3-4, 5-8, 9-16, >16 |",
+             "|---|---|---|"]
+    for run in sorted(p for p in (root / "measured").glob("*/*") if p.is_dir() and not p.name.startswith(".")):
+        steps = pd.concat([pd.read_parquet(f) for f in sorted(run.glob("repeat_*/steps.parquet"))], ignore_index=True)
+        steps["predicted_ms"] = predict_steps(model, steps)
+        decode = steps[steps["prefill_tokens"] == 0]
+        size = pd.cut(decode["num_seqs"], bins)
+        by_size = decode.groupby(size, observed=False)
+        ratios = by_size["duration_ms"].sum() / by_size["predicted_ms"].sum()
+        cells = " / ".join("-" if not np.isfinite(r) else f"{r:.2f}" for r in ratios)
+        total = steps["duration_ms"].sum() / steps["predicted_ms"].sum()
+        lines.append(f"| {run.parent.name} {run.name} | {total:.3f} | {cells} |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-spec", default="tiny")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--campaign", type=Path, default=None, help="a quickstart output directory")
+    args = parser.parse_args()
+    if args.campaign is not None:
+        print("\n".join(campaign(args.campaign)))
+        return 0
+    import statistics
+    means = interleave(args.model_spec, args.rounds)
+    steady = statistics.median(means[INTERVALS[-1]])
+    print("| prefill every N decode steps | mean decode step (ms), median of rounds | / N=200 | rounds |")
+    print("|---|---|---|---|")
+    for n, values in means.items():
+        m = statistics.median(values)
+        print(f"| {n} | {m:.3f} | {m / steady:.2f} | {' '.join(f'{v:.2f}' for v in values)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
