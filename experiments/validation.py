@@ -27,7 +27,7 @@ class MeasuredRun:
     steps: object            # DataFrame, every repeat's step log, with a `repeat` column
     summary: dict            # each statistic averaged over the repeats, with noise_floor when there are repeats
     num_repeats: int = 1
-    speed_probe_ms: list = None   # per repeat: a fixed decode step's time around it (the machine's speed)
+    speed_probe_ms: list | None = None   # per repeat: a fixed decode step's time around it (the machine's speed)
 
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
