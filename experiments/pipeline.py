@@ -34,6 +34,7 @@ class CampaignConfig:
     repeats: int = 2
     trials: int = 4
     grid: str = "quick"
+    profile_ops: str | None = None                  # e.g. "step,overhead" (None: every op of the grid)
     seed: int = 0
     timings: dict = field(default_factory=dict)
 
@@ -61,8 +62,10 @@ class Campaign:
 
     def run(self) -> dict:
         c, out = self.c, self.c.out
-        self.stage("profile kernels (quick grid)", ["profile", "--model-spec", c.model_spec, "--device", c.device,
-                                                    "--grid", c.grid, "--no-progress", "--out", out / "profile"])
+        ops = ["--ops", c.profile_ops] if c.profile_ops else []
+        self.stage(f"profile kernels ({c.grid} grid)", ["profile", "--model-spec", c.model_spec, "--device", c.device,
+                                                       "--grid", c.grid, *ops, "--no-progress",
+                                                       "--out", out / "profile"])
         capacity = {}
         for s in c.schedulers:
             self.stage(f"measure {s} capacity (saturation run)",

@@ -29,6 +29,15 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=2, help="measured repeats per run (default 2: the noise floor)")
     p.add_argument("--trials", type=int, default=4, help="Optuna trials per fitted target (default 4)")
     p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("another device or model (the defaults are the CPU quickstart)")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    g.add_argument("--model-spec", default="tiny", help="model preset or file (default tiny)")
+    g.add_argument("--prompt", default="lognormal:128:0.8", help="prompt length distribution (default lognormal:128:0.8)")
+    g.add_argument("--output", default="lognormal:32:0.8", help="output length distribution (default lognormal:32:0.8)")
+    g.add_argument("--chunk-size", type=int, default=64, help="sarathi's prefill chunk, in tokens (default 64)")
+    g.add_argument("--grid", default="quick", help="profile grid: quick, full or a file (default quick)")
+    g.add_argument("--profile-ops", default=None,
+                   help="profile only these ops, e.g. step,overhead (default: every op of the grid)")
     p.set_defaults(func=run)
 
 
@@ -40,10 +49,30 @@ def run(args) -> int:
     schedulers = tuple(s for s in args.schedulers.split(",") if s)
     if not schedulers or args.num_requests < 20 or args.repeats < 1 or args.trials < 1:
         raise InputError("quickstart: needs at least one scheduler, --num-requests >= 20, --repeats >= 1, --trials >= 1")
+    if args.chunk_size < 1:
+        raise InputError(f"--chunk-size {args.chunk_size}: must be at least 1")
+    _check_setup(args)
     config = CampaignConfig(out=Path(args.out), schedulers=schedulers, num_requests=args.num_requests,
-                            repeats=args.repeats, trials=args.trials, seed=args.seed)
+                            repeats=args.repeats, trials=args.trials, seed=args.seed, device=args.device,
+                            model_spec=args.model_spec, prompt=args.prompt, output=args.output,
+                            chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops)
     result = Campaign(config).run()
     print(format_headline(result))
     print(f"\nfinished in {result['wall_s']:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
           f"(and report.md); headline numbers: {Path(args.out) / 'headline.json'}")
     return 0
+
+
+def _check_setup(args) -> None:
+    """Bad flags fail here, in one line, before minutes of profiling."""
+    from simulator.errors import InputError
+    from simulator.model_spec import load_model_spec
+    from simulator.workload.spec import parse_spec
+    load_model_spec(args.model_spec)
+    parse_spec(f"poisson:rate=1,n=1,prompt={args.prompt},output={args.output}", "--prompt / --output")
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {args.device}: CUDA is not available on this machine")
+    elif args.device != "cpu":
+        raise InputError(f"--device {args.device}: expected cpu or cuda[:N]")

@@ -68,3 +68,35 @@ def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_
     assert logs == ["continuous/load_30/repeat_0/steps.parquet", "continuous/load_30/repeat_1/steps.parquet",
                     "sarathi/load_30/repeat_0/steps.parquet", "sarathi/load_30/repeat_1/steps.parquet",
                     "continuous/saturation/repeat_0/steps.parquet", "sarathi/saturation/repeat_0/steps.parquet"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-spec", "nope"], "--model-spec"),
+    (["--prompt", "lognormal:x"], "--prompt / --output"),
+    (["--device", "tpu"], "--device tpu"),
+    (["--chunk-size", "0"], "--chunk-size 0"),
+    (["--num-requests", "5"], "--num-requests >= 20"),
+])
+def test_quickstart_rejects_bad_flags_in_one_line_before_any_work(tmp_path, capsys, flags, message):
+    from experiments.cli import main
+    out = tmp_path / "qs"
+    assert main(["quickstart", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, monkeypatch):
+    import experiments.pipeline as pipeline
+    calls = []
+    monkeypatch.setattr(pipeline.Campaign, "stage", lambda self, title, argv: calls.append([str(a) for a in argv]))
+    monkeypatch.setattr(pipeline, "_summary", lambda path: {"throughput_rps": 10.0})
+    monkeypatch.setattr(pipeline.Campaign, "measure_interleaved", lambda self, capacity: None)
+    config = CampaignConfig(out=tmp_path, device="cuda", model_spec="llama-3-8b", profile_ops="step,overhead",
+                            schedulers=("sarathi",), chunk_size=512)
+    with pytest.raises(FileNotFoundError):     # stops at the headline: no stage really ran
+        Campaign(config).run()
+    profile = calls[0]
+    assert profile[:5] == ["profile", "--model-spec", "llama-3-8b", "--device", "cuda"]
+    assert profile[profile.index("--ops") + 1] == "step,overhead"
+    saturation = calls[1]
+    assert saturation[saturation.index("--chunk-size") + 1] == "512" and "cuda" in saturation
