@@ -41,7 +41,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None, 
     (directory / "models").mkdir(parents=True, exist_ok=True)
     for target, fit in result.targets.items():
         joblib.dump(fit.estimator, directory / "models" / f"{_safe(target)}.joblib", compress=3)
-    composed = {"linear", "lm_head", "decode_attn", "prefill_attn", "overhead"}
+    composed = {"linear", "lm_head", "decode_attn", "prefill_attn", "overhead"} | ({"all_reduce"} if tp > 1 else set())
     notes = _coverage_notes(result, spec, tp) if (has_ops and step is None) else []
     meta = {
         "mode": "step" if step is not None else "composed",

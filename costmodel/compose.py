@@ -1,9 +1,9 @@
 """Composition: the T_step terms of a model on a device, from per-operator regressors.
 
 T_step(batch) = layers × (GEMMs at Σq tokens + small per-token ops + attention) + LM head
-+ overhead. Each term is evaluated on a grid (costmodel.tables looks it up); grid points past
-the profiled range take the regressor's own extrapolation (linear in FLOPs and bytes for the
-physics-informed family).
++ overhead, and under tensor parallelism two all-reduces per layer. Each term is evaluated on a
+grid (costmodel.tables looks it up); grid points past the profiled range take the regressor's
+own extrapolation (linear in FLOPs and bytes for the physics-informed family).
 """
 from __future__ import annotations
 
@@ -122,6 +122,8 @@ def compose_terms(result: FitResult, spec: ModelSpec, tp: int, axes: Axes,
         terms.append(_decode_term(result, spec, tp, axes))
     if "attn_prefill" in result.targets:
         terms.append(_prefill_term(result, spec, tp, axes))
+    if tp > 1 and all_reduce_target(result) is not None:
+        terms.append(_all_reduce_term(result, spec, tp, axes))
     if "overhead" in result.targets:
         B = axes.num_seqs
         mean, spread = predict_records(result, "overhead", dict(
@@ -129,6 +131,28 @@ def compose_terms(result: FitResult, spec: ModelSpec, tp: int, axes: Axes,
         terms.append(Term("overhead", ("num_seqs",), (B,), mean, spread,
                           "host overhead per step by batch size"))
     return terms
+
+
+def all_reduce_target(result: FitResult) -> str | None:
+    """The all-reduce regressor composition uses: a CUDA-graph implementation where profiled
+    (what serving engines replay for decode steps), else the first one."""
+    names = sorted(t for t in result.targets if t.split(":", 1)[0] == "all_reduce")
+    graph = [t for t in names if "graph" in t]
+    return (graph or names or [None])[0]
+
+
+def _all_reduce_term(result, spec, tp, axes) -> Term:
+    """Tensor parallelism's all-reduces of the hidden state: two per layer (after the attention
+    output projection and after the MLP's down projection), num_tokens x hidden elements each."""
+    target = all_reduce_target(result)
+    T = axes.num_tokens
+    name = target.split(":", 1)[1] if ":" in target else None
+    mean, spread = predict_records(result, target, dict(
+        row=np.arange(len(T)), op="all_reduce", name=name, num_tokens=T, tp=np.full(len(T), float(tp)),
+        width=np.full(len(T), float(spec.hidden_size))), spec.dtype)
+    per_step = 2 * spec.num_layers
+    return Term("all_reduce", ("num_tokens",), (T,), per_step * mean, per_step * spread,
+                f"{per_step} all-reduces ({spec.num_layers} layers x 2) of num_tokens x hidden over {tp} GPUs")
 
 
 def _heads(spec: ModelSpec, tp: int, n: int) -> dict:

@@ -38,6 +38,8 @@ KINDS = {
     "step": TargetKind(FEATURE_NAMES, ("num_tokens", "num_seqs", "decode_kv_sum",
                                        "prefill_attn_work"), "num_tokens"),
     "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
+    # A tensor-parallel all-reduce of num_tokens x width elements over tp GPUs.
+    "all_reduce": TargetKind(("tp",), ("message_bytes", "ring_bytes"), "message_bytes"),
 }
 
 
@@ -45,6 +47,8 @@ def target_of(op: str, name) -> str:
     """The target a record belongs to: e.g. 'gemm', 'elementwise:add', 'attn_decode'."""
     if op == "elementwise":
         return f"elementwise:{name}"
+    if op == "all_reduce" and isinstance(name, str) and name:
+        return f"all_reduce:{name}"       # one target per implementation (e.g. CUDA graph or eager)
     return str(op)
 
 
@@ -108,6 +112,11 @@ def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
                 "tiles_128": np.ceil(m / 128) * np.ceil(n / 128)}
     if kind == "elementwise":
         return {"bytes": base["num_tokens"] * base["width"] * dtype_bytes}
+    if kind == "all_reduce":
+        message = (records["num_tokens"].to_numpy(dtype=np.float64) * records["width"].to_numpy(dtype=np.float64)
+                   * dtype_bytes)
+        # ring_bytes: what each GPU sends in a ring all-reduce, 2 (tp - 1) / tp of the message.
+        return {"message_bytes": message, "ring_bytes": 2 * (base["tp"] - 1) / base["tp"] * message}
     if kind == "attn_decode":
         kv_sum, heads, kv_heads, hd = (base["decode_kv_sum"], base["num_heads"],
                                        base["num_kv_heads"], base["head_dim"])

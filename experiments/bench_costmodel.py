@@ -4,7 +4,8 @@
    operators), ours (Optuna-tuned families incl. the physics-informed model) vs a plain random
    forest per operator and TP degree over num_tokens with grid search (Vidur's approach), on a
    random split and an extrapolation split (train on the smaller half of num_tokens).
-2. AIConfigurator H100 decode and prefill attention: held-out MAPE, random and extrapolation.
+2. AIConfigurator H100 decode and prefill attention, and all-reduce: held-out MAPE, random and
+   extrapolation.
 3. Wall time of `stepcal fit` with the defaults, and T_step of Qwen3-14B on H100 (bf16) for a
    few batches, composed from the AIConfigurator tables; the cost of one table lookup.
 
@@ -120,6 +121,18 @@ def bench_attention(trials: int, seed: int) -> None:
                   f"max {e['max_ape']:6.1f}%  ({e['n']} rows, family {fit.choice.family})")
 
 
+def bench_all_reduce(trials: int, seed: int) -> None:
+    from costmodel.fitting import FitConfig, fit_all, select_records
+    from costmodel.importers import load_profiles
+    print("\n== AIConfigurator H100 all-reduce (custom_allreduce_perf, bf16, 2/4/8 GPUs): held-out error ==")
+    records = select_records(load_profiles([PROFILES / "aiconfigurator/h100_sxm/comm"]), dtype="bfloat16")
+    result = fit_all(records, FitConfig(regressor="tuned", trials=trials, seed=seed))
+    for target, fit in result.targets.items():
+        for split, e in fit.errors.items():
+            print(f"{target:<24}{split:<15} MAPE {e['mape']:6.2f}%  P90 {e['p90_ape']:6.2f}%  "
+                  f"({e['n']} rows, family {fit.choice.family})")
+
+
 def bench_fit_wall_time() -> Path:
     print("\n== `stepcal fit` with the defaults (tuned, MLflow on) ==")
     out = Path(tempfile.mkdtemp(prefix="bench_fit_")) / "qwen3-14b-h100"
@@ -187,6 +200,7 @@ def main() -> None:
         table_dir = bench_fit_wall_time()
         bench_composed(table_dir)
         bench_attention(args.trials, args.seed)
+        bench_all_reduce(args.trials, args.seed)
     bench_vidur(args.trials, args.seed, args.everything)
 
 

@@ -1,4 +1,5 @@
-"""AIConfigurator kernel tables (Parquet): gemm_perf, context_attention_perf, generation_attention_perf.
+"""AIConfigurator kernel tables (Parquet): gemm_perf, context_attention_perf, generation_attention_perf,
+custom_allreduce_perf.
 
 `num_heads` / `num_key_value_heads` there are the heads on one GPU; `latency` is in ms.
 Context attention is a prefill from an empty cache of `batch_size` prompts of `isl` tokens;
@@ -13,11 +14,11 @@ import pandas as pd
 
 from costmodel.records import check_positive, check_times, make_records, require_columns
 
-TABLES = ("gemm_perf", "context_attention_perf", "generation_attention_perf")
+TABLES = ("gemm_perf", "context_attention_perf", "generation_attention_perf", "custom_allreduce_perf")
 
 
 def is_aiconfigurator_table(columns) -> bool:
-    return "latency" in columns and ("gemm_dtype" in columns or "isl" in columns)
+    return "latency" in columns and ("gemm_dtype" in columns or "isl" in columns or "message_size" in columns)
 
 
 def table_files(directory: Path) -> list[Path]:
@@ -29,6 +30,8 @@ def import_table(frame: pd.DataFrame, path: str) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     if "gemm_dtype" in frame.columns:
         return _gemm(frame, path)
+    if "message_size" in frame.columns:
+        return _all_reduce(frame, path)
     require_columns(frame, ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
                             "latency"), path=path, what="AIConfigurator attention")
     check_times(frame, "latency", path=path)
@@ -79,4 +82,22 @@ def _decode(frame: pd.DataFrame, path: str) -> pd.DataFrame:
     cols = _common(frame)
     cols.update(op="attn_decode", num_seqs=b, num_tokens=b, num_decode=b, decode_kv_sum=b * s,
                 decode_kv_max=s, prefill_tokens=zeros, prefill_attn_work=zeros, kv_sum=b * s)
+    return make_records(cols, source="aiconfigurator", file=path)
+
+
+def _all_reduce(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    """custom_allreduce_perf: `message_size` elements of `allreduce_dtype` reduced over `num_gpus`.
+
+    Read as elements: at the largest message (2^29) on 8 H100s that gives a bus bandwidth of
+    ~320 GB/s, in NVLink's range (read as bytes it would be half that)."""
+    require_columns(frame, ("num_gpus", "message_size", "latency"), path=path,
+                    what="AIConfigurator custom_allreduce_perf")
+    check_times(frame, "latency", path=path)
+    check_positive(frame, ("num_gpus", "message_size"), path=path)
+    name = frame["backend"] if "backend" in frame.columns else None
+    cols = dict(row=np.arange(len(frame)), op="all_reduce", name=name, tp=frame["num_gpus"],
+                num_tokens=frame["message_size"], width=np.ones(len(frame)),
+                time_ms=frame["latency"].to_numpy(dtype=np.float64),
+                dtype=frame["allreduce_dtype"] if "allreduce_dtype" in frame.columns else None,
+                device=frame["device"] if "device" in frame.columns else None)
     return make_records(cols, source="aiconfigurator", file=path)

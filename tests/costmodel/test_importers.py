@@ -96,6 +96,30 @@ def test_aiconfigurator_directory_is_read_whole():
     q = prefill["prefill_tokens"] / prefill["num_seqs"]
     assert prefill["prefill_attn_work"] == prefill["num_seqs"] * q * (q + 1) / 2
     assert records["device"].unique().tolist() == ["NVIDIA H100 80GB HBM3"]
+    reduce = records[records["op"] == "all_reduce"]             # custom_allreduce_perf
+    assert len(reduce) == 138 and set(reduce["tp"]) == {2.0, 4.0, 8.0}
+    assert set(reduce["name"]) == {"vllm_graph", "vllm_eager"} and (reduce["width"] == 1).all()
+
+
+def test_aiconfigurator_all_reduce_rows_become_tp_records(tmp_path):
+    from costmodel.features import assign_targets, design
+    frame = pd.DataFrame({"num_gpus": [2, 4, 8], "message_size": [128, 4096, 1 << 20],
+                          "latency": [0.004, 0.006, 0.03], "allreduce_dtype": "bfloat16",
+                          "backend": "vllm_graph", "device": "H100"})
+    path = tmp_path / "custom_allreduce_perf.parquet"
+    frame.to_parquet(path)
+    records = load_profiles([path])
+    assert (records["op"] == "all_reduce").all() and records["tp"].tolist() == [2.0, 4.0, 8.0]
+    assert set(assign_targets(records)) == {"all_reduce:vllm_graph"}
+    d = design("all_reduce:vllm_graph", records)
+    message = d.X[:, d.names.index("message_bytes")]
+    ring = d.X[:, d.names.index("ring_bytes")]
+    assert message.tolist() == [256.0, 8192.0, 2.0 * (1 << 20)]       # elements x 2 bytes (bf16)
+    assert ring.tolist() == pytest.approx([256.0, 1.5 * 8192.0, 1.75 * 2.0 * (1 << 20)])   # 2 (tp-1)/tp
+    frame.loc[1, "latency"] = -1.0
+    frame.to_parquet(path)
+    with pytest.raises(InputError, match="row 1.*latency"):
+        load_profiles([path])
 
 
 def test_splitwise_rows_give_a_prompt_and_a_token_step():

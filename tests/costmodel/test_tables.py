@@ -82,3 +82,33 @@ def test_broken_table_directories_fail_with_a_message(fitted_tables, tmp_path):
     pd.DataFrame({"num_tokens": [1.0]}).to_parquet(copy / "linear.parquet")
     with pytest.raises(InputError, match="missing column"):
         load_step_model(copy)
+
+
+def test_tensor_parallel_tables_add_two_all_reduces_per_layer(tmp_path):
+    """TP > 1 with all-reduce data: a term on num_tokens, 2 x layers x the fitted all-reduce of
+    num_tokens x hidden elements; TP > 1 without it: the term is listed as missing."""
+    from experiments.cli import main
+    from simulator.model_spec import PRESETS
+    from tests.costmodel.conftest import make_profile
+    spec = PRESETS["tiny"]
+    make_profile().to_parquet(tmp_path / "profile.parquet", index=False)
+    sizes = np.geomspace(64, 1 << 24, 30).round()
+    comm = pd.DataFrame({"num_gpus": 2, "message_size": sizes, "allreduce_dtype": "float32",
+                         "latency": 0.005 + sizes * 4 / 2e8, "backend": "graph"})   # 5 us + bytes / 200 GB/s
+    comm.to_parquet(tmp_path / "custom_allreduce_perf.parquet")
+    for name, inputs in (("with", ["profile.parquet", "custom_allreduce_perf.parquet"]), ("without", ["profile.parquet"])):
+        assert main(["fit", "--profile", *[str(tmp_path / f) for f in inputs], "--model-spec", "tiny", "--tp", "2",
+                     "--regressor", "rf", "--no-mlflow", "--out", str(tmp_path / name)]) == 0
+    meta = json.loads((tmp_path / "with" / "meta.json").read_text())
+    assert "all_reduce" in meta["t_step_terms"] and "all_reduce" not in meta["missing_terms"]
+    assert "all_reduce" in json.loads((tmp_path / "without" / "meta.json").read_text())["missing_terms"]
+    model = load_step_model(tmp_path / "with")
+    tokens = [16.0, 1024.0]
+    f = StepFeatures.from_columns({n: tokens if n in ("num_tokens", "prefill_tokens") else [1.0, 1.0]
+                                   for n in StepFeatures.__dataclass_fields__})
+    expected = [2 * spec.num_layers * (0.005 + t * spec.hidden_size * 4 / 2e8) for t in tokens]
+    assert model.term_ms(f)["all_reduce"] == pytest.approx(expected, rel=0.15)
+    tp1 = tmp_path / "tp1"
+    assert main(["fit", "--profile", str(tmp_path / "profile.parquet"), str(tmp_path / "custom_allreduce_perf.parquet"),
+                 "--model-spec", "tiny", "--regressor", "rf", "--no-mlflow", "--out", str(tp1)]) == 0
+    assert "all_reduce" not in json.loads((tp1 / "meta.json").read_text())["t_step_terms"]
