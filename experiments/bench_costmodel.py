@@ -124,13 +124,15 @@ def bench_attention(trials: int, seed: int) -> None:
 def bench_all_reduce(trials: int, seed: int) -> None:
     from costmodel.fitting import FitConfig, fit_all, select_records
     from costmodel.importers import load_profiles
-    print("\n== AIConfigurator H100 all-reduce (custom_allreduce_perf, bf16, 2/4/8 GPUs): held-out error ==")
-    records = select_records(load_profiles([PROFILES / "aiconfigurator/h100_sxm/comm"]), dtype="bfloat16")
-    result = fit_all(records, FitConfig(regressor="tuned", trials=trials, seed=seed))
-    for target, fit in result.targets.items():
-        for split, e in fit.errors.items():
-            print(f"{target:<24}{split:<15} MAPE {e['mape']:6.2f}%  P90 {e['p90_ape']:6.2f}%  "
-                  f"({e['n']} rows, family {fit.choice.family})")
+    print("\n== all-reduce on H100, 2/4/8 GPUs (AIConfigurator custom_allreduce_perf bf16; Vidur "
+          "network/all_reduce.csv): held-out error ==")
+    for path in (PROFILES / "aiconfigurator/h100_sxm/comm", PROFILES / "vidur/network/h100_dgx/all_reduce.csv"):
+        records = select_records(load_profiles([path]), dtype="bfloat16")
+        result = fit_all(records, FitConfig(regressor="tuned", trials=trials, seed=seed))
+        for target, fit in result.targets.items():
+            for split, e in fit.errors.items():
+                print(f"{target:<24}{split:<15} MAPE {e['mape']:6.2f}%  P90 {e['p90_ape']:6.2f}%  "
+                      f"({e['n']} rows, family {fit.choice.family})")
 
 
 def bench_fit_wall_time() -> Path:

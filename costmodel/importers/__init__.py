@@ -16,7 +16,7 @@ FORMATS = ("auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise")
 _IMPORTERS = {
     "profile": native.import_profile,
     "steplog": native.import_step_log,
-    "vidur": vidur.import_mlp,
+    "vidur": vidur.import_table,
     "aiconfigurator": aiconfigurator.import_table,
     "splitwise": splitwise.import_perf_model,
 }
@@ -45,7 +45,7 @@ def load_file(path: Path, fmt: str = "auto") -> pd.DataFrame:
 
 def detect_format(columns, path) -> str:
     cols = set(columns)
-    if any(c.startswith("time_stats.") for c in cols) and "num_tokens" in cols:
+    if any(c.startswith("time_stats.") for c in cols) and ("num_tokens" in cols or "num_workers" in cols):
         return "vidur"
     if aiconfigurator.is_aiconfigurator_table(cols):
         return "aiconfigurator"

@@ -1,4 +1,5 @@
-"""Vidur's per-layer operator profile (`mlp.csv`): operator times by num_tokens and TP degree.
+"""Vidur's per-layer operator profile (`mlp.csv`): operator times by num_tokens and TP degree; and
+its network profile (`all_reduce.csv`): all-reduce times by message size and number of GPUs.
 
 Each row of mlp.csv times one transformer layer's operators at one num_tokens; it becomes one
 record per operator. The four projections are GEMMs whose (n, k) follow from the model's
@@ -19,6 +20,30 @@ GEMM_OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj",
             "mlp_up_proj": "gate_up_proj", "mlp_down_proj": "down_proj"}
 ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 STAT = "median"   # the statistic Vidur itself trains on
+
+
+def import_table(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    """mlp.csv, or a network profile (all_reduce.csv) by its columns."""
+    if f"time_stats.all_reduce.{STAT}" in frame.columns:
+        return import_all_reduce(frame, path)
+    return import_mlp(frame, path)
+
+
+def import_all_reduce(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    """network/.../all_reduce.csv: an all-reduce of `size` bytes over `num_workers` GPUs, one row per
+    rank; rank 0's rows are kept (every rank waits for the same collective). The message is
+    recorded in 2-byte elements, the activations' width in fp16/bf16 serving."""
+    col = f"time_stats.all_reduce.{STAT}"
+    require_columns(frame, ("num_workers", "size", col), path=path, what="Vidur all_reduce.csv")
+    frame = frame.reset_index(drop=True)
+    check_times(frame, col, path=path)
+    check_positive(frame, ("num_workers", "size"), path=path)
+    if "rank" in frame.columns:
+        frame = frame[frame["rank"] == 0]
+    cols = dict(row=frame.index.to_numpy(), op="all_reduce", name="vidur_nccl", tp=frame["num_workers"].to_numpy(dtype=np.float64),
+                num_tokens=frame["size"].to_numpy(dtype=np.float64) / 2, width=np.ones(len(frame)),
+                time_ms=frame[col].to_numpy(dtype=np.float64))
+    return make_records(cols, source="vidur", file=path)
 
 
 def import_mlp(frame: pd.DataFrame, path: str) -> pd.DataFrame:

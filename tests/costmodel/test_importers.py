@@ -147,3 +147,20 @@ def test_format_detection_and_unknown_files(tmp_path):
         load_profiles([tmp_path / "absent.csv"])
     with pytest.raises(InputError, match="neither profile.parquet nor AIConfigurator"):
         load_profiles([tmp_path])
+
+
+def test_vidur_all_reduce_csv_becomes_rank_0_all_reduce_records(tmp_path):
+    frame = pd.DataFrame({"time_stats.all_reduce.median": [0.02, 0.021, 0.05, 0.3],
+                          "rank": [0, 1, 0, 0], "num_workers": [2, 2, 4, 8],
+                          "size": [2048, 2048, 1 << 20, 1 << 26], "collective": "all_reduce"})
+    path = tmp_path / "all_reduce.csv"
+    frame.to_csv(path)
+    assert detect_format(pd.read_csv(path).columns, path) == "vidur"
+    records = load_profiles([path])
+    assert (records["op"] == "all_reduce").all() and records["row"].tolist() == [0, 2, 3]   # rank 0 only
+    assert records["tp"].tolist() == [2.0, 4.0, 8.0]
+    assert records["num_tokens"].tolist() == [1024.0, float(1 << 19), float(1 << 25)]        # 2-byte elements
+    frame.loc[2, "size"] = 0
+    frame.to_csv(path)
+    with pytest.raises(InputError, match="row 2.*size"):
+        load_profiles([path])
