@@ -33,10 +33,12 @@ def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int =
         for cache in caches:
             cache.fill_random(kv_len)
         tokens, emit = [torch.tensor([1])] * num_seqs, [True] * num_seqs
+        sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
         times_ms = []
         for k in range(num_steps + num_steps // 5):      # the first fifth warms up, untimed
             t0 = time.perf_counter()
             model.forward_step(tokens, caches, emit)
+            sync()
             if k >= num_steps // 5:
                 times_ms.append((time.perf_counter() - t0) * 1000.0)
             for cache in caches:
