@@ -4,9 +4,12 @@ Each stage is one `stepcal` command run in-process, so the campaign exercises ex
 user runs by hand, and every intermediate directory can be inspected or rerun on its own.
 
 Loads are set from each scheduler's measured capacity (a saturation run: every request arrives
-at once). The lowest load is the calibration run: its step log joins the kernel profile as
-training data for the T_step tables, and its request log calibrates the host terms. The higher
-loads are held out: only they are validated.
+at once). The lowest load is the calibration run; the higher loads are held out. Three step
+models are validated on every run:
+  tables      the kernel profile and the calibration load's step logs (and the saturation runs'),
+  kernels     the kernel profile alone: what per-operator profiles say, without the engine's host work,
+  calibrated  the kernel tables plus host terms fitted to the calibration load's request log, the
+              path of a user who has kernel profiles and a deployment's request log only.
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.errors import InputError
+
+
+KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead")
 
 
 @dataclass
@@ -79,33 +85,54 @@ class Campaign:
                                                  *calibration_logs, "--model-spec", c.model_spec,
                                                  "--regressor", "tuned", "--trials", c.trials, "--seed", c.seed,
                                                  "--out", out / "tables"])
+        models = {s: {"tables": out / "tables"} for s in c.schedulers}
+        if self.kernel_ops():
+            self.calibrate_kernel_tables(models)
         validations = []
         for s in c.schedulers:
-            low = out / "measured" / s / _load_name(c.loads[0])
-            self.stage(f"calibrate host terms on {s} at {c.loads[0]:.0%} load",
-                       ["calibrate", "--measured", low, "--step-model", out / "tables", "--quiet",
-                        "--out", out / "calibrated" / s])
             for load in c.loads:
                 measured = out / "measured" / s / _load_name(load)
-                for model_name, model in (("tables", out / "tables"), ("calibrated", out / "calibrated" / s)):
+                for model_name, model in models[s].items():
                     target = out / "validation" / model_name / s / _load_name(load)
                     self.stage(f"simulate + validate {s} at {load:.0%} load ({model_name})",
                                ["validate", "--measured", measured, "--step-model", model, "--quiet", "--out", target])
                     validations.append((s, load, model_name, target))
-        report_dirs = [v[3] for v in validations if v[2] == "calibrated"] + [out / "tables"]
+        report_dirs = [v[3] for v in validations if v[2] in ("tables", "calibrated")] + [out / "tables"]
         self.stage("report", ["report", *report_dirs, "--out", out / "report"])
         return self.headline(capacity, validations)
+
+    def kernel_ops(self) -> list[str]:
+        """The profiled per-operator kernels (the whole-step points left out), if GEMMs are among them."""
+        profiled = self.c.profile_ops.split(",") if self.c.profile_ops else list(KERNEL_OPS)
+        ops = [op for op in KERNEL_OPS if op in profiled]
+        return ops if "gemm" in ops else []
+
+    def calibrate_kernel_tables(self, models: dict) -> None:
+        """The path of a user with kernel profiles and a deployment's request log only: tables
+        composed from the kernels alone ("kernels"; they miss the engine's host work), then host
+        terms fitted to each scheduler's calibration-load request log ("calibrated")."""
+        c, out = self.c, self.c.out
+        self.stage("fit kernel-only T_step tables", ["fit", "--profile", out / "profile" / "profile.parquet",
+                                                     "--ops", ",".join(self.kernel_ops()), "--model-spec",
+                                                     c.model_spec, "--regressor", "tuned", "--trials", c.trials,
+                                                     "--seed", c.seed, "--out", out / "tables_kernels"])
+        for s in c.schedulers:
+            self.stage(f"calibrate host terms of the kernel tables on {s} at {c.loads[0]:.0%} load",
+                       ["calibrate", "--measured", out / "measured" / s / _load_name(c.loads[0]),
+                        "--step-model", out / "tables_kernels", "--quiet", "--out", out / "calibrated" / s])
+            models[s].update(kernels=out / "tables_kernels", calibrated=out / "calibrated" / s)
 
     def measure_interleaved(self, capacity: dict) -> None:
         """Every run's repeat 0, then every run's repeat 1, ...: the machine's speed drifts over
         minutes (the same batches cost up to 20-30% more a few minutes later on a shared CPU), and
         back-to-back repeats would hand each run one moment's speed. Interleaved, every run's
-        repeats (and the calibration logs the tables train on) span the whole measurement."""
+        repeats (and the calibration logs the tables train on) span the whole measurement; every
+        other pass runs in reverse order, so that a trend within a pass does not favour a load."""
         from profiler.engine.measure import combine_repeats
         c, parts = self.c, self.c.out / "measured" / ".repeats"
         runs = [(s, load) for s in c.schedulers for load in c.loads]
         for k in range(c.repeats):
-            for s, load in runs:
+            for s, load in (runs if k % 2 == 0 else runs[::-1]):
                 self.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", [
                     "measure", "--model-spec", c.model_spec, "--device", c.device, "--quiet",
                     "--trace", c.workload(load * capacity[s]), *self.scheduler_flags(s),

@@ -26,6 +26,9 @@ def register(subparsers) -> None:
                    help="keep rows of this dtype (default: the model spec's dtype)")
     p.add_argument("--device", default=None,
                    help="keep rows whose device name contains this (needed when the input mixes devices)")
+    p.add_argument("--ops", default=None, metavar="LIST",
+                   help="fit only records of these ops, comma-separated (e.g. gemm,attn_prefill,attn_decode: "
+                        "tables composed from kernels alone, without whole-step rows)")
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (default: 1, or the smallest in whole-step data)")
     p.add_argument("--regressor", default="tuned", choices=["rf", "tuned"],
@@ -67,7 +70,7 @@ def run(args) -> int:
     started = time.perf_counter()
     spec = load_model_spec(args.model_spec) if args.model_spec else None
     dtype = normalise_dtype(args.dtype) if args.dtype else (normalise_dtype(spec.dtype) if spec else None)
-    records = select_records(load_profiles(args.profile, args.format), device=args.device,
+    records = select_records(_only_ops(load_profiles(args.profile, args.format), args.ops), device=args.device,
                              dtype=dtype, tp=args.tp)
     holdout = None
     if args.holdout:
@@ -124,3 +127,14 @@ def _report(result, meta, out, wall_s) -> None:
         print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
     if meta.get("mlflow_run_id"):
         print(f"  MLflow run {meta['mlflow_run_id']} at {meta['mlflow_tracking_uri']}")
+
+
+def _only_ops(records, ops: str | None):
+    from simulator.errors import InputError
+    if not ops:
+        return records
+    wanted = [o.strip() for o in ops.split(",") if o.strip()]
+    kept = records[records["op"].isin(wanted)]
+    if kept.empty:
+        raise InputError(f"--ops {ops}: no rows of these ops; the input has {', '.join(sorted(records['op'].unique()))}")
+    return kept.reset_index(drop=True)

@@ -9,8 +9,9 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
   measure   each scheduler's capacity (saturation run), then a Poisson workload with log-normal
             lengths at 30%, 60% and 90% of it, served for real by the torch engine, twice each
             (interleaved: every run once, then every run again)
-  fit       T_step tables (Optuna-tuned) from the profile and the 30%-load step logs
-  calibrate host terms from the 30%-load request logs
+  fit       T_step tables (Optuna-tuned) from the profile and the 30%-load step logs ("tables"),
+            and from the kernel profile alone ("kernels": no engine host work in them)
+  calibrate host terms of the kernel tables from the 30%-load request logs ("calibrated")
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
             TPOT, ITL, E2E (the mean of the repeats' statistics; mean, P50-P99), throughput and
             step time; 60% and 90% are held out

@@ -31,7 +31,10 @@ def test_campaign_runs_every_stage(tmp_path):
     assert result["capacity_rps"]["continuous"] > 0
     rows = result["rows"]
     assert [(r["load"], r["model"], r["held_out"]) for r in rows] == [
-        (0.3, "tables", False), (0.3, "calibrated", False), (0.7, "tables", True), (0.7, "calibrated", True)]
+        (0.3, "tables", False), (0.3, "kernels", False), (0.3, "calibrated", False),
+        (0.7, "tables", True), (0.7, "kernels", True), (0.7, "calibrated", True)]
+    kernels = json.loads((out / "tables_kernels/meta.json").read_text())
+    assert kernels["mode"] == "composed" and "step" not in kernels["targets"]
     assert all(r["ttft_ms.p50.noise"] is not None and r["step_mape"] is not None for r in rows)
     assert all(r["step_total"] is not None and r["e2e_ms.p50.step_matched"] is not None for r in rows)
     calibrated = json.loads((out / "calibrated/continuous/meta.json").read_text())
@@ -100,3 +103,19 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
     assert profile[profile.index("--ops") + 1] == "step,overhead"
     saturation = calls[1]
     assert saturation[saturation.index("--chunk-size") + 1] == "512" and "cuda" in saturation
+
+
+def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monkeypatch):
+    import experiments.pipeline as pipeline
+    import profiler.engine.measure as measure
+    outs = []
+    monkeypatch.setattr(pipeline.Campaign, "stage", lambda self, title, argv: outs.append(str(argv[-1])))
+    monkeypatch.setattr(measure, "combine_repeats", lambda parts, out: outs.append(("combine", len(parts), str(out))))
+    (tmp_path / "measured" / ".repeats").mkdir(parents=True)
+    config = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2)
+    Campaign(config).measure_interleaved({"a": 10.0, "b": 20.0})
+    parts = [o.split(".repeats/")[1] for o in outs[:8]]
+    assert parts == ["a/load_30/0", "a/load_90/0", "b/load_30/0", "b/load_90/0",
+                     "b/load_90/1", "b/load_30/1", "a/load_90/1", "a/load_30/1"]
+    assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n)) for s in "ab" for n in ("load_30", "load_90")]
+    assert not (tmp_path / "measured" / ".repeats").exists()
