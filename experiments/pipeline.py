@@ -22,7 +22,6 @@ from pathlib import Path
 
 from simulator.errors import InputError
 
-
 KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead")
 
 
