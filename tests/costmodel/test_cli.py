@@ -85,6 +85,20 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
     assert main(["predict", "--tables", str(tmp_path), "--input", str(profile_file),
                  "--out", str(tmp_path / "p.csv")]) == 2
     assert "no meta.json" in capsys.readouterr().err
+    assert main(["fit", "--profile", str(profile_file), "--ops", "gemmm", "--model-spec", "tiny", "--no-mlflow",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--ops gemmm: no rows" in err and "gemm" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fit_ops_keeps_only_the_named_ops(profile_file, tmp_path):
+    out = tmp_path / "t"
+    assert main(["fit", "--profile", str(profile_file), "--ops", "gemm", "--model-spec", "tiny",
+                 "--regressor", "rf", "--no-mlflow", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    profile = pd.read_parquet(profile_file)
+    assert set(meta["targets"]) == {"gemm"} and meta["provenance"]["rows"] == int(
+        ((profile["op"] == "gemm") & (profile["status"] == "ok")).sum())     # failed points are skipped
 
 
 def test_fit_on_real_vidur_profile_composes_a_model(tmp_path):
