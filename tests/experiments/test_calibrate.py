@@ -58,3 +58,19 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
     for key, error in calibration["errors_after"].items():
         metric, stat = key.split(".")
         assert record["metrics"][metric][stat]["error"] == pytest.approx(error, abs=1e-12), key
+
+
+def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
+    """A run whose every step costs 1.5 ms more than the base model: calibration finds it in the per-step
+    term and leaves the per-sequence and per-token terms at zero (they would not cut the loss by a quarter)."""
+    from dataclasses import replace
+
+    from experiments.validation import sim_config_for
+    from simulator.simulation import simulate
+    base = LinearStepModel(1.0, 0.02, 0.0005)
+    truth = HostTermsModel(base, HostTerms(1.5, 0.0, 0.0, 0.0))
+    run = replace(measured, summary=simulate(measured.trace, truth, sim_config_for(measured)).summary)
+    result = calibrate(run, base, max_simulations=150)
+    assert result.terms.per_seq_ms == 0.0 and result.terms.per_token_ms == 0.0
+    assert result.terms.per_step_ms == pytest.approx(1.5, rel=0.1)
+    assert result.loss_after < result.loss_before / 100
