@@ -58,9 +58,16 @@ class FitResult:
 
 
 def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: str | None = None,
-                   tp: int | None = None) -> pd.DataFrame:
-    """The rows of one configuration: one device, one dtype, one tensor-parallel degree for steps."""
+                   tp: int | None = None, ops: str | None = None) -> pd.DataFrame:
+    """The rows of one configuration: one device, one dtype, one tensor-parallel degree for steps;
+    with `ops` (comma-separated), only those ops."""
     out = records
+    if ops:
+        wanted = [o.strip() for o in ops.split(",") if o.strip()]
+        keep = out["op"].isin(wanted)
+        if not keep.any():
+            raise InputError(f"--ops {ops}: no rows of these ops; the input has {', '.join(sorted(out['op'].unique()))}")
+        out = out[keep]
     devices = sorted(d for d in out["device"].dropna().astype(str).unique())
     if device is not None:
         keep = out["device"].isna() | out["device"].astype(str).str.lower().str.contains(

@@ -70,8 +70,8 @@ def run(args) -> int:
     started = time.perf_counter()
     spec = load_model_spec(args.model_spec) if args.model_spec else None
     dtype = normalise_dtype(args.dtype) if args.dtype else (normalise_dtype(spec.dtype) if spec else None)
-    records = select_records(_only_ops(load_profiles(args.profile, args.format), args.ops), device=args.device,
-                             dtype=dtype, tp=args.tp)
+    records = select_records(load_profiles(args.profile, args.format), device=args.device,
+                             dtype=dtype, tp=args.tp, ops=args.ops)
     holdout = None
     if args.holdout:
         holdout = select_records(load_profiles([args.holdout], args.format), device=args.device,
@@ -127,14 +127,3 @@ def _report(result, meta, out, wall_s) -> None:
         print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
     if meta.get("mlflow_run_id"):
         print(f"  MLflow run {meta['mlflow_run_id']} at {meta['mlflow_tracking_uri']}")
-
-
-def _only_ops(records, ops: str | None):
-    from simulator.errors import InputError
-    if not ops:
-        return records
-    wanted = [o.strip() for o in ops.split(",") if o.strip()]
-    kept = records[records["op"].isin(wanted)]
-    if kept.empty:
-        raise InputError(f"--ops {ops}: no rows of these ops; the input has {', '.join(sorted(records['op'].unique()))}")
-    return kept.reset_index(drop=True)
