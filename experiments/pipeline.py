@@ -168,8 +168,8 @@ def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load:
     """Training data beyond the kernel profile: the step logs of every scheduler's runs that are
     never validated: the calibration load (every repeat: the machine's speed drifts, and more of
     it averages out) and the saturation run (it covers the largest batches)."""
-    logs = [log for s in schedulers
-            for log in sorted((measured / s / _load_name(calibration_load)).glob("repeat_*/steps.parquet"))]
+    from experiments.validation import repeat_dirs
+    logs = [d / "steps.parquet" for s in schedulers for d in repeat_dirs(measured / s / _load_name(calibration_load))]
     return logs + [measured / s / "saturation" / "repeat_0" / "steps.parquet" for s in schedulers]
 
 

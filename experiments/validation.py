@@ -41,7 +41,7 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
                              f"or `stepcal import vllm-bench`)")
     meta = json.loads((path / "meta.json").read_text())
     trace = read_trace(path / "trace.parquet", "stepcal")   # written in our own trace format
-    repeats = _repeat_dirs(path)
+    repeats = repeat_dirs(path)
     summaries = [json.loads((d / "summary.json").read_text()) for d in repeats if (d / "summary.json").exists()]
     summary = json.loads((path / "summary.json").read_text())
     if len(summaries) == len(repeats) > 1:
@@ -53,8 +53,8 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
                        len(repeats), probes if probes and None not in probes else None)
 
 
-def _repeat_dirs(path: Path) -> list[Path]:
-    """repeat_0, repeat_1, ... as long as each has a step log (a run may have been written with one)."""
+def repeat_dirs(path: Path) -> list[Path]:
+    """A measured run's repeat_0, repeat_1, ... directories, in order, as long as each has a step log."""
     dirs = []
     while (path / f"repeat_{len(dirs)}" / "steps.parquet").exists():
         dirs.append(path / f"repeat_{len(dirs)}")

@@ -53,8 +53,10 @@ def load_validation(path: Path) -> ValidationInput:
         notes.append(f"measured run {record.get('measured_run')!r} not found: CDFs show the simulated run only")
     else:
         import pandas as pd
+
+        from experiments.validation import repeat_dirs
         # every repeat's requests pooled: validation compares with the repeats' mean statistics
-        repeats = [_read_parquet(f, notes) for f in sorted(measured_dir.glob("repeat_*/requests.parquet"))]
+        repeats = [_read_parquet(d / "requests.parquet", notes) for d in repeat_dirs(measured_dir)]
         repeats = [r for r in repeats if r is not None]
         measured = pd.concat(repeats, ignore_index=True) if repeats else None
     return ValidationInput(path, record, simulated, measured, steps, notes)
