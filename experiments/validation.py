@@ -140,10 +140,10 @@ def step_matched_errors(run: MeasuredRun, model, step_error: dict, config) -> di
                                                         run.summary.get("throughput_rps"))})
 
 
-def step_noise_floor(run: MeasuredRun) -> dict | None:
-    """Run-to-run noise of step time itself: the same batch (same requests, q_lens, kv_lens) in
-    repeat 0 and repeat 1, |t1 - t0| / t0 over the batches both repeats ran. No model can predict
-    a measured step closer than this. None without a second repeat."""
+def matched_steps(run: MeasuredRun):
+    """The batches (same requests, q_lens, kv_lens) that repeat 0 and repeat 1 both ran: a DataFrame
+    with `ms_0`, `ms_1` and each batch's position `index_0`, `index_1` in its repeat's step log,
+    in repeat 0's order. None without a second repeat or without a batch in common."""
     import pandas as pd
     a, b = run.steps[run.steps["repeat"] == 0], run.steps[run.steps["repeat"] == 1]
     if not len(a) or not len(b):
@@ -151,10 +151,19 @@ def step_noise_floor(run: MeasuredRun) -> dict | None:
 
     def keyed(steps):
         key = [repr((tuple(r), tuple(q), tuple(k))) for r, q, k in zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])]
-        return pd.DataFrame({"key": key, "ms": steps["duration_ms"].to_numpy()}).drop_duplicates("key")
+        return pd.DataFrame({"key": key, "ms": steps["duration_ms"].to_numpy(),
+                             "index": np.arange(len(steps))}).drop_duplicates("key")
 
-    both = keyed(a).merge(keyed(b), on="key", suffixes=("_0", "_1"))
-    if both.empty:
+    both = keyed(a).merge(keyed(b), on="key", suffixes=("_0", "_1")).sort_values("index_0", ignore_index=True)
+    return None if both.empty else both
+
+
+def step_noise_floor(run: MeasuredRun) -> dict | None:
+    """Run-to-run noise of step time itself: the same batch in repeat 0 and repeat 1, |t1 - t0| / t0
+    over the batches both repeats ran. No model can predict a measured step closer than this.
+    None without a second repeat."""
+    both = matched_steps(run)
+    if both is None:
         return None
     ape = (both["ms_1"] - both["ms_0"]).abs() / both["ms_0"]
     # The machine's speed between the repeats: the same batches, total time of repeat 1 over repeat 0.
