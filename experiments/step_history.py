@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/step_history.py --rounds 6          # the engine's model, in isolation
     .venv/bin/python experiments/step_history.py --campaign runs/quickstart   # a quickstart's own logs
+    .venv/bin/python experiments/step_history.py --cache --rounds 6   # the same step, caches warm or cold
 
 1. Interleave: one 1-sequence decode step timed back to back, with a 128-token prefill (another
    request's) run every N decode steps. If step time were a function of the batch alone, the
@@ -10,6 +11,10 @@
    Σ measured / Σ predicted per run and, for decode-only steps, per batch size. The tables are
    fitted on the lowest load; a ratio that moves with the load, for the same batch sizes, is
    step time the batch does not explain.
+3. Cache: the same 1-sequence decode step back to back, and after reading a buffer of 4 MB (the
+   size of the L2 caches) or 64 MB (twice this VM's shared L3) that evicts the weights (10 MB for
+   `tiny` in fp32). If the step runs cold in the engine, and other tenants of the L3 and of memory
+   bandwidth decide how cold, its time follows what ran before it and the machine's load.
 """
 from __future__ import annotations
 
@@ -53,6 +58,38 @@ def interleave(model_spec: str, rounds: int) -> dict[int, list[float]]:
     return means
 
 
+CACHE_CASES = {"back to back": 0, "after a 4 MB read": 4 << 20, "after a 64 MB read": 64 << 20}
+
+
+def cache_state(model_spec: str, rounds: int) -> dict[str, list[float]]:
+    """Median 1-sequence decode step time (ms) per case, one value per round (rounds interleave the cases)."""
+    import statistics
+
+    import torch
+
+    from profiler.model import build_model
+    from simulator.model_spec import load_model_spec
+    torch.set_num_threads(1)
+    model = build_model(load_model_spec(model_spec))
+    cache = model.new_cache()
+    buffers = {name: torch.ones(size // 4) for name, size in CACHE_CASES.items() if size}
+    medians: dict[str, list[float]] = {name: [] for name in CACHE_CASES}
+    with torch.inference_mode():
+        model.forward_step([torch.arange(100) % model.spec.vocab_size], [cache], [True])
+        for _ in range(rounds):
+            for name in CACHE_CASES:
+                times = []
+                for _ in range(150):
+                    if name in buffers:
+                        buffers[name].sum()          # reads the whole buffer through the caches
+                    cache.truncate(100)
+                    t0 = time.perf_counter()
+                    model.forward_step([torch.tensor([1])], [cache], [True])
+                    times.append(time.perf_counter() - t0)
+                medians[name].append(1000.0 * statistics.median(times))
+    return medians
+
+
 def campaign(root: Path) -> list[str]:
     import numpy as np
     import pandas as pd
@@ -81,11 +118,21 @@ def main() -> int:
     parser.add_argument("--model-spec", default="tiny")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--campaign", type=Path, default=None, help="a quickstart output directory")
+    parser.add_argument("--cache", action="store_true", help="the same decode step with the caches warm or cold")
     args = parser.parse_args()
     if args.campaign is not None:
         print("\n".join(campaign(args.campaign)))
         return 0
     import statistics
+    if args.cache:
+        medians = cache_state(args.model_spec, args.rounds)
+        warm = statistics.median(medians["back to back"])
+        print("| 1-sequence decode step | median (ms), median of rounds | / back to back | rounds |")
+        print("|---|---|---|---|")
+        for name, values in medians.items():
+            m = statistics.median(values)
+            print(f"| {name} | {m:.3f} | {m / warm:.2f} | {' '.join(f'{v:.2f}' for v in values)} |")
+        return 0
     means = interleave(args.model_spec, args.rounds)
     steady = statistics.median(means[INTERVALS[-1]])
     print("| prefill every N decode steps | mean decode step (ms), median of rounds | / N=200 | rounds |")
