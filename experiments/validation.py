@@ -195,6 +195,8 @@ def compare(run: MeasuredRun, simulated_requests, simulated_summary: dict, step_
                            "simulated": simulated_summary.get("throughput_rps"),
                            "error": relative_error(simulated_summary.get("throughput_rps"), run.summary.get("throughput_rps")),
                            "noise_floor": noise.get("throughput_rps")},
+        "num_preemptions": {"measured": run.summary.get("num_preemptions"),
+                            "simulated": simulated_summary.get("num_preemptions")},
         "step_level": step_error,
         "speed_probe_ms": run.speed_probe_ms,
     })

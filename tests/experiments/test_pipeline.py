@@ -61,6 +61,26 @@ def test_target_summary_counts_cells_against_noise_and_fixed_bounds():
         "held-out runs, calibrated: 0 of 6 P50/P90 errors within max(5%, 1.5 x noise); 0 of 3 P99 errors within 10%"]
 
 
+def test_target_summary_says_which_misses_are_step_time():
+    from experiments.pipeline import target_summary
+
+    def row(err, matched, preempted=(0, 0)):
+        r = {"held_out": True, "model": "tables", "preemptions.measured": preempted[0],
+             "preemptions.simulated": preempted[1]}
+        for m in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            for s in ("p50", "p90", "p99"):
+                r.update({f"{m}.{s}": err, f"{m}.{s}.noise": 0.0, f"{m}.{s}.step_matched": matched})
+        return r
+    rows = [row(0.2, 0.03),                 # misses, within every target once step time matches
+            row(0.2, 0.07, (2, 5)),         # P50/P90 still miss (5%), P99 then within 10%
+            row(0.01, 0.5)]                 # met: its step-matched value does not count
+    lines = target_summary(rows).splitlines()
+    assert lines[0] == ("held-out runs, tables: 6 of 18 P50/P90 errors within max(5%, 1.5 x noise); "
+                        "3 of 9 P99 errors within 10%")
+    assert lines[1].startswith("  misses: 12 of 18 are step time") and "6 remain with it matched" in lines[1]
+    assert lines[2] == "  preemptions (KV capacity): measured 2, simulated 5"
+
+
 def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):
     from experiments.pipeline import training_logs
     for s in ("continuous", "sarathi"):
