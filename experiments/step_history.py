@@ -30,30 +30,44 @@ if str(REPO_ROOT) not in sys.path:
 INTERVALS = (3, 5, 10, 20, 50, 200)
 
 
-def interleave(model_spec: str, rounds: int) -> dict[int, list[float]]:
-    """Mean decode step time (ms) per prefill interval N, one value per round (rounds interleave the Ns)."""
+def decode_model(model_spec: str):
+    """The model on one thread, and one request's cache holding 100 tokens."""
     import torch
 
     from profiler.model import build_model
     from simulator.model_spec import load_model_spec
     torch.set_num_threads(1)
     model = build_model(load_model_spec(model_spec))
-    decode_cache, prefill_cache = model.new_cache(), model.new_cache()
+    cache = model.new_cache()
+    with torch.inference_mode():
+        model.forward_step([torch.arange(100) % model.spec.vocab_size], [cache], [True])
+    return model, cache
+
+
+def decode_step_s(model, cache) -> float:
+    """One 1-sequence decode step on top of the cache's first 100 tokens, in seconds."""
+    import torch
+    cache.truncate(100)
+    t0 = time.perf_counter()
+    model.forward_step([torch.tensor([1])], [cache], [True])
+    return time.perf_counter() - t0
+
+
+def interleave(model_spec: str, rounds: int) -> dict[int, list[float]]:
+    """Mean decode step time (ms) per prefill interval N, one value per round (rounds interleave the Ns)."""
+    import torch
+    model, decode_cache = decode_model(model_spec)
+    prefill_cache = model.new_cache()
     prompt = torch.arange(128) % model.spec.vocab_size
     means: dict[int, list[float]] = {n: [] for n in INTERVALS}
     with torch.inference_mode():
-        model.forward_step([torch.arange(100) % model.spec.vocab_size], [decode_cache], [True])
         for _ in range(rounds):
             for n in INTERVALS:
                 times = []
                 for _ in range(max(600 // n, 3)):
                     prefill_cache.truncate(0)
                     model.forward_step([prompt], [prefill_cache], [True])
-                    for _ in range(n):
-                        decode_cache.truncate(100)
-                        t0 = time.perf_counter()
-                        model.forward_step([torch.tensor([1])], [decode_cache], [True])
-                        times.append(time.perf_counter() - t0)
+                    times += [decode_step_s(model, decode_cache) for _ in range(n)]
                 means[n].append(1000.0 * sum(times) / len(times))
     return means
 
@@ -66,26 +80,17 @@ def cache_state(model_spec: str, rounds: int) -> dict[str, list[float]]:
     import statistics
 
     import torch
-
-    from profiler.model import build_model
-    from simulator.model_spec import load_model_spec
-    torch.set_num_threads(1)
-    model = build_model(load_model_spec(model_spec))
-    cache = model.new_cache()
+    model, cache = decode_model(model_spec)
     buffers = {name: torch.ones(size // 4) for name, size in CACHE_CASES.items() if size}
     medians: dict[str, list[float]] = {name: [] for name in CACHE_CASES}
     with torch.inference_mode():
-        model.forward_step([torch.arange(100) % model.spec.vocab_size], [cache], [True])
         for _ in range(rounds):
             for name in CACHE_CASES:
                 times = []
                 for _ in range(150):
                     if name in buffers:
                         buffers[name].sum()          # reads the whole buffer through the caches
-                    cache.truncate(100)
-                    t0 = time.perf_counter()
-                    model.forward_step([torch.tensor([1])], [cache], [True])
-                    times.append(time.perf_counter() - t0)
+                    times.append(decode_step_s(model, cache))
                 medians[name].append(1000.0 * statistics.median(times))
     return medians
 
@@ -123,24 +128,24 @@ def main() -> int:
     if args.campaign is not None:
         print("\n".join(campaign(args.campaign)))
         return 0
-    import statistics
     if args.cache:
-        medians = cache_state(args.model_spec, args.rounds)
-        warm = statistics.median(medians["back to back"])
-        print("| 1-sequence decode step | median (ms), median of rounds | / back to back | rounds |")
-        print("|---|---|---|---|")
-        for name, values in medians.items():
-            m = statistics.median(values)
-            print(f"| {name} | {m:.3f} | {m / warm:.2f} | {' '.join(f'{v:.2f}' for v in values)} |")
-        return 0
-    means = interleave(args.model_spec, args.rounds)
-    steady = statistics.median(means[INTERVALS[-1]])
-    print("| prefill every N decode steps | mean decode step (ms), median of rounds | / N=200 | rounds |")
-    print("|---|---|---|---|")
-    for n, values in means.items():
-        m = statistics.median(values)
-        print(f"| {n} | {m:.3f} | {m / steady:.2f} | {' '.join(f'{v:.2f}' for v in values)} |")
+        rows = cache_state(args.model_spec, args.rounds)
+        print("\n".join(rounds_table("1-sequence decode step", "median", rows, "back to back")))
+    else:
+        rows = interleave(args.model_spec, args.rounds)
+        print("\n".join(rounds_table("prefill every N decode steps", "mean decode step", rows, INTERVALS[-1])))
     return 0
+
+
+def rounds_table(case: str, statistic: str, rows: dict, reference) -> list[str]:
+    """Markdown: per case, the median over rounds (ms), its ratio to the reference case, every round."""
+    import statistics
+    ref = statistics.median(rows[reference])
+    lines = [f"| {case} | {statistic} (ms), median of rounds | / {reference} | rounds |", "|---|---|---|---|"]
+    for name, values in rows.items():
+        m = statistics.median(values)
+        lines.append(f"| {name} | {m:.3f} | {m / ref:.2f} | {' '.join(f'{v:.2f}' for v in values)} |")
+    return lines
 
 
 if __name__ == "__main__":
