@@ -187,18 +187,17 @@ def log_report_to_mlflow(client, run_id: str, out: str | Path, files: list[str])
 
 def _unique_names(paths: list[Path]) -> dict[Path, str]:
     """A short file-name-safe name per directory: the last two components of its path (parent_name),
-    or as many more as it takes to tell every directory apart (.../tables/continuous/load_30 and
-    .../calibrated/continuous/load_30 are tables_continuous_load_30 and calibrated_continuous_load_30);
-    numbered only when whole paths agree."""
-    parts = [path.resolve().parts for path in paths]
-    longest = max((len(p) for p in parts), default=2)
-    depth = next((d for d in range(2, longest + 1)
-                  if len({"_".join(p[-d:]) for p in parts}) == len(set(parts))), longest)
+    or as many more as it takes to tell it from every other directory (.../tables/continuous/load_30
+    and .../calibrated/continuous/load_30 are tables_continuous_load_30 and calibrated_continuous_load_30);
+    numbered only when the names still agree."""
+    parts = {path: path.resolve().parts for path in paths}
+
+    def depth(mine: tuple) -> int:
+        others = {p for p in parts.values() if p != mine}
+        return next((d for d in range(2, len(mine)) if all(o[-d:] != mine[-d:] for o in others)), len(mine))
     names: dict[Path, str] = {}
-    for path, p in zip(paths, parts):
-        if path in names:
-            continue
-        base = _slug("_".join(p[-depth:]))
+    for path, mine in parts.items():
+        base = _slug("_".join(mine[-depth(mine):]))
         name, k = base, 2
         while name in names.values():
             name, k = f"{base}_{k}", k + 1

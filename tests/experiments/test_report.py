@@ -155,8 +155,9 @@ def test_measured_requests_pool_every_repeat(inputs, tmp_path):
 def test_report_names_tell_validations_of_the_same_run_apart(tmp_path):
     from experiments.report.build import _unique_names
     a, b = tmp_path / "tables" / "continuous" / "load_30", tmp_path / "calibrated" / "continuous" / "load_30"
-    c = tmp_path / "tables" / "sarathi" / "load_30"
-    names = _unique_names([a, b, c])
-    assert names == {a: "tables_continuous_load_30", b: "calibrated_continuous_load_30", c: "tables_sarathi_load_30"}
+    c, tables = tmp_path / "tables" / "sarathi" / "load_30", tmp_path / "campaign" / "tables"
+    names = _unique_names([a, b, c, tables])
+    assert names == {a: "tables_continuous_load_30", b: "calibrated_continuous_load_30", c: "sarathi_load_30",
+                     tables: "campaign_tables"}
     assert _unique_names([a, c]) == {a: "continuous_load_30", c: "sarathi_load_30"}   # two components suffice
     assert list(_unique_names([a, a]).values()) == ["continuous_load_30"]             # one path, one name
