@@ -228,16 +228,15 @@ def target_summary(rows: list[dict]) -> str:
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows):
         held_out = [r for r in rows if r["held_out"] and r["model"] == model]
-        cells = [(r, m, s) for r in held_out for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p90", "p99")
-                 if r[f"{m}.{s}"] is not None]
+        cells = [(r, m, s, abs(r[f"{m}.{s}"]) <= cell_target(r, m, s)) for r in held_out
+                 for m in ("ttft_ms", "tpot_ms", "e2e_ms") for s in ("p50", "p90", "p99") if r[f"{m}.{s}"] is not None]
         if not cells:
             continue
-        met = {id(c): abs(c[0][f"{c[1]}.{c[2]}"]) <= cell_target(*c) for c in cells}
-        central = [met[id(c)] for c in cells if c[2] != "p99"]
-        tail = [met[id(c)] for c in cells if c[2] == "p99"]
+        central = [met for _, _, s, met in cells if s != "p99"]
+        tail = [met for _, _, s, met in cells if s == "p99"]
         lines.append(f"held-out runs, {model}: {sum(central)} of {len(central)} P50/P90 errors within "
                      f"max(5%, 1.5 x noise); {sum(tail)} of {len(tail)} P99 errors within 10%")
-        missed = [c for c in cells if not met[id(c)] and c[0].get(f"{c[1]}.{c[2]}.step_matched") is not None]
+        missed = [(r, m, s) for r, m, s, met in cells if not met and r.get(f"{m}.{s}.step_matched") is not None]
         if missed:
             step = sum(abs(r[f"{m}.{s}.step_matched"]) <= cell_target(r, m, s) for r, m, s in missed)
             lines.append(f"  misses: {step} of {len(missed)} are step time (within target once the step total "
