@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 SCHEDULERS = ("static", "continuous", "sarathi", "slo")
-ROWS = (("throughput_rps", None, "throughput at saturation req/s"), ("slo_attainment", None, "TTFT SLO attainment"), ("e2e_ms", "mean", "E2E mean ms"),
-        ("e2e_ms", "p99", "E2E P99 ms"), ("ttft_ms", "p99", "TTFT P99 ms"), ("tpot_ms", "p99", "TPOT P99 ms"))
+ROWS = (("throughput_rps", None, "throughput at saturation req/s"), ("slo_attainment", None, "TTFT SLO attainment"),
+        ("e2e_ms", "mean", "E2E mean ms"), ("e2e_ms", "p99", "E2E P99 ms"), ("ttft_ms", "p99", "TTFT P99 ms"), ("tpot_ms", "p99", "TPOT P99 ms"))
 
 
 def stepcal(*args) -> None:

@@ -100,13 +100,13 @@ def campaign(root: Path) -> list[str]:
     import pandas as pd
 
     from experiments.step_models import resolve_step_model
-    from experiments.validation import predict_steps, repeat_dirs
+    from experiments.validation import load_measured_run, predict_steps
     model = resolve_step_model(str(root / "tables"))
     bins = [0, 1, 2, 4, 8, 16, 1 << 20]
     lines = ["| run | Σ measured / Σ predicted | decode-only steps by batch size: 1, 2, 3-4, 5-8, 9-16, >16 |",
              "|---|---|---|"]
     for run in sorted(p for p in (root / "measured").glob("*/*") if p.is_dir() and not p.name.startswith(".")):
-        steps = pd.concat([pd.read_parquet(d / "steps.parquet") for d in repeat_dirs(run)], ignore_index=True)
+        steps = load_measured_run(run).steps      # every repeat's step log
         steps["predicted_ms"] = predict_steps(model, steps)
         decode = steps[steps["prefill_tokens"] == 0]
         size = pd.cut(decode["num_seqs"], bins)

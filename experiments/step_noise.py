@@ -69,44 +69,45 @@ class NoisyStepModel:
 
 
 def run_errors(run, model, config, seeds: int, noise: StepNoise | None) -> list[float]:
-    """Errors of the STATS, the simulated value averaged over seeds when there is noise."""
+    """Errors of the STATS, each simulated statistic averaged over the seeds when there is noise."""
+    from experiments.validation import mean_over_repeats, stat_error
     from simulator.simulation import simulate
     if noise is None:
-        summaries = [simulate(run.trace, model, config).summary]
+        simulated = simulate(run.trace, model, config).summary
     else:
-        summaries = [simulate(run.trace, NoisyStepModel(model, noise, seed), config).summary for seed in range(seeds)]
-    return [float(np.mean([s[m][q] for s in summaries]) / run.summary[m][q] - 1.0) for m, q in STATS]
+        simulated = mean_over_repeats([simulate(run.trace, NoisyStepModel(model, noise, seed), config).summary
+                                       for seed in range(seeds)])
+    return [stat_error(simulated, run.summary, m, q) for m, q in STATS]
+
+
+def run_noise(run) -> StepNoise | None:
+    """The scatter of step time in a measured run, from the batches both its repeats ran."""
+    from experiments.validation import matched_steps
+    pairs = matched_steps(run)
+    return None if pairs is None else estimate_noise(pairs["ms_0"].to_numpy(), pairs["ms_1"].to_numpy())
 
 
 def campaign(root: Path, seeds: int) -> list[str]:
     from experiments.step_models import request_overhead_ms, resolve_step_model
-    from experiments.validation import load_measured_run, matched_steps, predict_steps, sim_config_for
-    from simulator.step_model import ScaledStepModel
+    from experiments.validation import load_measured_run, rescaled_to_total, sim_config_for, step_level_error
     model = resolve_step_model(str(root / "tables"))
     header = " | ".join(f"{m.split('_')[0].upper()} {q.upper()}" for m, q in STATS)
     lines = [f"| run | sigma_log, rho (own repeats) | step model | {header} |", "|---|---|---|" + "---|" * len(STATS)]
     held_out = {"steady": [], "noisy": []}
     for sched in sorted(p for p in (root / "measured").iterdir() if p.is_dir()):
-        runs = sorted(p for p in sched.glob("load_*") if p.is_dir())
-        if not runs:
-            continue
-        lowest = load_measured_run(runs[0])
-        pairs = matched_steps(lowest)
-        noise = estimate_noise(pairs["ms_0"].to_numpy(), pairs["ms_1"].to_numpy()) if pairs is not None else None
-        for path in runs:
-            run = load_measured_run(path)
-            own = matched_steps(run)
-            own_noise = estimate_noise(own["ms_0"].to_numpy(), own["ms_1"].to_numpy()) if own is not None else None
-            scale = run.steps["duration_ms"].sum() / predict_steps(model, run.steps).sum()
-            scaled = ScaledStepModel(model, float(scale))
+        runs = [load_measured_run(p) for p in sorted(p for p in sched.glob("load_*") if p.is_dir())]
+        noises = [run_noise(run) for run in runs]
+        for k, (run, own_noise) in enumerate(zip(runs, noises)):
+            # the lowest load's scatter is the one simulated: the others are held out
+            scaled = rescaled_to_total(model, step_level_error(model, run.steps)["total_error"])
             config = dataclasses.replace(sim_config_for(run, 0.0, request_overhead_ms(model)), fast_path=False)
-            label = f"{sched.name} {path.name}" + (" (noise fitted here)" if path == runs[0] else "")
+            label = f"{sched.name} {run.path.name}" + (" (noise fitted here)" if k == 0 else "")
             own_text = f"{own_noise.sigma_log:.3f}, {own_noise.rho:.3f}" if own_noise else "-"
-            for name, n in (("steady", None), ("noisy", noise)):
-                if name == "noisy" and noise is None:
+            for name, n in (("steady", None), ("noisy", noises[0])):
+                if name == "noisy" and n is None:
                     continue
                 errors = run_errors(run, scaled, config, seeds, n)
-                if path != runs[0]:
+                if k > 0:
                     held_out[name].append(np.abs(errors))
                 lines.append(f"| {label} | {own_text} | {name} | " + " | ".join(f"{100 * e:+.1f}%" for e in errors) + " |")
     for name, rows in held_out.items():

@@ -127,17 +127,24 @@ def step_matched_errors(run: MeasuredRun, model, step_error: dict, config) -> di
     scheduling and KV capacity; the difference to the plain errors is step time's share.
     None without a step log, or for a model that is not a FeatureStepModel."""
     from simulator.simulation import simulate
-    from simulator.step_model import FeatureStepModel, ScaledStepModel
+    from simulator.step_model import FeatureStepModel
     total_error = step_error.get("total_error")
     if total_error is None or not isinstance(model, FeatureStepModel):
         return None
-    factor = 1.0 / (1.0 + total_error)
-    result = simulate(run.trace, ScaledStepModel(model, factor), config)
+    scaled = rescaled_to_total(model, total_error)
+    result = simulate(run.trace, scaled, config)
     errors = {metric: {stat: stat_error(result.summary, run.summary, metric, stat) for stat in STATS}
               for metric in METRICS}
-    return clean_json({"scale": factor, "metrics": errors,
+    return clean_json({"scale": scaled.factor, "metrics": errors,
                        "throughput_rps": relative_error(result.summary.get("throughput_rps"),
                                                         run.summary.get("throughput_rps"))})
+
+
+def rescaled_to_total(model, total_error: float):
+    """The model scaled so that its total over the measured step log equals the measured total
+    (total_error: predicted / measured - 1, as step_level_error reports it)."""
+    from simulator.step_model import ScaledStepModel
+    return ScaledStepModel(model, 1.0 / (1.0 + total_error))
 
 
 def matched_steps(run: MeasuredRun):
