@@ -18,7 +18,7 @@ import pandas as pd
 
 from profiler.grid import Grid, Point
 from profiler.store import ProfileDir
-from profiler.timing import Measurement, TimingPolicy
+from profiler.timing import Measurement, TimingPolicy, torch_threads
 from simulator.batch import batch_row
 from simulator.errors import InputError
 from simulator.model_spec import ModelSpec
@@ -72,17 +72,23 @@ class SweepResult:
 def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None = None,
               retry_failed: bool = False, progress: bool = True, timer_factory=None,
               clock: Callable[[], float] = time.monotonic) -> SweepResult:
-    """Measure the missing points (and missing rounds) of the grid into `out`."""
+    """Measure the missing points (and missing rounds) of the grid into `out`, with torch's thread
+    count set to the config's for the sweep and restored after it."""
+    started = clock()
+    _check_device(config.device)
+    with torch_threads(config.num_threads):
+        return _run_sweep(config, Path(out), started, max_minutes, retry_failed, progress, timer_factory, clock)
+
+
+def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retry_failed, progress,
+               timer_factory, clock) -> SweepResult:
     import torch
 
     from profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
 
-    started = clock()
-    _check_device(config.device)
-    torch.set_num_threads(config.num_threads)
     points = config.points()
     rounds = config.policy.rounds
-    with ProfileDir(Path(out)) as pdir:
+    with ProfileDir(out) as pdir:
         meta = _check_meta(pdir, config)
         fingerprint = hardware_fingerprint(config.device, config.num_threads)
         frame, _ = pdir.read_rows()
@@ -112,7 +118,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None
                      "num_failed": num_failed})
         pdir.write_meta(meta)
     num_done_before = sum(1 for n in done.values() if n >= rounds)
-    return SweepResult(Path(out), len(points), num_done_before, measured, num_failed,
+    return SweepResult(out, len(points), num_done_before, measured, num_failed,
                        complete, clock() - started, rounds)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +22,19 @@ import numpy as np
 
 Run = Callable[[int], None]
 MIN_SAMPLES = 3
+
+
+@contextmanager
+def torch_threads(num_threads: int) -> Iterator[None]:
+    """torch's intra-op thread count fixed for a measurement and restored after it (the count is
+    process-wide: a sweep run inside a longer process must not leave it changed)."""
+    import torch
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 @dataclass(frozen=True)

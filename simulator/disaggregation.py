@@ -20,34 +20,29 @@ everywhere, so it covers decode steps only. A one-token request has nothing to d
 returned by the prefill pool at prefill completion, with no transfer.
 
 The same scheduler classes run both pools, with their own sizes, KV caches and step-time models.
-Everything is composed from the simulator's parts (schedulers, block managers, step logs, metrics);
-simulator.simulation is not touched. Decode runs (many identical decode steps advanced in one move)
+Both pools run on the simulator's event core and replica driver (simulator.events, simulator.replica),
+as the aggregated simulation does. Decode runs (many identical decode steps advanced in one move)
 are planned optimistically and cut back when a KV transfer lands on the replica, which gives the same
 logs as stepping one by one; `fast_path=False` steps one by one.
 """
 from __future__ import annotations
 
-import gc
-import heapq
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.batch import StepFeatures, feature_row
 from simulator.errors import InputError
-from simulator.kv_cache import BlockManager, blocks_for
+from simulator.events import ARRIVAL, EventLoop
+from simulator.kv_cache import blocks_for
 from simulator.logs import request_log
 from simulator.metrics import distribution, summarize
-from simulator.request import Request
+from simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
+from simulator.request import Request, make_requests
 from simulator.router import make_router
-from simulator.schedulers import SchedulerConfig, make_scheduler
-from simulator.simulation import SimResult, make_requests, next_batch
-from simulator.step_log import StepLogBuilder
-from simulator.step_model import FeatureStepModel
+from simulator.schedulers import ScheduledStep, SchedulerConfig
+from simulator.simulation import SimResult
 from simulator.trace import Trace
-
-ARRIVAL, STEP_DONE, WAKE = 0, 1, 2   # priorities at equal times, as in simulator.simulation
 
 
 @dataclass
@@ -94,20 +89,6 @@ class DisaggConfig:
         return self.kv_transfer_alpha_ms + num_bytes / (self.kv_transfer_gb_per_s * 1e9) * 1000.0
 
 
-class _Replica:
-    def __init__(self, pool: str, index: int, config: PoolConfig, block_size: int, num_blocks: int,
-                 record_batches: bool) -> None:
-        self.pool = pool
-        self.index = index
-        self.kv = BlockManager(num_blocks, block_size)
-        self.scheduler = make_scheduler(config.scheduler, self.kv, config.scheduler_config)
-        self.log = StepLogBuilder(index, record_batches)
-        self.busy = False
-        self.wake_pending = False
-        self.in_flight = None   # (batch, features row, duration_ms, start_s) or a decode run (batch, (ends_s, features), durations_ms, None)
-        self.version = 0        # bumped when a planned decode run is cut back; older step-done events are stale
-
-
 @dataclass(slots=True, eq=False)
 class _Handoff:
     """A request between the pools: the prefill-side request and its decode-side twin."""
@@ -118,87 +99,71 @@ class _Handoff:
     transfer_ms: float | None = None
 
 
+@dataclass(slots=True, eq=False)
+class _KvReady:
+    """The prompt's KV cache lands at the decode pool."""
+    simulation: DisaggSimulation
+    request: Request
+
+    def fire(self, now_s: float) -> None:
+        self.simulation._on_kv_ready(self.request, now_s)
+
+
 class DisaggSimulation:
     """A prefill pool and a decode pool driven by one event loop; `run()` returns a SimResult."""
 
     def __init__(self, trace: Trace, prefill_model, decode_model, config: DisaggConfig) -> None:
-        self.prefill_model, self.decode_model = prefill_model, decode_model
         self.config = config
         limits = [b for b in (config.prefill.kv_blocks, config.decode.kv_blocks) if b is not None]
         originals, self.num_skipped = make_requests(trace, config.block_size, min(limits) if limits else None,
                                                     config.skip_oversize)
         self.originals = originals
-        self.arrival_s = np.array([r.arrival_s for r in originals], dtype=np.float64)
+        self.loop = EventLoop([r.arrival_s for r in originals], self._on_arrival)
         bs = config.block_size
         prefill_blocks = config.prefill.kv_blocks or max(1, sum(blocks_for(r.num_prompt_tokens, bs) for r in originals))
         decode_blocks = config.decode.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, bs) for r in originals))
-        self.prefill = [_Replica("prefill", i, config.prefill, bs, prefill_blocks, config.record_batches)
-                        for i in range(config.prefill.num_replicas)]
-        self.decode = [_Replica("decode", i, config.decode, bs, decode_blocks, config.record_batches)
-                       for i in range(config.decode.num_replicas)]
         self.prefill_router = make_router(config.prefill.router)
         self.decode_router = make_router(config.decode.router)
         # Runs are cut back when a transfer lands; a router that reads replica state would read stale counters.
-        self.decode_runs = config.fast_path and not self.decode_router.reads_state
+        decode_runs = config.fast_path and not self.decode_router.reads_state
+        self.prefill = [Replica(self.loop, i, self._settings(config.prefill, prefill_blocks), prefill_model,
+                                plan_runs=False, pool="prefill", on_finished=self._on_prefilled)
+                        for i in range(config.prefill.num_replicas)]
+        self.decode = [Replica(self.loop, i, self._settings(config.decode, decode_blocks), decode_model,
+                               plan_runs=decode_runs, pool="decode", on_step_start=_emit_first_tokens)
+                       for i in range(config.decode.num_replicas)]
         self.handoffs: dict[int, _Handoff] = {}
-        self.heap: list = []
-        self.seq = 0
 
-    # -- event loop ------------------------------------------------------------------------------
+    def _settings(self, pool: PoolConfig, num_blocks: int) -> ReplicaSettings:
+        c = self.config
+        return ReplicaSettings(pool.scheduler, pool.scheduler_config, num_blocks, c.block_size,
+                               c.step_overhead_ms, c.record_batches)
+
     def run(self) -> SimResult:
-        gc_was_enabled = gc.isenabled()
-        gc.disable()   # as in Simulation.run: no cycles are made, and GC passes over every Request are slow
-        try:
-            wall0 = time.perf_counter()
-            self._loop()
-            return self._result(time.perf_counter() - wall0)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        wall0 = time.perf_counter()
+        self.loop.run()
+        return self._result(time.perf_counter() - wall0)
 
-    def _loop(self) -> None:
-        arrivals, originals, heap = self.arrival_s, self.originals, self.heap
-        n, i = len(originals), 0
-        while i < n or heap:
-            if i < n and (not heap or arrivals[i] <= heap[0][0]):
-                self._on_arrival(originals[i], float(arrivals[i]))
-                i += 1
-                continue
-            now, priority, _, target, version = heapq.heappop(heap)
-            if priority == ARRIVAL:
-                self._on_kv_ready(target, now)
-            elif priority == WAKE:
-                target.wake_pending = False
-                if not target.busy:
-                    self._start_step(target, now)
-            elif version == target.version:
-                self._finish_step(target, now)
-
-    def _push(self, time_s: float, priority: int, target, version: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (time_s, priority, self.seq, target, version))
-
-    def _wake(self, replica: _Replica, now: float) -> None:
-        if not replica.busy and not replica.wake_pending:
-            replica.wake_pending = True
-            self._push(now, WAKE, replica)
-
-    def _on_arrival(self, original: Request, now: float) -> None:
+    def _on_arrival(self, i: int, now_s: float) -> None:
+        original = self.originals[i]
         index = self.prefill_router.pick([r.scheduler for r in self.prefill])
         prefill_side = Request(original.request_id, original.arrival_s, original.num_prompt_tokens, 1,
                                priority=original.priority, slo_ttft_ms=original.slo_ttft_ms,
-                               slo_tpot_ms=original.slo_tpot_ms, replica=index)
+                               slo_tpot_ms=original.slo_tpot_ms)
         self.handoffs[original.request_id] = _Handoff(original, index)
-        self.prefill[index].scheduler.add(prefill_side)
-        self._wake(self.prefill[index], now)
+        self.prefill[index].add(prefill_side, now_s)
 
-    def _on_prefilled(self, prefill_side: Request, now: float) -> None:
-        """The prefill pool emitted the first token: send the KV cache to the decode pool."""
+    def _on_prefilled(self, finished: list[Request], now_s: float) -> None:
+        """The prefill pool emitted the first tokens: send each KV cache to the decode pool."""
+        for prefill_side in finished:
+            self._hand_off(prefill_side, now_s)
+
+    def _hand_off(self, prefill_side: Request, now_s: float) -> None:
         handoff = self.handoffs[prefill_side.request_id]
         original = handoff.final
-        handoff.prefill_end_s = now
+        handoff.prefill_end_s = now_s
         if original.num_output_tokens == 1:   # nothing to decode: the token goes out now
-            original.first_token_s = original.last_token_s = original.finish_s = now
+            original.first_token_s = original.last_token_s = original.finish_s = now_s
             original.num_generated_tokens = 1
             original.num_preemptions = prefill_side.num_preemptions
             return
@@ -209,83 +174,14 @@ class DisaggSimulation:
                               num_preemptions=prefill_side.num_preemptions)
         handoff.final = decode_side
         handoff.transfer_ms = self.config.transfer_ms(original.num_prompt_tokens)
-        self._push(now + handoff.transfer_ms / 1000.0, ARRIVAL, decode_side)
+        self.loop.push(now_s + handoff.transfer_ms / 1000.0, ARRIVAL, _KvReady(self, decode_side))
 
-    def _on_kv_ready(self, request: Request, now: float) -> None:
+    def _on_kv_ready(self, request: Request, now_s: float) -> None:
         """The KV cache landed: the request queues at a decode replica with its prompt cached."""
-        self.handoffs[request.request_id].kv_ready_s = now
-        index = self.decode_router.pick([r.scheduler for r in self.decode])
-        replica = self.decode[index]
-        request.replica = index
-        replica.scheduler.add(request)
-        # add() counts the whole request as outstanding; its prompt is computed already
-        replica.scheduler.num_outstanding_tokens -= request.num_computed_tokens
-        if replica.in_flight is not None and replica.in_flight[3] is None:
-            self._cut_run(replica, now)
-        self._wake(replica, now)
-
-    # -- steps -----------------------------------------------------------------------------------
-    def _start_step(self, replica: _Replica, now: float) -> None:
-        scheduler = replica.scheduler
-        batch = next_batch(scheduler, now, f"{replica.pool} replica {replica.index}")
-        replica.busy = batch is not None
-        if batch is None:
-            return
-        is_decode_pool = replica.pool == "decode"
-        if is_decode_pool:
-            for request in scheduler.in_flight:
-                if request.first_token_s is None:   # its first decode step: the first token goes out now
-                    request.first_token_s = request.last_token_s = now
-            if self.decode_runs and scheduler.in_flight_is_decode:
-                num_steps = scheduler.decode_run_length(batch)
-                if num_steps > 1:
-                    self._start_run(replica, batch, now, num_steps)
-                    return
-        model = self.decode_model if is_decode_pool else self.prefill_model
-        row = feature_row(batch.q_lens, batch.kv_lens)
-        duration_ms = _step_ms(model, batch, row) + self.config.step_overhead_ms
-        replica.in_flight = (batch, row, duration_ms, now)
-        self._push(now + duration_ms / 1000.0, STEP_DONE, replica, replica.version)
-
-    def _start_run(self, replica: _Replica, batch, now: float, num_steps: int) -> None:
-        """Plan num_steps decode steps; a transfer landing on this replica cuts the plan back (_cut_run)."""
-        model = self.decode_model
-        if isinstance(model, FeatureStepModel):
-            durations_ms = model.features_ms(StepFeatures.decode_run(batch.kv_lens, num_steps))
-        else:
-            durations_ms = np.asarray(model.decode_run_ms(batch.kv_lens, num_steps), dtype=np.float64)
-        durations_ms = durations_ms + self.config.step_overhead_ms
-        ends_s = np.cumsum(np.concatenate(([now], durations_ms / 1000.0)))   # sequential: same bits as one by one
-        replica.in_flight = (batch, ends_s, durations_ms, None)
-        self._push(float(ends_s[-1]), STEP_DONE, replica, replica.version)
-
-    def _cut_run(self, replica: _Replica, now: float) -> None:
-        """Keep the steps that end before `now` and the one in flight at `now`; drop the rest.
-
-        Step by step, the scheduler would see the new request at the first step start at or after
-        `now`: the end of the step in flight (an end tied with `now` comes after the arrival)."""
-        batch, ends_s, durations_ms, _ = replica.in_flight
-        keep = int(np.searchsorted(ends_s[1:], now, side="left")) + 1
-        if keep >= len(durations_ms):
-            return
-        replica.version += 1
-        replica.in_flight = (batch, ends_s[: keep + 1], durations_ms[:keep], None)
-        self._push(float(ends_s[keep]), STEP_DONE, replica, replica.version)
-
-    def _finish_step(self, replica: _Replica, now: float) -> None:
-        batch, second, durations, start = replica.in_flight
-        replica.in_flight = None
-        if start is None:   # a decode run; second holds its step ends
-            features = StepFeatures.decode_run(batch.kv_lens, len(durations))
-            replica.log.add_steps(second[:-1], durations, features, batch.request_ids, batch.q_lens, batch.kv_lens)
-            finished = replica.scheduler.on_decode_run_done(batch, second)
-        else:
-            replica.log.add_step(start, durations, second, batch.request_ids, batch.q_lens, batch.kv_lens)
-            finished = replica.scheduler.on_step_done(batch, now)
-        if replica.pool == "prefill":
-            for request in finished:
-                self._on_prefilled(request, now)
-        self._start_step(replica, now)
+        self.handoffs[request.request_id].kv_ready_s = now_s
+        replica = self.decode[self.decode_router.pick([r.scheduler for r in self.decode])]
+        replica.cut_run(now_s)
+        replica.add(request, now_s)
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> SimResult:
@@ -301,11 +197,8 @@ class DisaggSimulation:
         requests["prefill_end_s"] = _floats(h.prefill_end_s for h in ordered)
         requests["kv_ready_s"] = _floats(h.kv_ready_s for h in ordered)
         requests["kv_transfer_ms"] = _floats(h.transfer_ms for h in ordered)
-        steps = pd.concat([r.log.to_frame().assign(pool=r.pool) for r in self.prefill + self.decode],
-                          ignore_index=True)
-        itl = [r.scheduler.itl.arrays() for r in self.decode]
-        itl_s = np.concatenate([v for v, _ in itl])
-        itl_w = np.concatenate([w for _, w in itl])
+        steps = steps_frame(self.prefill + self.decode, with_pool=True)
+        itl_s, itl_w = itl_arrays(self.decode)
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
         summary.update({
             "num_skipped": self.num_skipped, "num_steps": len(steps), "block_size": self.config.block_size,
@@ -317,10 +210,12 @@ class DisaggSimulation:
         return SimResult(requests, steps, summary, itl_s, itl_w, self.num_skipped, wall_s)
 
 
-def _step_ms(model, batch, row: tuple) -> float:
-    if isinstance(model, FeatureStepModel):
-        return model.row_ms(row)
-    return float(model.step_ms(batch))
+def _emit_first_tokens(step: ScheduledStep, now_s: float) -> None:
+    """At a decode replica, a request's first decode step is when its first token (computed by the
+    prefill pool, travelling with the KV cache) goes out to the client."""
+    for request in step.requests:
+        if request.first_token_s is None:
+            request.first_token_s = request.last_token_s = now_s
 
 
 def _floats(values) -> np.ndarray:

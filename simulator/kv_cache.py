@@ -37,10 +37,6 @@ class BlockManager:
                              f"{self.num_blocks} and {self.block_size}")
         self.num_free_blocks = self.num_blocks
 
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
-
     def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
         total = blocks_for(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, total - request.num_blocks)
@@ -67,7 +63,3 @@ class BlockManager:
     def free(self, request: Request) -> None:
         self.num_free_blocks += request.num_blocks
         request.num_blocks = 0
-
-    def fits_ever(self, request: Request) -> bool:
-        """Whether the request could finish with the whole cache to itself."""
-        return blocks_for(request.max_kv_tokens, self.block_size) <= self.num_blocks

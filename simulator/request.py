@@ -1,8 +1,18 @@
-"""A request's life as counters: num_computed_tokens chases the tokens known so far."""
+"""A request's life as counters: num_computed_tokens chases the tokens known so far; and the
+requests of a trace."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    from simulator.trace import Trace
 
 
 class Status(IntEnum):
@@ -56,6 +66,37 @@ class Request:
         """Tokens in the cache when the request finishes (the last output token is never fed)."""
         return self.num_prompt_tokens + self.num_output_tokens - 1
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED
+
+def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
+                  skip_oversize: bool = False) -> tuple[list[Request], int]:
+    """Request objects of a trace, and how many were skipped: a request that could never fit a KV
+    cache of kv_blocks blocks fails the run with an InputError (or is skipped with skip_oversize)."""
+    max_kv = trace.num_prompt_tokens + trace.num_output_tokens - 1
+    keep = np.ones(len(trace), dtype=bool)
+    if kv_blocks is not None:
+        need = -(-max_kv // block_size)
+        keep = need <= kv_blocks
+        if not keep.all() and not skip_oversize:
+            row = int(np.flatnonzero(~keep)[0])
+            raise InputError(
+                f"{trace.source}: request {int(trace.request_id[row])} (row {row}) needs {int(need[row])} KV blocks "
+                f"of {block_size} tokens but the cache holds {kv_blocks}; "
+                f"use --skip-oversize to drop such requests")
+    ids, arr = trace.request_id.tolist(), trace.arrival_s.tolist()
+    prompt, output = trace.num_prompt_tokens.tolist(), trace.num_output_tokens.tolist()
+    priority = trace.priority.tolist() if trace.priority is not None else None
+    slo_ttft = _optional_floats(trace.slo_ttft_ms)
+    slo_tpot = _optional_floats(trace.slo_tpot_ms)
+    requests = [Request(ids[i], arr[i], prompt[i], output[i],
+                        priority=int(priority[i]) if priority else 0,
+                        slo_ttft_ms=slo_ttft[i] if slo_ttft else None,
+                        slo_tpot_ms=slo_tpot[i] if slo_tpot else None)
+                for i in np.flatnonzero(keep).tolist()]
+    return requests, int((~keep).sum())
+
+
+def _optional_floats(column) -> list | None:
+    """A column of floats with NaN for 'absent' as a list with None there."""
+    if column is None:
+        return None
+    return [None if not math.isfinite(v) else float(v) for v in np.asarray(column, dtype=np.float64).tolist()]

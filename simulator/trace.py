@@ -8,7 +8,7 @@ import numpy as np
 from simulator.errors import InputError
 
 REQUIRED_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
-OPTIONAL_COLUMNS = ("request_id", "priority", "slo_ttft_ms", "slo_tpot_ms")
+OPTIONAL_COLUMNS = ("priority", "slo_ttft_ms", "slo_tpot_ms")   # per-request columns a trace may carry
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Trace:
         import pandas as pd
         data = {"request_id": self.request_id, "arrival_s": self.arrival_s,
                 "num_prompt_tokens": self.num_prompt_tokens, "num_output_tokens": self.num_output_tokens}
-        for name in ("priority", "slo_ttft_ms", "slo_tpot_ms"):
+        for name in OPTIONAL_COLUMNS:
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         if self.prefix_hash_ids is not None:

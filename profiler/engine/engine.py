@@ -20,9 +20,8 @@ from simulator.errors import InputError
 from simulator.kv_cache import BlockManager, blocks_for
 from simulator.logs import request_log
 from simulator.metrics import summarize
-from simulator.request import Request, Status
-from simulator.schedulers import SchedulerConfig, make_scheduler
-from simulator.simulation import make_requests, next_batch
+from simulator.request import Request, make_requests
+from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
 from simulator.trace import Trace
 
@@ -104,32 +103,32 @@ class Engine:
 
     def _step(self, now: float) -> None:
         t0 = time.perf_counter()
-        batch = next_batch(self.scheduler, now, "engine")   # called only while the scheduler has work
-        in_flight = self.scheduler.in_flight
-        self._drop_preempted_caches()
-        token_ids, caches, emit = self._inputs(in_flight, batch)
+        step = self.scheduler.schedule(now)   # called only while the scheduler has work: never None
+        self._drop_caches(step.preempted)
+        token_ids, caches, emit = self._inputs(step)
         inputs = self.model.prepare_step(token_ids, caches, emit)
         t1 = time.perf_counter()
         logits = self.model.run_step(inputs)
         next_tokens = logits.argmax(dim=-1).tolist()   # .tolist() synchronises the device
         t2 = time.perf_counter()
-        self._append_tokens(in_flight, emit, next_tokens, logits)
+        self._append_tokens(step.requests, emit, next_tokens, logits)
         t3 = time.perf_counter()
         elapsed_s = (t3 - t0) + self._carry_s
         end_s = self.clock.step_end(now, elapsed_s)
         duration_ms, device_ms = (end_s - now) * 1000.0, (t2 - t1) * 1000.0
+        batch = step.batch
         self.log.add_step(now, duration_ms, feature_row(batch.q_lens, batch.kv_lens),
                           batch.request_ids, batch.q_lens, batch.kv_lens)
         self.device_ms.append(device_ms)
         self.host_ms.append(duration_ms - device_ms)
         t4 = time.perf_counter()
-        for request in self.scheduler.on_step_done(batch, end_s):
+        for request in self.scheduler.on_step_done(step, end_s):
             self.caches.pop(request.request_id, None)
         self._carry_s = time.perf_counter() - t4 + (t4 - t3)
 
-    def _inputs(self, in_flight: list[Request], batch):
+    def _inputs(self, step: ScheduledStep):
         token_ids, caches, emit = [], [], []
-        for request, q in zip(in_flight, batch.q_lens.tolist()):
+        for request, q in zip(step.requests, step.batch.q_lens.tolist()):
             cache = self.caches.get(request.request_id)
             if cache is None:
                 cache = self.caches[request.request_id] = self.model.new_cache()
@@ -142,22 +141,21 @@ class Engine:
             emit.append(start + q == request.num_known_tokens)
         return token_ids, caches, emit
 
-    def _append_tokens(self, in_flight, emit, next_tokens, logits) -> None:
+    def _append_tokens(self, requests: list[Request], emit, next_tokens, logits) -> None:
         rows = iter(range(len(next_tokens)))
-        for request, emits in zip(in_flight, emit):
+        for request, emits in zip(requests, emit):
             if emits:
                 row = next(rows)
                 self.token_ids[request.request_id].append(next_tokens[row])
                 if self.config.keep_outputs:
                     self.last_logits[request.request_id] = logits[row].float().cpu()
 
-    def _drop_preempted_caches(self) -> None:
+    def _drop_caches(self, preempted: list[Request]) -> None:
         """Free the device memory of requests the scheduler preempted (recompute policy)."""
-        if not self.scheduler.num_preemptions:
-            return
-        for request in self.scheduler.waiting:
-            if request.status is Status.PREEMPTED and request.request_id in self.caches:
-                self.caches.pop(request.request_id).reset(free=True)
+        for request in preempted:
+            cache = self.caches.pop(request.request_id, None)
+            if cache is not None:
+                cache.reset(free=True)
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> EngineResult:

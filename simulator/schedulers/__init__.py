@@ -1,6 +1,6 @@
 """Serving schedulers behind one contract (see base.SchedulerBase); SCHEDULERS maps CLI names to classes."""
 from simulator.errors import InputError
-from simulator.schedulers.base import ItlSamples, SchedulerBase, SchedulerConfig
+from simulator.schedulers.base import ItlSamples, ScheduledStep, SchedulerBase, SchedulerConfig
 from simulator.schedulers.continuous import ContinuousScheduler
 from simulator.schedulers.sarathi import SarathiScheduler
 from simulator.schedulers.slo import SloScheduler, SloSettings
@@ -27,6 +27,7 @@ __all__ = [
     "ContinuousScheduler",
     "ItlSamples",
     "SarathiScheduler",
+    "ScheduledStep",
     "SchedulerBase",
     "SchedulerConfig",
     "SloScheduler",

@@ -1,15 +1,21 @@
 """What every scheduler shares: queues, KV accounting, preemption, and applying a step's results.
 
-Contract (one scheduler, two drivers): `schedule(now_s)` returns the next StepBatch (or None) and
-reserves its KV blocks; the driver runs it (simulated or on a device) and calls
-`on_step_done(batch, end_s)`, which advances every request and returns those that finished.
-`decode_run_length(batch)` lets a driver advance a run of identical decode-only steps in one move.
+Contract (one scheduler, two drivers), the shape of vLLM v1's `SchedulerOutput` /
+`update_from_output`: `schedule(now_s)` returns a ScheduledStep (or None when there is nothing to
+run) and reserves its KV blocks; the driver runs its batch (simulated or on a device) and hands the
+same ScheduledStep back to `on_step_done(step, end_s)`, which advances every request and returns
+those that finished. Nothing passes through attributes: what the driver needs (the requests in
+batch order, whether the step is pure decode, who was preempted while forming it) is in the step.
+`decode_run_length(step)` and `on_decode_run_done(step, ends_s)` let a driver advance a run of
+identical decode-only steps in one move.
+
+A policy implements `_plan(now_s)`: the (request, num_new_tokens) pairs of the next step, in order.
 """
 from __future__ import annotations
 
 from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +29,15 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None   # None: the scheduler's own default
     chunk_size: int = 512                       # sarathi / slo: prefill chunk, the token budget per step
+
+
+@dataclass(slots=True, eq=False)
+class ScheduledStep:
+    """One step as the scheduler planned it: the batch to run and what the drivers need about it."""
+    batch: StepBatch
+    requests: list[Request]              # in batch order: requests[i] brings batch.q_lens[i] tokens
+    is_pure_decode: bool                 # every request feeds its last token over a cache and emits
+    preempted: list[Request] = field(default_factory=list)   # lost their KV cache while this step was formed
 
 
 class ItlSamples:
@@ -63,30 +78,42 @@ class SchedulerBase:
         self.itl = ItlSamples()
         self.num_outstanding_tokens = 0   # tokens still to compute, for least-outstanding-tokens routing
         self.num_preemptions = 0
-        self.in_flight: list[Request] = []   # the requests of the batch last returned by schedule()
-        self.in_flight_is_decode = False
+        self._preempted: list[Request] = []     # preempted since the last schedule() returned
         self._last_end_s: float | None = None   # end of this scheduler's previous step
 
     # -- the contract -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
+        """Queue a request; one that arrives with tokens computed elsewhere (a disaggregated decode
+        pool's, with its prompt cached) owes only the rest."""
         request.status = Status.WAITING
         self.waiting.append(request)
-        self.num_outstanding_tokens += request.max_kv_tokens
+        self.num_outstanding_tokens += request.max_kv_tokens - request.num_computed_tokens
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, now_s: float) -> StepBatch | None:
+    def schedule(self, now_s: float) -> ScheduledStep | None:
+        """The next step, or None when there is nothing to run. A scheduler that holds work but
+        plans nothing is a bug, not an idle replica: it raises instead of stalling its driver."""
+        step = self._step(self._plan(now_s))
+        if step is None and self.has_work():
+            raise RuntimeError(f"scheduler {self.name} is stuck with {len(self.waiting)} waiting requests "
+                               f"and nothing running")
+        return step
+
+    def _plan(self, now_s: float) -> list[tuple[Request, int]]:
+        """The policy: (request, num_new_tokens) pairs of the next step, KV reserved for each."""
         raise NotImplementedError
 
-    def on_step_done(self, batch: StepBatch, end_s: float) -> list[Request]:
-        """Advance each request of the batch by its q tokens; return the ones that finished.
+    def on_step_done(self, step: ScheduledStep, end_s: float) -> list[Request]:
+        """Advance each request of the step by its q tokens; return the ones that finished.
 
         Written for speed: this loop runs once per request per step."""
         finished = []
         itl = self.itl
         previous_end, num_consecutive = self._last_end_s, 0
-        for request, q in zip(self.in_flight, batch.q_lens.tolist()):
+        batch = step.batch
+        for request, q in zip(step.requests, batch.q_lens.tolist()):
             request.num_computed_tokens += q
             if request.num_computed_tokens == request.num_prompt_tokens + request.num_generated_tokens:
                 # the step fed every known token: it emits the next one
@@ -108,24 +135,24 @@ class SchedulerBase:
         self._retire(finished, end_s)
         return finished
 
-    def decode_run_length(self, batch: StepBatch) -> int:
+    def decode_run_length(self, step: ScheduledStep) -> int:
         """How many consecutive steps, this one included, repeat this decode-only batch if nothing arrives.
 
         The run ends at the first step where a request finishes, where the KV cache could not hold
         the next tokens (a preemption would follow), or earlier if the policy might admit a waiting
         request (then 1).
         """
-        requests = self.in_flight
-        if not self.in_flight_is_decode or len(requests) != len(self.running) or self._may_admit(batch):
+        requests = step.requests
+        if not step.is_pure_decode or len(requests) != len(self.running) or self._may_admit(step.batch):
             return 1
         num_steps = min(r.num_remaining_output_tokens for r in requests)
         if num_steps <= 1:
             return 1
         return self._kv_limited_steps(requests, num_steps)
 
-    def on_decode_run_done(self, batch: StepBatch, ends_s: np.ndarray) -> list[Request]:
-        """Apply a run of len(ends_s) - 1 decode steps of `batch`; ends_s[0] is the run's start."""
-        requests = self.in_flight
+    def on_decode_run_done(self, step: ScheduledStep, ends_s: np.ndarray) -> list[Request]:
+        """Apply a run of len(ends_s) - 1 decode steps of `step`; ends_s[0] is the run's start."""
+        requests = step.requests
         num_steps = len(ends_s) - 1
         first_end, last_end = float(ends_s[1]), float(ends_s[-1])
         previous_end, num_consecutive = self._last_end_s, 0
@@ -200,6 +227,7 @@ class SchedulerBase:
         request.status = Status.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
+        self._preempted.append(request)
         self.waiting.appendleft(request)
 
     def _reserve_or_preempt(self, request: Request, num_tokens: int) -> bool:
@@ -236,16 +264,19 @@ class SchedulerBase:
         request.status = Status.RUNNING
         self.running.append(request)
 
-    def _batch(self, scheduled: list[tuple[Request, int]]) -> StepBatch | None:
-        """The StepBatch of (request, num_new_tokens) pairs; remembers the requests as in flight."""
-        self.in_flight = requests = [r for r, _ in scheduled]
+    def _step(self, scheduled: list[tuple[Request, int]]) -> ScheduledStep | None:
+        """The ScheduledStep of (request, num_new_tokens) pairs, with the requests preempted since
+        the last one; None when nothing is scheduled."""
         if not scheduled:
             return None
+        preempted, self._preempted = self._preempted, []
+        requests = [r for r, _ in scheduled]
         q_lens = [q for _, q in scheduled]
         kv_lens = [r.num_computed_tokens for r in requests]
         # A pure decode batch (what decode runs repeat): each request feeds its one pending token over a
         # non-empty cache and emits. A 1-token prefill chunk with more prompt after it is not one.
-        self.in_flight_is_decode = len(scheduled) == sum(q_lens) and min(kv_lens) > 0 and all(
+        is_pure_decode = len(scheduled) == sum(q_lens) and min(kv_lens) > 0 and all(
             r.num_prompt_tokens + r.num_generated_tokens - r.num_computed_tokens == 1 for r in requests)
-        return StepBatch(tuple([r.request_id for r in requests]), np.array(q_lens, dtype=np.int64),
-                         np.array(kv_lens, dtype=np.int64))
+        batch = StepBatch(tuple([r.request_id for r in requests]), np.array(q_lens, dtype=np.int64),
+                          np.array(kv_lens, dtype=np.int64))
+        return ScheduledStep(batch, requests, is_pure_decode, preempted)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from simulator.batch import StepBatch
-from simulator.request import Status
+from simulator.request import Request, Status
 from simulator.schedulers.base import SchedulerBase
 
 
@@ -15,17 +15,17 @@ class ContinuousScheduler(SchedulerBase):
     """
     name = "continuous"
 
-    def schedule(self, now_s: float) -> StepBatch | None:
+    def _plan(self, now_s: float) -> list[tuple[Request, int]]:
         prefills = self._admit_whole_prompts()
         if prefills:
-            return self._batch(prefills)
+            return prefills
         scheduled = []
         for request in list(self.running):
             if request.status is not Status.RUNNING:
                 continue   # preempted earlier in this loop
             if self._reserve_or_preempt(request, 1):
                 scheduled.append((request, 1))
-        return self._batch(scheduled)
+        return scheduled
 
     def _may_admit(self, batch: StepBatch) -> bool:
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:

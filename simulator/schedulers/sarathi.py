@@ -1,7 +1,6 @@
 """Sarathi-Serve: decode-first, chunked prefill with a fixed chunk size as the per-step token budget."""
 from __future__ import annotations
 
-from simulator.batch import StepBatch
 from simulator.request import Request
 from simulator.schedulers.vllm import VllmScheduler
 
@@ -18,11 +17,11 @@ class SarathiScheduler(VllmScheduler):
         cap = self.config.max_num_batched_tokens
         self.token_budget = min(self.config.chunk_size, cap) if cap else self.config.chunk_size
 
-    def schedule(self, now_s: float) -> StepBatch | None:
+    def _plan(self, now_s: float) -> list[tuple[Request, int]]:
         scheduled, budget, preempted = self._schedule_running(decode_first(self.running), self.token_budget)
         if not preempted:
             scheduled += self._admit_waiting(budget)
-        return self._batch(scheduled)
+        return scheduled
 
 
 def decode_first(running: list[Request]) -> list[Request]:

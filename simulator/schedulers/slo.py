@@ -51,7 +51,7 @@ class SloScheduler(VllmScheduler):
         urgency = (now_s - request.arrival_s) / max_latency_s
         return (self.settings.ls_weight if ls else 0.0) + urgency
 
-    def schedule(self, now_s: float) -> StepBatch | None:
+    def _plan(self, now_s: float) -> list[tuple[Request, int]]:
         s = self.settings
         queue_len = len(self.waiting)
         avg_wait_s = sum(now_s - r.arrival_s for r in self.waiting) / queue_len if queue_len else 0.0
@@ -67,7 +67,7 @@ class SloScheduler(VllmScheduler):
         scheduled, budget, preempted = self._schedule_running(decode_first(self.running), budget)
         if not preempted:
             scheduled += self._admit_waiting(budget, self.max_seqs_now)
-        return self._batch(scheduled)
+        return scheduled
 
     def _may_admit(self, batch: StepBatch) -> bool:
         return bool(self.waiting)   # scores and modes move with time: never fast-forward past a queue

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from simulator.batch import StepBatch
-from simulator.request import Status
+from simulator.request import Request, Status
 from simulator.schedulers.base import SchedulerBase
 
 
@@ -15,16 +15,16 @@ class StaticScheduler(SchedulerBase):
     name = "static"
     default_max_batched_tokens = None
 
-    def schedule(self, now_s: float) -> StepBatch | None:
+    def _plan(self, now_s: float) -> list[tuple[Request, int]]:
         if not self.running:
-            return self._batch(self._admit_whole_prompts())
+            return self._admit_whole_prompts()
         scheduled = []
         for request in list(self.running):
             if request.status is not Status.RUNNING:
                 continue   # preempted earlier in this loop
             if self._reserve_or_preempt(request, 1):
                 scheduled.append((request, request.num_pending_tokens))
-        return self._batch(scheduled)
+        return scheduled
 
     def _may_admit(self, batch: StepBatch) -> bool:
         return False   # nobody joins a running batch

@@ -1,7 +1,6 @@
 """vLLM v1 style: one token budget per step, running requests first, then waiting ones; chunked prefill."""
 from __future__ import annotations
 
-from simulator.batch import StepBatch
 from simulator.request import Request, Status
 from simulator.schedulers.base import SchedulerBase
 
@@ -13,11 +12,11 @@ class VllmScheduler(SchedulerBase):
     """
     name = "vllm"
 
-    def schedule(self, now_s: float) -> StepBatch | None:
+    def _plan(self, now_s: float) -> list[tuple[Request, int]]:
         scheduled, budget, preempted = self._schedule_running(self.running, self.token_budget)
         if not preempted:
             scheduled += self._admit_waiting(budget)
-        return self._batch(scheduled)
+        return scheduled
 
     def _schedule_running(self, candidates: list[Request], budget: int):
         """Give each candidate (a running request) its tokens, in order; preempt on KV shortage.

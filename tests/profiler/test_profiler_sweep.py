@@ -115,6 +115,25 @@ def test_rows_carry_shapes_and_features(tmp_path):
     assert not list((tmp_path / "parts").iterdir())          # joined into profile.parquet
 
 
+def test_the_sweep_sets_its_thread_count_and_restores_the_callers(tmp_path):
+    import dataclasses
+
+    import torch
+
+    from profiler.sweep import default_timer
+    seen = []
+
+    def recording_timer(device, kernel):
+        seen.append(torch.get_num_threads())
+        return default_timer(device, kernel)
+
+    cfg = dataclasses.replace(config(ops=("gemm",)), num_threads=2)
+    assert torch.get_num_threads() == 1   # the profiler tests' own setting (conftest)
+    run_sweep(cfg, tmp_path, progress=False, timer_factory=recording_timer)
+    assert seen and set(seen) == {2}
+    assert torch.get_num_threads() == 1
+
+
 class StepClock:
     """A clock that moves 1 s each time it is read: --max-minutes in a test without waiting."""
 

@@ -35,10 +35,11 @@ def run_to_completion(scheduler, requests, step_s: float = 0.01, max_steps: int 
         scheduler.add(r)
     now, batches = 0.0, []
     while scheduler.has_work():
-        batch = scheduler.schedule(now)
-        assert batch is not None, "scheduler stuck"
+        step = scheduler.schedule(now)
+        assert step is not None, "scheduler stuck"
+        batch = step.batch
         batches.append(list(zip(batch.request_ids, batch.q_lens.tolist(), batch.kv_lens.tolist())))
         now += step_s
-        scheduler.on_step_done(batch, now)
+        scheduler.on_step_done(step, now)
         assert len(batches) < max_steps
     return batches

@@ -54,7 +54,10 @@ def test_a_one_token_request_is_answered_by_the_prefill_pool():
     log = run(make_trace([0.0, 0.0], [50, 50], [1, 2]), config(kv_bytes_per_token=1000)).requests
     assert log["ttft_ms"][0] == pytest.approx(10.0) and log["finish_s"][0] == pytest.approx(0.010)
     assert log["replica"].isna().tolist() == [True, False] and log["replica"][1] == 0
-    assert np.isnan(log["kv_transfer_ms"][0]) and log["kv_transfer_ms"][1] > 0
+    default = DisaggConfig()
+    assert np.isnan(log["kv_transfer_ms"][0])
+    assert log["kv_transfer_ms"][1] == pytest.approx(default.kv_transfer_alpha_ms
+                                                     + 1000 * 50 / (default.kv_transfer_gb_per_s * 1e9) * 1000)
 
 
 def test_decode_runs_give_the_same_logs_as_one_step_at_a_time():

@@ -38,15 +38,17 @@ def test_static_batches_run_to_completion_before_new_ones_join():
 def test_continuous_prefills_first_in_their_own_steps():
     sched, _ = make_scheduler_with_kv("continuous", max_num_batched_tokens=10)
     sched.add(make_request(0, 6, 3))
-    b1 = sched.schedule(0.0)
-    sched.on_step_done(b1, 1.0)
+    s1 = sched.schedule(0.0)
+    sched.on_step_done(s1, 1.0)
     sched.add(make_request(1, 5, 2))
     sched.add(make_request(2, 5, 2))   # 5 + 5 fits the budget of 10: both prefill together
-    b2 = sched.schedule(1.0)
-    assert list(b2.request_ids) == [1, 2] and b2.q_lens.tolist() == [5, 5]   # no decode of 0 mixed in
-    sched.on_step_done(b2, 2.0)
-    b3 = sched.schedule(2.0)
-    assert list(b3.request_ids) == [0, 1, 2] and b3.q_lens.tolist() == [1, 1, 1]
+    s2 = sched.schedule(1.0)
+    assert list(s2.batch.request_ids) == [1, 2] and s2.batch.q_lens.tolist() == [5, 5]   # no decode of 0 mixed in
+    assert not s2.is_pure_decode
+    sched.on_step_done(s2, 2.0)
+    s3 = sched.schedule(2.0)
+    assert list(s3.batch.request_ids) == [0, 1, 2] and s3.batch.q_lens.tolist() == [1, 1, 1]
+    assert s3.is_pure_decode and [r.request_id for r in s3.requests] == [0, 1, 2]
 
 
 def test_vllm_token_budget_chunks_prompts_running_first():
@@ -60,14 +62,14 @@ def test_vllm_token_budget_chunks_prompts_running_first():
 def test_sarathi_is_decode_first_with_fixed_chunks():
     sched, _ = make_scheduler_with_kv("sarathi", chunk_size=4)
     sched.add(make_request(0, 2, 5))
-    b = sched.schedule(0.0)
-    sched.on_step_done(b, 0.1)                          # 0 now decodes
+    step = sched.schedule(0.0)
+    sched.on_step_done(step, 0.1)                       # 0 now decodes
     sched.add(make_request(1, 9, 1))
     batches = []
     while sched.has_work() and len(batches) < 4:
-        b = sched.schedule(0.2)
-        batches.append(list(zip(b.request_ids, b.q_lens.tolist())))
-        sched.on_step_done(b, 0.3)
+        step = sched.schedule(0.2)
+        batches.append(list(zip(step.batch.request_ids, step.batch.q_lens.tolist())))
+        sched.on_step_done(step, 0.3)
     assert batches[:3] == [[(0, 1), (1, 3)], [(0, 1), (1, 3)], [(0, 1), (1, 3)]]  # 1 decode + 3-token chunks
 
 
@@ -86,13 +88,33 @@ def test_slo_policy_ranks_by_urgency_and_switches_modes():
     sched, _ = make_scheduler_with_kv("slo", max_num_batched_tokens=64, chunk_size=8)
     sched.add(make_request(0, 8, 1, arrival_s=0.8))                        # throughput, waited 0.2 s
     sched.add(make_request(1, 8, 1, arrival_s=0.95, priority=1))           # latency-sensitive, waited 0.05 s
-    b = sched.schedule(1.0)
+    b = sched.schedule(1.0).batch
     assert b.request_ids[0] == 1          # score 1 + 0.05/1 beats 0 + 0.2/10
     old = make_request(9, 8, 1, arrival_s=-11.0)
     assert sched.score(old, 1.0) > sched.score(make_request(8, 8, 1, arrival_s=1.0, priority=1), 1.0)
     assert sched.mode == "eager" and b.num_tokens == 8
     for i in range(2, 12):
         sched.add(make_request(i, 8, 1, arrival_s=0.0))
-    b = sched.schedule(2.0)               # a long queue that has waited: batch mode, the full budget
+    b = sched.schedule(2.0).batch         # a long queue that has waited: batch mode, the full budget
     assert sched.mode == "batch" and sched.num_mode_switches == 1 and b.num_tokens > 8
     assert sched.max_seqs_now > sched.settings.base_num_seqs
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_a_step_names_who_it_preempted_once_and_its_requests_in_batch_order(name):
+    # 4 blocks of 4 tokens: three requests cannot all grow, so the newest are preempted and recomputed
+    sched, _ = make_scheduler_with_kv(name, num_blocks=4, block_size=4, chunk_size=16, max_num_batched_tokens=16)
+    requests = [make_request(i, prompt=4, output=6) for i in range(3)]
+    for r in requests:
+        sched.add(r)
+    now, reported = 0.0, []
+    while sched.has_work():
+        step = sched.schedule(now)
+        assert [r.request_id for r in step.requests] == list(step.batch.request_ids)
+        assert step.is_pure_decode == bool(step.batch.is_pure_decode and all(
+            r.num_pending_tokens == 1 for r in step.requests))
+        assert not set(map(id, step.preempted)) & set(map(id, step.requests))
+        reported += [r.request_id for r in step.preempted]
+        now += 0.01
+        sched.on_step_done(step, now)
+    assert len(reported) == sched.num_preemptions == sum(r.num_preemptions for r in requests) > 0

@@ -1,0 +1,184 @@
+"""One replica driven by the event loop: its KV cache, scheduler and step log, and the step in flight.
+
+Every simulation (aggregated, or the two pools of a disaggregated one) runs its replicas through this
+driver. A step's time comes from the replica's StepTimeModel plus the per-step host overhead. A run
+of identical decode-only steps is advanced in one move (`plan_runs`): it is cut at the owner's
+horizon when planned (the next trace arrival), or later by `cut_run` (a KV cache landing), and
+either way the logs are the same as stepping one by one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from simulator.batch import StepFeatures, feature_row
+from simulator.events import STEP_DONE, WAKE, EventLoop
+from simulator.kv_cache import BlockManager
+from simulator.request import Request
+from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
+from simulator.step_log import StepLogBuilder
+from simulator.step_model import FeatureStepModel
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """The step (or decode run) a replica is running; as an event, it fires when it ends."""
+    replica: Replica
+    step: ScheduledStep
+    start_s: float
+    durations_ms: np.ndarray | float      # one step's duration, or each step's of a run
+    row: tuple | None = None              # one step: its feature_row()
+    ends_s: np.ndarray | None = None      # a run: start then each step's end (len = steps + 1)
+    features: StepFeatures | None = None  # a run: its steps' features when the model needed them
+
+    @property
+    def is_run(self) -> bool:
+        return self.ends_s is not None
+
+    def fire(self, now_s: float) -> None:
+        if self.replica.in_flight is self:   # else a cut run replaced it
+            self.replica.finish_step(now_s)
+
+
+@dataclass(slots=True, eq=False)
+class Wake:
+    replica: Replica
+
+    def fire(self, now_s: float) -> None:
+        replica = self.replica
+        replica.wake_pending = False
+        if not replica.busy:
+            replica.start_step(now_s)
+
+
+@dataclass
+class ReplicaSettings:
+    scheduler: str
+    scheduler_config: SchedulerConfig
+    num_blocks: int
+    block_size: int
+    step_overhead_ms: float = 0.0
+    record_batches: bool = True
+
+
+class Replica:
+    """Hooks let the owner see steps start (`on_step_start(step, now_s)`), requests finish
+    (`on_finished(requests, now_s)`), and bound decode runs (`run_horizon()`: the time of the next
+    event that could change this replica's schedule, and whether the step in flight then may stay
+    in the run)."""
+
+    def __init__(self, loop: EventLoop, index: int, settings: ReplicaSettings, model, *,
+                 plan_runs: bool = True, pool: str | None = None,
+                 on_step_start: Callable[[ScheduledStep, float], None] | None = None,
+                 on_finished: Callable[[list[Request], float], None] | None = None,
+                 run_horizon: Callable[[], tuple[float, bool]] | None = None) -> None:
+        self.loop, self.index, self.pool, self.model = loop, index, pool, model
+        self.kv = BlockManager(settings.num_blocks, settings.block_size)
+        self.scheduler = make_scheduler(settings.scheduler, self.kv, settings.scheduler_config)
+        self.log = StepLogBuilder(index, settings.record_batches)
+        self.step_overhead_ms = settings.step_overhead_ms
+        self.plan_runs = plan_runs
+        self.on_step_start, self.on_finished, self.run_horizon = on_step_start, on_finished, run_horizon
+        self.is_feature_model = isinstance(model, FeatureStepModel)
+        self.busy = False
+        self.wake_pending = False
+        self.in_flight: InFlight | None = None
+
+    def add(self, request: Request, now_s: float) -> None:
+        """A request joins this replica's queue; an idle replica wakes up (after the other events at now_s)."""
+        request.replica = self.index
+        self.scheduler.add(request)
+        if not self.busy and not self.wake_pending:
+            self.wake_pending = True
+            self.loop.push(now_s, WAKE, Wake(self))
+
+    # -- steps -----------------------------------------------------------------------------------
+    def start_step(self, now_s: float) -> None:
+        step = self.scheduler.schedule(now_s)
+        self.busy = step is not None
+        if step is None:
+            return
+        if self.on_step_start is not None:
+            self.on_step_start(step, now_s)
+        if self.plan_runs and step.is_pure_decode:
+            num_steps = self.scheduler.decode_run_length(step)
+            if num_steps > 1 and self._start_run(step, now_s, num_steps):
+                return
+        batch = step.batch
+        row = feature_row(batch.q_lens, batch.kv_lens)
+        if self.is_feature_model:
+            duration_ms = self.model.row_ms(row) + self.step_overhead_ms
+        else:
+            duration_ms = float(self.model.step_ms(batch)) + self.step_overhead_ms
+        self.in_flight = InFlight(self, step, now_s, duration_ms, row=row)
+        self.loop.push(now_s + duration_ms / 1000.0, STEP_DONE, self.in_flight)
+
+    def _start_run(self, step: ScheduledStep, now_s: float, num_steps: int) -> bool:
+        """Advance up to num_steps decode steps in one move, up to the horizon; False if fewer than 2 fit."""
+        kv_lens = step.batch.kv_lens
+        features = None
+        if self.is_feature_model:
+            features = StepFeatures.decode_run(kv_lens, num_steps)
+            durations_ms = self.model.features_ms(features)
+        else:
+            durations_ms = np.asarray(self.model.decode_run_ms(kv_lens, num_steps), dtype=np.float64)
+        durations_ms = durations_ms + self.step_overhead_ms
+        ends_s = np.cumsum(np.concatenate(([now_s], durations_ms / 1000.0)))   # sequential: same bits as one by one
+        if self.run_horizon is not None:
+            horizon_s, keep_step_in_flight = self.run_horizon()
+            # Steps ending strictly before the horizon; an end tied with it is handled after the event there.
+            num_before = int(np.searchsorted(ends_s[1:], horizon_s, side="left"))
+            num_steps = min(num_steps, num_before + (1 if keep_step_in_flight else 0))
+            if num_steps < 2:
+                return False
+        self.in_flight = InFlight(self, step, now_s, durations_ms[:num_steps], ends_s=ends_s[: num_steps + 1],
+                                  features=features)
+        self.loop.push(float(ends_s[num_steps]), STEP_DONE, self.in_flight)
+        return True
+
+    def cut_run(self, now_s: float) -> None:
+        """Keep the planned steps that end before `now_s` and the one in flight at `now_s`; drop the rest.
+
+        Step by step, the scheduler would see a request added at `now_s` at the first step start at or
+        after it: the end of the step in flight (an end tied with `now_s` comes after the event)."""
+        run = self.in_flight
+        if run is None or not run.is_run:
+            return
+        keep = int(np.searchsorted(run.ends_s[1:], now_s, side="left")) + 1
+        if keep >= len(run.durations_ms):
+            return
+        # A new event for the shorter run; the planned one finds itself replaced when it fires.
+        self.in_flight = replace(run, ends_s=run.ends_s[: keep + 1], durations_ms=run.durations_ms[:keep])
+        self.loop.push(float(run.ends_s[keep]), STEP_DONE, self.in_flight)
+
+    def finish_step(self, now_s: float) -> None:
+        run, self.in_flight = self.in_flight, None
+        step, batch = run.step, run.step.batch
+        if run.is_run:
+            num_steps = len(run.durations_ms)
+            features = (run.features.head(num_steps) if run.features is not None
+                        else StepFeatures.decode_run(batch.kv_lens, num_steps))
+            self.log.add_steps(run.ends_s[:-1], run.durations_ms, features, batch.request_ids, batch.q_lens,
+                               batch.kv_lens)
+            finished = self.scheduler.on_decode_run_done(step, run.ends_s)
+        else:
+            self.log.add_step(run.start_s, run.durations_ms, run.row, batch.request_ids, batch.q_lens, batch.kv_lens)
+            finished = self.scheduler.on_step_done(step, now_s)
+        if finished and self.on_finished is not None:
+            self.on_finished(finished, now_s)
+        self.start_step(now_s)
+
+
+def steps_frame(replicas: list[Replica], with_pool: bool = False):
+    """Every replica's step log in one DataFrame (with a `pool` column for disaggregated runs)."""
+    import pandas as pd
+    frames = [r.log.to_frame().assign(pool=r.pool) if with_pool else r.log.to_frame() for r in replicas]
+    return pd.concat(frames, ignore_index=True)
+
+
+def itl_arrays(replicas: list[Replica]) -> tuple[np.ndarray, np.ndarray]:
+    """Inter-token latency samples (values in s, weights) of these replicas' schedulers."""
+    itl = [r.scheduler.itl.arrays() for r in replicas]
+    return np.concatenate([v for v, _ in itl]), np.concatenate([w for _, w in itl])
