@@ -7,13 +7,13 @@ the table the simulator loads is exactly the model whose held-out error is repor
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from costmodel import grid
+from costmodel.regressors import TimeRegressor
 
 
-class AdditiveGridRegressor(RegressorMixin, BaseEstimator):
+class AdditiveGridRegressor(TimeRegressor):
     """Relative-error ridge fit of one piecewise-linear function per feature, for the mean.
 
     `n_knots` knots per feature at quantiles of the training values; `smoothing` penalises
@@ -33,9 +33,7 @@ class AdditiveGridRegressor(RegressorMixin, BaseEstimator):
         self.reweight = reweight
 
     def fit(self, X, y):
-        X, y = validate_data(self, X, y, y_numeric=True)
-        if (y <= 0).any():
-            raise ValueError("times must be positive")
+        X, y = self._validate_times(X, y)
         self.knots_ = [self._knots(X[:, j]) for j in range(X.shape[1])]
         B, penalty = self._design(X)
         self._solve(B, penalty, y, 1.0 / y)

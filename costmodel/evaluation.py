@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+# The held-out splits every target is scored on, in the order errors are reported (then the
+# optional --holdout file).
 SPLITS = ("random", "extrapolation")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from costmodel.additive import AdditiveGridRegressor
-from costmodel.evaluation import error_stats, extrapolation_split, group_ids, random_split
+from costmodel.evaluation import SPLITS, error_stats, extrapolation_split, group_ids, random_split
 from costmodel.features import assign_targets, design, kind_for, kind_of
 from costmodel.records import data_hash
 from costmodel.regressors import make_regressor
@@ -127,7 +127,7 @@ def _fit_all(records, config, holdout, progress) -> FitResult:
         raise InputError("no target has enough rows to fit: " +
                          "; ".join(f"{t}: {why}" for t, why in skipped.items()))
     errors = {}
-    for split in ("random", "extrapolation", "holdout"):
+    for split in (*SPLITS, "holdout"):
         pairs = [f.held_out[split] for f in fits.values() if split in f.held_out]
         if pairs:
             errors[split] = error_stats(np.concatenate([p[0] for p in pairs]),

@@ -2,9 +2,13 @@
 
 Shared by the tables the simulator loads and the additive step regressor, so that what was
 fitted and what is looked up are the same function. Only numpy: a lookup is searchsorted plus
-a few multiply-adds.
+a few multiply-adds. The `*_at` forms look up one value in plain floats over Python lists (the
+simulator's one-step path, where numpy's per-call cost dominates), with the same operations in
+the same order, so they give the same bits.
 """
 from __future__ import annotations
+
+from bisect import bisect_right
 
 import numpy as np
 
@@ -37,6 +41,32 @@ def interp2(x, y, xknots: np.ndarray, yknots: np.ndarray, values: np.ndarray) ->
     j1 = np.minimum(j + 1, len(yknots) - 1)
     low = values[i, j] + v * (values[i, j1] - values[i, j])
     high = values[i1, j] + v * (values[i1, j1] - values[i1, j])
+    return low + u * (high - low)
+
+
+def segment_at(x: float, knots: list) -> tuple[int, float]:
+    """segments() for one value."""
+    if len(knots) == 1:
+        return 0, 0.0
+    i = min(max(bisect_right(knots, x) - 1, 0), len(knots) - 2)
+    return i, (x - knots[i]) / (knots[i + 1] - knots[i])
+
+
+def interp1_at(x: float, knots: list, values: list) -> float:
+    """interp1() for one value."""
+    if len(knots) == 1:
+        return values[0]
+    i, t = segment_at(x, knots)
+    return values[i] + t * (values[i + 1] - values[i])
+
+
+def interp2_at(x: float, y: float, xknots: list, yknots: list, values: list) -> float:
+    """interp2() for one point; values is a list of rows."""
+    i, u = segment_at(x, xknots)
+    j, v = segment_at(y, yknots)
+    i1, j1 = min(i + 1, len(xknots) - 1), min(j + 1, len(yknots) - 1)
+    low = values[i][j] + v * (values[i][j1] - values[i][j])
+    high = values[i1][j] + v * (values[i1][j1] - values[i1][j])
     return low + u * (high - low)
 
 

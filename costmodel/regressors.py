@@ -39,12 +39,27 @@ def _tree_spread(model, X: np.ndarray) -> np.ndarray:
     return per_tree.std(axis=0)
 
 
-class TreeRegressor(RegressorMixin, BaseEstimator):
-    """A tree ensemble on the raw features; learns log(time) so that its error is relative."""
+class TimeRegressor(RegressorMixin, BaseEstimator):
+    """What every estimator of step or kernel time shares: its targets are times, positive."""
 
-    def __init__(self, tree="rf", n_estimators=100, min_samples_leaf=1, max_features=1.0,
-                 learning_rate=0.1, max_iter=200, max_leaf_nodes=31, log_target=True,
-                 random_state=0):
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.positive_only = True
+        return tags
+
+    def _validate_times(self, X, y):
+        X, y = validate_data(self, X, y, y_numeric=True)
+        if (y <= 0).any():
+            raise ValueError("times must be positive")
+        return X, y
+
+
+class _TreeParams(TimeRegressor):
+    """The hyperparameters of the tree ensemble a regressor fits (see `_tree`); subclasses list
+    them in their own __init__ (scikit-learn reads the parameters from its signature)."""
+
+    def __init__(self, tree, n_estimators, min_samples_leaf, max_features, learning_rate,
+                 max_iter, max_leaf_nodes, random_state):
         self.tree = tree
         self.n_estimators = n_estimators
         self.min_samples_leaf = min_samples_leaf
@@ -52,17 +67,28 @@ class TreeRegressor(RegressorMixin, BaseEstimator):
         self.learning_rate = learning_rate
         self.max_iter = max_iter
         self.max_leaf_nodes = max_leaf_nodes
-        self.log_target = log_target
         self.random_state = random_state
 
+    def _new_tree(self):
+        return _tree(self.tree, n_estimators=self.n_estimators,
+                     min_samples_leaf=self.min_samples_leaf, max_features=self.max_features,
+                     learning_rate=self.learning_rate, max_iter=self.max_iter,
+                     max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
+
+
+class TreeRegressor(_TreeParams):
+    """A tree ensemble on the raw features; learns log(time) so that its error is relative."""
+
+    def __init__(self, tree="rf", n_estimators=100, min_samples_leaf=1, max_features=1.0,
+                 learning_rate=0.1, max_iter=200, max_leaf_nodes=31, log_target=True,
+                 random_state=0):
+        super().__init__(tree, n_estimators, min_samples_leaf, max_features, learning_rate,
+                         max_iter, max_leaf_nodes, random_state)
+        self.log_target = log_target
+
     def fit(self, X, y):
-        X, y = validate_data(self, X, y, y_numeric=True)
-        if (y <= 0).any():
-            raise ValueError("times must be positive")
-        self.model_ = _tree(self.tree, n_estimators=self.n_estimators,
-                            min_samples_leaf=self.min_samples_leaf, max_features=self.max_features,
-                            learning_rate=self.learning_rate, max_iter=self.max_iter,
-                            max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
+        X, y = self._validate_times(X, y)
+        self.model_ = self._new_tree()
         self.model_.fit(X, np.log(y) if self.log_target else y)
         return self
 
@@ -80,7 +106,7 @@ class TreeRegressor(RegressorMixin, BaseEstimator):
         return self.predict(X) * spread if self.log_target else spread
 
 
-class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
+class PhysicsResidualRegressor(_TreeParams):
     """time = (c0 + c·physics(x)) corrected by a tree model of the residual.
 
     The linear part is a non-negative least-squares fit in relative error on the physics
@@ -95,23 +121,15 @@ class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
     def __init__(self, physics_index=(), intercept=True, residual="ratio", tree="rf",
                  n_estimators=100, min_samples_leaf=1, max_features=1.0, learning_rate=0.1,
                  max_iter=200, max_leaf_nodes=31, trim=None, random_state=0):
+        super().__init__(tree, n_estimators, min_samples_leaf, max_features, learning_rate,
+                         max_iter, max_leaf_nodes, random_state)
         self.physics_index = physics_index
         self.intercept = intercept
         self.residual = residual
-        self.tree = tree
-        self.n_estimators = n_estimators
-        self.min_samples_leaf = min_samples_leaf
-        self.max_features = max_features
-        self.learning_rate = learning_rate
-        self.max_iter = max_iter
-        self.max_leaf_nodes = max_leaf_nodes
         self.trim = trim
-        self.random_state = random_state
 
     def fit(self, X, y):
-        X, y = validate_data(self, X, y, y_numeric=True)
-        if (y <= 0).any():
-            raise ValueError("times must be positive")
+        X, y = self._validate_times(X, y)
         keep = np.ones(len(y), dtype=bool)
         if self.trim is not None and len(y) >= 30:
             keep = self._consistent_rows(X, y)
@@ -140,16 +158,14 @@ class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
         w = 1.0 / y   # relative error: every point counts alike whatever its size
         coef, _ = nnls(P / self.scale_ * w[:, None], y * w)
         self.coef_ = coef / self.scale_
+        self.fallback_ms_ = 0.0
         linear = self._linear(X)
         if not (linear > 0).all():
             # No usable physics (e.g. all coefficients zero): the tree carries everything.
             self.coef_ = np.zeros_like(self.coef_)
             self.fallback_ms_ = float(np.median(y))
             linear = self._linear(X)
-        self.tree_ = _tree(self.tree, n_estimators=self.n_estimators,
-                           min_samples_leaf=self.min_samples_leaf, max_features=self.max_features,
-                           learning_rate=self.learning_rate, max_iter=self.max_iter,
-                           max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
+        self.tree_ = self._new_tree()
         target = np.log(y / linear) if self.residual == "ratio" else y - linear
         self.tree_.fit(self._tree_features(X), target)
         return self
@@ -178,8 +194,13 @@ class PhysicsResidualRegressor(RegressorMixin, BaseEstimator):
         return np.column_stack(cols)
 
     def _linear(self, X):
-        base = getattr(self, "fallback_ms_", 0.0)
-        return self._physics(X) @ self.coef_ + base
+        return self._physics(X) @ self.coef_ + self.fallback_ms_
+
+    def __setstate__(self, state):
+        # Models pickled before every fit set fallback_ms_ held it only where it was not zero.
+        if "coef_" in state:
+            state.setdefault("fallback_ms_", 0.0)
+        super().__setstate__(state)
 
     @staticmethod
     def _tree_features(X):
@@ -208,6 +229,7 @@ def predict_with_spread(model, X) -> tuple[np.ndarray, np.ndarray]:
 __all__ = [
     "FAMILIES",
     "PhysicsResidualRegressor",
+    "TimeRegressor",
     "TreeRegressor",
     "make_regressor",
     "predict_with_spread",

@@ -1,20 +1,274 @@
-"""A T_step term on its grid: shared by composition (writes) and the tables (reads).
+"""The kinds of T_step term: each owns its grid, how it is written (its Parquet layout and its
+meta.json entry) and how it is looked up, on StepFeatures (vectorised) and on one
+simulator.batch.feature_row() tuple (plain floats, the simulator's one-step path: the same
+operations in the same order, so the same bits).
 
-Kept apart so that loading tables never imports scikit-learn."""
+TERM_KINDS names the kind of every term a table directory may hold. Composition
+(costmodel.compose) and the whole-step fit make terms; costmodel.tables loads them. Kept apart
+from the estimators so that loading tables never imports scikit-learn.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+import pandas as pd
+
+from costmodel import grid
+from costmodel.grid import interp1_at, interp2_at
+from simulator.batch import FEATURE_NAMES, StepFeatures
+from simulator.errors import InputError
+from simulator.io import atomic_write_parquet
+
+GRID_COLUMNS = ("time_ms", "spread_ms")
 
 
-@dataclass
 class Term:
-    """One additive term: values (and spreads) on a 1-D or 2-D grid, in ms for the whole model."""
+    """One additive term of T_step, in ms for the whole model. Subclasses hold the grid."""
     name: str
-    axes: tuple[str, ...]
-    knots: tuple[np.ndarray, ...]
+    description: str
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def frame(self) -> pd.DataFrame:
+        """The term's Parquet table."""
+        raise NotImplementedError
+
+    def entry_extra(self) -> dict:
+        """meta.json keys of this kind beyond the common ones."""
+        return {}
+
+    def write(self, directory: Path) -> dict:
+        """Write <name>.parquet into `directory`; return the term's meta.json entry."""
+        if TERM_KINDS.get(self.name) is not type(self):
+            # A term written under another kind's name would load as that kind.
+            raise ValueError(f"term {self.name!r} is not a {type(self).__name__} in TERM_KINDS")
+        atomic_write_parquet(self.frame(), Path(directory) / f"{self.name}.parquet")
+        return {"file": f"{self.name}.parquet", "axes": list(self.axes), "unit": "ms",
+                "description": self.description, **self.entry_extra()}
+
+    def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        """The term's time (or, with which="spread_ms", its spread) for each batch."""
+        raise NotImplementedError
+
+    def row_ms(self, row: tuple) -> float:
+        """evaluate() of one batch's feature_row(), in plain floats."""
+        raise NotImplementedError
+
+
+def feature_column(name: str, path) -> int:
+    """The position of a batch feature in a feature_row() tuple, resolved once at load."""
+    if name not in FEATURE_NAMES:
+        raise InputError(f"{path}: axis {name!r} is not a batch feature; a term reads one of "
+                         f"{', '.join(FEATURE_NAMES)}")
+    return FEATURE_NAMES.index(name)
+
+
+def require_columns(frame: pd.DataFrame, columns, path) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}")
+
+
+def _floats(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return frame[column].to_numpy(np.float64)
+
+
+@dataclass(eq=False)
+class FeatureCurve(Term):
+    """Time on a grid of one batch feature (num_tokens, num_seqs, ...): linear between the grid
+    points and along the end segments beyond them."""
+    name: str
+    axis: str
+    knots: np.ndarray
     time_ms: np.ndarray
     spread_ms: np.ndarray
     description: str
-    intercept_ms: float = 0.0     # the whole-step term's constant
+
+    def __post_init__(self) -> None:
+        self._column = feature_column(self.axis, self.name)
+        # Python lists for the scalar path: indexing them costs far less than indexing arrays.
+        self._row_knots = self.knots.tolist()
+        self._row_values = self.time_ms.tolist()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return (self.axis,)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({self.axis: self.knots, "time_ms": self.time_ms,
+                             "spread_ms": self.spread_ms})
+
+    @classmethod
+    def read(cls, name: str, entry: dict, frame: pd.DataFrame, path) -> FeatureCurve:
+        axes = list(entry["axes"])
+        if len(axes) != 1:
+            raise InputError(f"{path}: term {name!r} takes one axis, got {axes}")
+        feature_column(axes[0], path)
+        require_columns(frame, axes, path)
+        frame = frame.sort_values(axes[0])
+        return cls(name, axes[0], _floats(frame, axes[0]), _floats(frame, "time_ms"),
+                   _floats(frame, "spread_ms"), entry.get("description", ""))
+
+    def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        return grid.interp1(getattr(f, self.axis), self.knots, getattr(self, which))
+
+    def row_ms(self, row: tuple) -> float:
+        return interp1_at(float(row[self._column]), self._row_knots, self._row_values)
+
+
+@dataclass(eq=False)
+class MeanGrid(Term):
+    """Time on a 2-D grid of a count of items in the batch and their mean size (a total over the
+    count); zero for a batch without any. Subclasses name the two feature columns."""
+    AXES: ClassVar[tuple[str, str]]     # the labels of the grid's axes (Parquet columns)
+    COUNT: ClassVar[str]                # feature column: how many items
+    TOTAL: ClassVar[str]                # feature column: their summed size
+
+    name: str
+    knots: tuple[np.ndarray, np.ndarray]
+    time_ms: np.ndarray                 # (len(knots[0]), len(knots[1]))
+    spread_ms: np.ndarray
+    description: str
+
+    def __post_init__(self) -> None:
+        self._count_column = feature_column(self.COUNT, self.name)
+        self._total_column = feature_column(self.TOTAL, self.name)
+        self._row_knots = [k.tolist() for k in self.knots]
+        self._row_values = self.time_ms.tolist()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self.AXES
+
+    def frame(self) -> pd.DataFrame:
+        x, y = np.meshgrid(*self.knots, indexing="ij")
+        return pd.DataFrame({self.AXES[0]: x.ravel(), self.AXES[1]: y.ravel(),
+                             "time_ms": self.time_ms.ravel(), "spread_ms": self.spread_ms.ravel()})
+
+    @classmethod
+    def read(cls, name: str, entry: dict, frame: pd.DataFrame, path) -> MeanGrid:
+        if tuple(entry["axes"]) != cls.AXES:
+            raise InputError(f"{path}: term {name!r} has axes {list(cls.AXES)}, "
+                             f"meta.json lists {list(entry['axes'])}")
+        require_columns(frame, cls.AXES, path)
+        frame = frame.sort_values(list(cls.AXES))
+        knots = tuple(np.unique(_floats(frame, a)) for a in cls.AXES)
+        shape = tuple(len(k) for k in knots)
+        if len(frame) != shape[0] * shape[1]:
+            raise InputError(f"{path}: grid is not complete ({len(frame)} rows for "
+                             f"{shape[0]} x {shape[1]} axis values)")
+        return cls(name, knots, _floats(frame, "time_ms").reshape(shape),
+                   _floats(frame, "spread_ms").reshape(shape), entry.get("description", ""))
+
+    def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        count = getattr(f, self.COUNT)
+        mean = getattr(f, self.TOTAL) / np.maximum(count, 1.0)
+        return np.where(count > 0, grid.interp2(count, mean, *self.knots, getattr(self, which)), 0.0)
+
+    def row_ms(self, row: tuple) -> float:
+        count = float(row[self._count_column])
+        if not count > 0:
+            return 0.0
+        mean = float(row[self._total_column]) / max(count, 1.0)
+        return interp2_at(count, mean, *self._row_knots, self._row_values)
+
+
+class DecodeAttention(MeanGrid):
+    """Decode attention by the number of decodes and their mean KV length."""
+    AXES = ("num_decode", "kv_mean")
+    COUNT, TOTAL = "num_decode", "decode_kv_sum"
+
+
+class PrefillAttention(MeanGrid):
+    """Prefill attention by new tokens and the mean context a new token attends to."""
+    AXES = ("prefill_tokens", "prefill_ctx")
+    COUNT, TOTAL = "prefill_tokens", "prefill_attn_work"
+
+
+@dataclass(eq=False)
+class AdditiveStep(Term):
+    """The whole-step model: an intercept plus one 1-D grid per batch feature
+    (costmodel.additive.AdditiveGridRegressor, fitted to measured steps)."""
+    name: str
+    features: tuple[str, ...]
+    knots: tuple[np.ndarray, ...]
+    values_ms: tuple[np.ndarray, ...]
+    spreads_ms: tuple[np.ndarray, ...]
+    intercept_ms: float
+    description: str
+
+    def __post_init__(self) -> None:
+        self._row_parts = [(feature_column(f, self.name), k.tolist(), v.tolist())
+                           for f, k, v in zip(self.features, self.knots, self.values_ms)]
+
+    @classmethod
+    def from_estimator(cls, estimator) -> AdditiveStep:
+        knots = tuple(np.asarray(k, dtype=np.float64) for k in estimator.knots_)
+        values = tuple(np.asarray(v, dtype=np.float64) for v in estimator.values_)
+        return cls("step", tuple(FEATURE_NAMES), knots, values,
+                   tuple(np.zeros(len(v)) for v in values), float(estimator.intercept_),
+                   "whole-step time: intercept + one piecewise-linear function per batch feature")
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self.features
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({
+            "feature": np.repeat(self.features, [len(k) for k in self.knots]),
+            "x": np.concatenate(self.knots), "time_ms": np.concatenate(self.values_ms),
+            "spread_ms": np.concatenate(self.spreads_ms)})
+
+    def entry_extra(self) -> dict:
+        return {"intercept_ms": self.intercept_ms}
+
+    @classmethod
+    def read(cls, name: str, entry: dict, frame: pd.DataFrame, path) -> AdditiveStep:
+        features = tuple(entry["axes"])
+        for feature in features:
+            feature_column(feature, path)
+        require_columns(frame, ("feature", "x"), path)
+        parts = [frame[frame["feature"] == feature] for feature in features]
+        return cls(name, features, tuple(_floats(p, "x") for p in parts),
+                   tuple(_floats(p, "time_ms") for p in parts),
+                   tuple(_floats(p, "spread_ms") for p in parts),
+                   float(entry.get("intercept_ms", 0.0)), entry.get("description", ""))
+
+    def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        values = self.values_ms if which == "time_ms" else self.spreads_ms
+        total = np.full(len(f), self.intercept_ms if which == "time_ms" else 0.0)
+        for feature, knots, part in zip(self.features, self.knots, values):
+            total = total + grid.interp1(getattr(f, feature), knots, part)
+        return total
+
+    def row_ms(self, row: tuple) -> float:
+        total = self.intercept_ms
+        for column, knots, values in self._row_parts:
+            total = total + interp1_at(float(row[column]), knots, values)
+        return total
+
+
+# The kind of each term a table directory may hold, by the term's name (its meta.json key).
+TERM_KINDS: dict[str, type[Term]] = {
+    "linear": FeatureCurve,          # layers x per-layer GEMMs and small ops, by num_tokens
+    "lm_head": FeatureCurve,         # by num_seqs
+    "all_reduce": FeatureCurve,      # tensor parallelism's collectives, by num_tokens
+    "overhead": FeatureCurve,        # host overhead, by num_seqs
+    "decode_attn": DecodeAttention,
+    "prefill_attn": PrefillAttention,
+    "step": AdditiveStep,
+}
+
+
+def read_term(name: str, entry: dict, frame: pd.DataFrame, path) -> Term:
+    """A term from its meta.json entry and its Parquet table (`path` names it in errors)."""
+    kind = TERM_KINDS.get(name)
+    if kind is None:
+        raise InputError(f"{path}: unknown term {name!r}; known: {', '.join(TERM_KINDS)}")
+    require_columns(frame, GRID_COLUMNS, path)
+    return kind.read(name, entry, frame, path)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from numbers import Integral
 from pathlib import Path
 
 from simulator.errors import InputError
@@ -9,6 +10,47 @@ from simulator.io import read_config_file
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "fp8": 1, "float8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How one model instance is split over GPUs: `tp`-way tensor parallelism (query heads, FFN
+    and vocabulary split; KV heads split down to one per GPU, then replicated) and `ep`-way
+    expert parallelism (mixture-of-experts layers only: dense models ignore it)."""
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "ep"):
+            value = getattr(self, name)
+            if not isinstance(value, Integral) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"parallelism: {name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, int(value))   # numpy integers too, stored as int
+
+    def split(self, size: int) -> int | float:
+        """One GPU's share of `size` under tensor parallelism: an int where tp divides it (the
+        shapes a profiler times are whole), else a float."""
+        return size // self.tp if size % self.tp == 0 else size / self.tp
+
+    def kv_heads(self, num_kv_heads: int) -> int | float:
+        """KV heads one GPU holds: split like the query heads, but never fewer than one."""
+        return max(self.split(num_kv_heads), 1)
+
+
+def gemm_shapes_of(hidden, heads, kv_heads, head_dim, ffn, vocab, gated=True) -> dict:
+    """(n, k) of each projection of one layer and of the LM head, M being the number of tokens,
+    from the sizes one GPU holds (heads, KV heads, FFN width and vocabulary after any split).
+
+    Plain numbers or numpy arrays alike: the Vidur importer passes one value per profile row.
+    `gated` (a bool, or a bool array): the up projection also computes the gate (SwiGLU), so it
+    is twice the FFN width."""
+    return {
+        "qkv_proj": ((heads + 2 * kv_heads) * head_dim, hidden),
+        "o_proj": (hidden, heads * head_dim),
+        "gate_up_proj": ((1 + gated) * ffn, hidden),
+        "down_proj": (hidden, ffn),
+        "lm_head": (vocab, hidden),
+    }
 
 
 @dataclass(frozen=True)
@@ -68,15 +110,12 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         return self.num_params * self.dtype_bytes
 
-    def gemm_shapes(self) -> dict[str, tuple[int, int]]:
-        """(n, k) of each projection of one layer and of the LM head; M is the number of tokens."""
-        return {
-            "qkv_proj": (self.q_size + 2 * self.kv_size, self.hidden_size),
-            "o_proj": (self.hidden_size, self.q_size),
-            "gate_up_proj": (2 * self.ffn_size, self.hidden_size),
-            "down_proj": (self.hidden_size, self.ffn_size),
-            "lm_head": (self.vocab_size, self.hidden_size),
-        }
+    def gemm_shapes(self, parallelism: Parallelism = Parallelism()) -> dict[str, tuple]:
+        """(n, k) of each projection of one layer and of the LM head on one GPU; M is the number
+        of tokens. Whole numbers where the split is even (always on one GPU)."""
+        p = parallelism
+        return gemm_shapes_of(self.hidden_size, p.split(self.num_heads), p.kv_heads(self.num_kv_heads),
+                              self.head_dim, p.split(self.ffn_size), p.split(self.vocab_size))
 
     def with_dtype(self, dtype: str) -> ModelSpec:
         return ModelSpec(**{**asdict(self), "dtype": dtype})

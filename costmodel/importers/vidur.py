@@ -12,10 +12,11 @@ import pandas as pd
 
 from costmodel.records import check_positive, check_times, make_records, require_columns
 from simulator.errors import InputError
+from simulator.model_spec import gemm_shapes_of
 
 KEY_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
                "num_tokens", "num_tensor_parallel_workers")
-# Vidur op -> our GEMM sub-operation name (simulator.model_spec.ModelSpec.gemm_shapes).
+# Vidur op -> our GEMM sub-operation name (simulator.model_spec.gemm_shapes_of).
 GEMM_OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj",
             "mlp_up_proj": "gate_up_proj", "mlp_down_proj": "down_proj"}
 ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
@@ -63,40 +64,37 @@ def import_mlp(frame: pd.DataFrame, path: str) -> pd.DataFrame:
 
 def _op_records(frame: pd.DataFrame, op: str, time_ms: np.ndarray, path: str) -> pd.DataFrame:
     tp = frame["num_tensor_parallel_workers"].to_numpy(dtype=np.float64)
-    heads = frame["n_head"].to_numpy(dtype=np.float64)
-    kv_heads = frame["n_kv_head"].to_numpy(dtype=np.float64)
     hidden = frame["n_embd"].to_numpy(dtype=np.float64)
-    ffn = frame["n_expanded_embd"].to_numpy(dtype=np.float64)
-    gated = frame["use_gated_mlp"].astype(str).str.lower().isin(["true", "1", "1.0"]).to_numpy()
+    heads = frame["n_head"].to_numpy(dtype=np.float64)
     head_dim = hidden / heads
+    # What one GPU holds under Vidur's tensor-parallel split (KV heads: at least one).
+    heads, kv_heads = heads / tp, np.maximum(frame["n_kv_head"].to_numpy(dtype=np.float64) / tp, 1.0)
+    ffn = frame["n_expanded_embd"].to_numpy(dtype=np.float64) / tp
     tokens = frame["num_tokens"].to_numpy(dtype=np.float64)
     cols = dict(row=np.arange(len(frame)), num_tokens=tokens, tp=tp, time_ms=time_ms,
-                num_heads=heads / tp, num_kv_heads=np.maximum(kv_heads / tp, 1.0), head_dim=head_dim)
+                num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
     if op in GEMM_OPS:
-        n, k = {
-            "attn_pre_proj": ((heads + 2 * kv_heads) * head_dim / tp, hidden),
-            "attn_post_proj": (hidden, heads * head_dim / tp),
-            "mlp_up_proj": (np.where(gated, 2.0, 1.0) * ffn / tp, hidden),
-            "mlp_down_proj": (hidden, ffn / tp),
-        }[op]
+        gated = frame["use_gated_mlp"].astype(str).str.lower().isin(["true", "1", "1.0"]).to_numpy()
+        vocab = frame["vocab_size"].to_numpy(dtype=np.float64) / tp
+        n, k = gemm_shapes_of(hidden, heads, kv_heads, head_dim, ffn, vocab, gated)[GEMM_OPS[op]]
         cols.update(op="gemm", name=GEMM_OPS[op], m=tokens, n=n, k=k)
     else:
         cols.update(op="elementwise", name=op,
-                    width=elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn, tp))
+                    width=elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn))
     # Vidur profiles in fp16 / bf16 alike; both are two bytes per element.
     cols["dtype"] = "bfloat16"
     return make_records(cols, source="vidur", file=path)
 
 
-def elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn, tp):
-    """Elements touched per token by one of Vidur's small operators (bytes = width x 2)."""
+def elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn):
+    """Elements touched per token by one of Vidur's small operators (bytes = width x 2), from
+    the sizes one GPU holds (heads, KV heads and FFN width after the tensor-parallel split)."""
     widths = {
         "emb": hidden,
         "input_layernorm": hidden,
         "post_attention_layernorm": hidden,
-        "attn_rope": (heads + kv_heads) * head_dim / tp,
-        "mlp_act": 3 * ffn / tp,          # reads gate and up, writes the product
+        "attn_rope": (heads + kv_heads) * head_dim,
+        "mlp_act": 3 * ffn,          # reads gate and up, writes the product
         "add": 2 * hidden,
     }
     return np.asarray(widths[op], dtype=np.float64) * np.ones_like(np.asarray(hidden, dtype=np.float64))
-

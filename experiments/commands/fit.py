@@ -61,7 +61,7 @@ def run(args) -> int:
     from costmodel.records import normalise_dtype
     from simulator.errors import InputError
     from simulator.io import atomic_output_dir
-    from simulator.model_spec import load_model_spec
+    from simulator.model_spec import Parallelism, load_model_spec
 
     if args.trials < 1:
         raise InputError(f"--trials must be at least 1, got {args.trials}")
@@ -83,7 +83,7 @@ def run(args) -> int:
     out = Path(args.out)
     tp = args.tp or 1
     with atomic_output_dir(out) as staging:
-        meta = build_tables(result, staging, spec=spec, tp=tp,
+        meta = build_tables(result, staging, spec=spec, parallelism=Parallelism(tp=tp),
                             extra_meta={"inputs": [str(p) for p in args.profile],
                                         "holdout": args.holdout})
         plot = _plot(result, staging)

@@ -2,13 +2,14 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from costmodel.tables import load_step_model
 from experiments.cli import main
 from simulator.batch import StepFeatures
-from tests.costmodel.conftest import PROFILES, make_step_log, require_shared, step_ms
+from tests.costmodel.conftest import PROFILES, SPEC, make_step_log, require_shared, step_ms
 
 
 def test_fit_logs_an_mlflow_run_and_registers_a_model(step_log_file, tmp_path, tracking_uri):
@@ -25,7 +26,7 @@ def test_fit_logs_an_mlflow_run_and_registers_a_model(step_log_file, tmp_path, t
         [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     assert len(children) == 3                          # one nested run per Optuna trial
     versions = mlflow.MlflowClient(tracking_uri).search_model_versions("name = 'stepcal-test'")
-    assert len(versions) >= 1
+    assert [v.run_id for v in versions] == [run.info.run_id]
     # the registered pyfunc gives the tables' T_step
     log = make_step_log(10, seed=3)
     pyfunc = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/t_step")
@@ -46,8 +47,11 @@ def test_predict_writes_one_row_per_timed_row(fitted_tables, profile_file, tmp_p
     gemm = pred[pred["op"] == "gemm"]
     assert gemm["predicted_ms"].notna().all() and gemm["ape_percent"].mean() < 10
     # overhead had too few rows to fit: no prediction rather than a made-up one
-    assert pred.loc[pred["op"] == "overhead", "predicted_ms"].isna().all()
-    assert "rows predicted" in capsys.readouterr().out
+    overhead = pred["op"] == "overhead"
+    assert pred.loc[overhead, "predicted_ms"].isna().all() and pred.loc[~overhead, "predicted_ms"].notna().all()
+    done = int((~overhead).sum())
+    assert capsys.readouterr().out == (f"wrote {out}: {done} of {len(pred)} rows predicted; MAPE "
+                                       f"{pred['ape_percent'].mean():.2f}% on {done} timed rows\n")
 
 
 def test_export_vidur_csv_json(fitted_tables, tmp_path):
@@ -56,11 +60,27 @@ def test_export_vidur_csv_json(fitted_tables, tmp_path):
     mlp = pd.read_csv(tmp_path / "v" / "mlp.csv")
     assert {"time_stats.attn_pre_proj.median", "time_stats.mlp_down_proj.std", "num_tokens",
             "n_embd", "num_tensor_parallel_workers"} <= set(mlp.columns)
-    assert (mlp["n_embd"] == 256).all() and (mlp["time_stats.mlp_up_proj.median"] > 0).all()
+    assert (mlp["n_embd"] == 256).all() and (mlp["num_tensor_parallel_workers"] == 1).all()
+    # Vidur's per-layer operator times are ours, by num_tokens.
+    ops = pd.read_parquet(fitted_tables / "ops.parquet")
+    gate_up = ops[ops["op"] == "gate_up_proj"].sort_values("num_tokens")
+    assert mlp["num_tokens"].tolist() == gate_up["num_tokens"].astype(int).tolist()
+    np.testing.assert_allclose(mlp["time_stats.mlp_up_proj.median"], gate_up["time_ms"], rtol=1e-12)
+    np.testing.assert_allclose(mlp["time_stats.mlp_up_proj.std"], gate_up["spread_ms"], rtol=1e-12)
     attention = pd.read_csv(tmp_path / "v" / "attention.csv")
+    # Decode: one row per grid point, the table's time for all layers over the layers.
     decode = attention[~attention["is_prefill"]]
-    assert (decode["time_stats.attn_decode.median"] > 0).all()
-    assert attention["is_prefill"].any()
+    grid = pd.read_parquet(fitted_tables / "decode_attn.parquet")
+    assert decode["batch_size"].tolist() == grid["num_decode"].astype(int).tolist()
+    np.testing.assert_allclose(decode["time_stats.attn_decode.median"],
+                               grid["time_ms"] / SPEC.num_layers, rtol=1e-12)
+    # Prefill: the grid points that are one prompt chunk over a cache (context >= (tokens + 1) / 2).
+    prefill = attention[attention["is_prefill"]]
+    grid = pd.read_parquet(fitted_tables / "prefill_attn.parquet")
+    single = grid[grid["prefill_ctx"] >= (grid["prefill_tokens"] + 1) / 2]
+    assert len(prefill) == len(single) > 0
+    np.testing.assert_allclose(prefill["time_stats.attn_prefill.median"],
+                               single["time_ms"] / SPEC.num_layers, rtol=1e-12)
     assert main(["tables", "export", str(fitted_tables), "--format", "csv",
                  "--out", str(tmp_path / "c")]) == 0
     linear = pd.read_csv(tmp_path / "c" / "linear.csv")
@@ -81,10 +101,11 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
     assert not (tmp_path / "o").exists()
     assert main(["fit", "--profile", str(profile_file), "--no-mlflow", "--regressor", "rf",
                  "--out", str(tmp_path / "o")]) == 2
-    assert "--model-spec" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("stepcal: per-operator profiles need --model-spec to compose "
+                                       "T_step (layers, hidden size, heads)\n")
     assert main(["predict", "--tables", str(tmp_path), "--input", str(profile_file),
                  "--out", str(tmp_path / "p.csv")]) == 2
-    assert "no meta.json" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"stepcal: {tmp_path}: not a T_step table directory (no meta.json)\n"
     assert main(["fit", "--profile", str(profile_file), "--ops", "gemmm", "--model-spec", "tiny", "--no-mlflow",
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

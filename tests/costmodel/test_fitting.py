@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from costmodel.evaluation import error_stats, extrapolation_split, random_split
+from costmodel.evaluation import error_stats, extrapolation_split, group_ids, random_split
 from costmodel.fitting import FitConfig, fit_all, select_records
 from costmodel.importers import load_profiles
 from simulator.errors import InputError
@@ -30,8 +30,11 @@ def test_rf_fit_reports_held_out_errors_per_target_and_overall(profile_file):
     gemm = result.targets["gemm"]
     assert set(gemm.errors) == {"random", "extrapolation"}
     assert gemm.errors["random"]["mape"] < 10
-    held = gemm.errors["random"]["n"] + gemm.errors["extrapolation"]["n"]
-    assert 0 < gemm.errors["random"]["n"] < gemm.n_rows and held > gemm.errors["random"]["n"]
+    rows = records[records["op"] == "gemm"]
+    assert gemm.n_rows == len(rows) == 90            # 5 shapes x 18 M, the failed point left out
+    # random: the seeded fifth of source rows; extrapolation: M above its median, 112 (9 of 18)
+    assert gemm.errors["random"]["n"] == random_split(group_ids(rows), 0.2, seed=0).sum()
+    assert gemm.errors["extrapolation"]["n"] == (rows["m"] > 112).sum() == 45
     # a forest cannot follow GEMM time past the profiled M
     assert gemm.errors["extrapolation"]["mape"] > 20
     assert result.errors["random"]["n"] == sum(

@@ -5,7 +5,7 @@ import pytest
 
 from simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, batch_row
 from simulator.errors import InputError
-from simulator.model_spec import PRESETS, load_model_spec
+from simulator.model_spec import PRESETS, Parallelism, load_model_spec
 from simulator.step_model import ConstStepModel, LinearStepModel, parse_builtin_step_model
 
 
@@ -76,3 +76,25 @@ def test_step_models_parse_and_agree_bitwise():
     for bad in ("const:0", "const:x", "linear:1,2", "linear:-1,0,0"):
         with pytest.raises(InputError, match="--step-model"):
             parse_builtin_step_model(bad)
+
+
+LLAMA3 = PRESETS["llama-3-8b"]     # 32 heads, 8 KV heads of 128, hidden 4096, FFN 14336
+
+
+def test_tensor_parallelism_splits_heads_ffn_and_vocabulary():
+    assert LLAMA3.gemm_shapes(Parallelism(tp=2)) == {
+        "qkv_proj": ((16 + 2 * 4) * 128, 4096), "o_proj": (4096, 16 * 128),
+        "gate_up_proj": (2 * 7168, 4096), "down_proj": (4096, 7168), "lm_head": (64128, 4096)}
+    # Past eight GPUs the KV heads are replicated: one per GPU, never fewer.
+    assert LLAMA3.gemm_shapes(Parallelism(tp=16))["qkv_proj"] == ((2 + 2 * 1) * 128, 4096)
+    # Whole numbers where the split is even (the profiler times these shapes), else fractions.
+    assert all(type(n) is int for n, _ in LLAMA3.gemm_shapes(Parallelism(tp=8)).values())
+    assert LLAMA3.gemm_shapes(Parallelism(tp=3))["down_proj"] == (4096, 14336 / 3)
+    assert LLAMA3.gemm_shapes() == LLAMA3.gemm_shapes(Parallelism(tp=1, ep=4))   # dense: no experts
+
+
+@pytest.mark.parametrize("field", ["tp", "ep"])
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "2", None])
+def test_parallelism_takes_positive_integers_only(field, value):
+    with pytest.raises(InputError, match=f"parallelism: {field} must be a positive integer, got {value!r}"):
+        Parallelism(**{field: value})
