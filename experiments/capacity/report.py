@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 from experiments.capacity.search import CapacityResult, RateProbe
+from simulator.measured_run import RunStats
 from simulator.metrics import clean_json
 
 
 def probe_row(probe: RateProbe) -> dict:
     """The figures of one probe that the plot and the table need."""
-    s = probe.summary
+    s, stats = probe.summary, RunStats.from_summary(probe.summary)
     return {"rate_rps": probe.rate_rps, "slo_attainment": probe.slo_attainment, "feasible": probe.feasible,
-            "goodput_rps": s.get("goodput_rps"), "throughput_rps": s.get("throughput_rps"),
-            "ttft_p99_ms": (s.get("ttft_ms") or {}).get("p99"), "tpot_p99_ms": (s.get("tpot_ms") or {}).get("p99")}
+            "goodput_rps": s.get("goodput_rps"), "throughput_rps": stats.throughput_rps,
+            "ttft_p99_ms": stats.stat("ttft_ms", "p99"), "tpot_p99_ms": stats.stat("tpot_ms", "p99")}
 
 
 def capacity_record(result: CapacityResult, check: RateProbe | None) -> dict:

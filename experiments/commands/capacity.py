@@ -1,10 +1,7 @@
 """`stepcal capacity`: the highest request rate a deployment serves within its SLOs."""
 from __future__ import annotations
 
-import argparse
-import sys
-
-from experiments.commands.simulate import add_scheduler_flags
+from experiments.commands.flags import STEP_MODEL_HELP, add_command, add_scheduler_flags
 
 HELP = """Find the highest request rate (the trace's arrivals rescaled to that mean rate) at which the
 share of requests meeting the SLOs (TTFT ≤ --slo-ttft-ms and TPOT ≤ --slo-tpot-ms) is at least
@@ -29,15 +26,14 @@ examples:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("capacity", help="find the highest request rate that meets the SLOs",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "capacity", "find the highest request rate that meets the SLOs", HELP, run)
     p.add_argument("--trace", required=True, help="trace file or generator spec (see `stepcal trace --help`)")
     p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
     p.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
     p.add_argument("--duration", type=float, default=None,
                    help="keep only requests arriving in the first S seconds (of the trace as given)")
     p.add_argument("--seed", type=int, default=0, help="seed for generated workloads (default 0)")
-    p.add_argument("--step-model", required=True, help="const:MS, linear:A,B,C or a T_step table directory")
+    p.add_argument("--step-model", required=True, help=STEP_MODEL_HELP)
     p.add_argument("--model-spec", default=None,
                    help="model preset or file: KV bytes per token for --disaggregated, and --device-memory-gb")
     add_scheduler_flags(p)
@@ -71,7 +67,6 @@ def register(subparsers) -> None:
                    help="KV transfer bandwidth in GB/s (10^9 bytes/s; default 25, a PCIe 4/5 or IB link)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--out", required=True, help="output directory")
-    p.set_defaults(func=run)
 
 
 def parse_split(text: str) -> tuple[int, int]:
@@ -98,7 +93,8 @@ def run(args) -> int:
         search_capacity,
     )
     from experiments.capacity.plot import plot_capacity
-    from experiments.commands.simulate import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.output import print_warnings
     from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.errors import InputError
     from simulator.io import atomic_output_dir, atomic_write_json
@@ -113,8 +109,7 @@ def run(args) -> int:
     model = resolve_step_model(args.step_model)
     trace = load_workload(args.trace, trace_format=args.trace_format, num_requests=args.num_requests,
                           duration_s=args.duration, seed=args.seed)
-    for warning in trace.warnings:
-        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    print_warnings(trace.warnings)
     start_rps = args.rate_start if args.rate_start is not None else mean_rate_rps(trace)
     if start_rps is None:
         raise InputError(f"{args.trace}: all requests arrive at one instant, so the trace has no rate to "

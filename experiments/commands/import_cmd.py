@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.commands.simulate import add_scheduler_flags
+from experiments.commands.flags import add_command, add_scheduler_flags
 
 HELP = """Turn measurements from another tool into a measured-run directory laid out like the
 output of `stepcal measure`, so that `stepcal validate` and `stepcal calibrate` can replay them."""
@@ -30,14 +30,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("import", help="import measurements from other tools (vllm bench)",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sources = p.add_subparsers(dest="source", metavar="SOURCE")
-    v = sources.add_parser("vllm-bench", help="a `vllm bench serve --save-result` JSON",
-                           description=VLLM_BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v = add_command(sources, "vllm-bench", "a `vllm bench serve --save-result` JSON", VLLM_BENCH_HELP, run_vllm_bench)
     v.add_argument("file", metavar="FILE", help="the JSON written by `vllm bench serve --save-result`")
     v.add_argument("--model-spec", required=True, help="model preset or file of the served model")
     add_scheduler_flags(v)
     v.add_argument("--quiet", action="store_true", help="print nothing but errors")
     v.add_argument("--out", required=True, help="output directory")
-    v.set_defaults(func=run_vllm_bench)
     p.set_defaults(func=_usage(p))
 
 
@@ -49,15 +47,15 @@ def _usage(parser):
 
 
 def run_vllm_bench(args) -> int:
-    from experiments.commands.simulate import format_summary, kv_blocks_from_args, scheduler_config_from_args
-    from experiments.importers.vllm_bench import read_vllm_bench, write_vllm_bench_run
+    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.output import format_summary, print_warnings
+    from experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run
     from simulator.model_spec import load_model_spec
     spec = load_model_spec(args.model_spec)
     config = scheduler_config_from_args(args)
     kv_blocks = kv_blocks_from_args(args)
     bench = read_vllm_bench(args.file)
-    for warning in bench.warnings:
-        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    print_warnings(bench.warnings)
     summary = write_vllm_bench_run(bench, args.out, model_spec=spec, scheduler=args.scheduler,
                                    scheduler_config=config, block_size=args.block_size, kv_blocks=kv_blocks)
     if not args.quiet:

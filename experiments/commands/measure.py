@@ -1,10 +1,9 @@
 """`stepcal measure`: serve a trace for real on the torch engine and write measured logs."""
 from __future__ import annotations
 
-import argparse
 import sys
 
-from experiments.commands.simulate import add_scheduler_flags, kv_blocks_from_args, scheduler_config_from_args
+from experiments.commands.flags import add_command, add_scheduler_flags
 
 HELP = """Serve a trace for real: the simulator's scheduler drives the torch Llama-style model (random
 weights) on the device, one real forward pass per step, greedy sampling, output lengths from the
@@ -18,8 +17,7 @@ example:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("measure", help="serve a trace for real on the torch engine",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "measure", "serve a trace for real on the torch engine", HELP, run)
     p.add_argument("--model-spec", default="tiny", help="model preset or file (default tiny)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bf16 on CUDA)")
@@ -38,10 +36,11 @@ def register(subparsers) -> None:
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--out", required=True, help="output directory")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from experiments.commands.output import format_summary, print_warnings
+    from profiler.engine.measure import measure_trace
     from simulator.errors import InputError
     from simulator.model_spec import load_model_spec
     from simulator.workload import load_workload
@@ -50,39 +49,11 @@ def run(args) -> int:
     spec = load_model_spec(args.model_spec)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
-    for warning in trace.warnings:
-        print(f"stepcal: warning: {warning}", file=sys.stderr)
-    config = _engine_config(args)
-    import torch
-
-    from profiler.engine import Engine
-    from profiler.engine.measure import engine_meta, speed_probe_ms, warm_up, write_measured_run
-    from profiler.fingerprint import hardware_fingerprint
-    from profiler.model import build_model, default_dtype
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"--device {args.device}: CUDA is not available on this machine")
-    torch.set_num_threads(args.threads)
-    dtype = args.dtype or default_dtype(args.device)
-    model = build_model(spec, device=args.device, dtype=dtype, seed=args.seed)
-    warm_up(model)
-    results, probes = [], [speed_probe_ms(model)]
-    for k in range(args.repeats):
-        result = Engine(model, trace, config).run()
-        probes.append(speed_probe_ms(model))
-        # the machine's speed during this repeat: the probes just before and just after it
-        result.summary["speed_probe_ms"] = (probes[-2] + probes[-1]) / 2
-        results.append(result)
-        if not args.quiet:
-            s = result.summary
-            print(f"repeat {k}: {s['num_finished']}/{s['num_requests']} requests, {s['num_steps']} steps in "
-                  f"{result.wall_s:.1f} s; TTFT p50 {s['ttft_ms']['p50']:.1f} ms, TPOT p50 {s['tpot_ms']['p50']:.2f} ms",
-                  file=sys.stderr)
-    meta = engine_meta(spec, config, device=args.device, dtype=dtype, num_threads=args.threads,
-                       trace_source=str(args.trace), repeats=args.repeats,
-                       fingerprint=hardware_fingerprint(args.device, args.threads))
-    summary = write_measured_run(args.out, trace, results, meta)
+    print_warnings(trace.warnings)
+    summary = measure_trace(trace, spec, _engine_config(args), args.out, device=args.device, dtype=args.dtype,
+                            num_threads=args.threads, repeats=args.repeats, trace_source=str(args.trace),
+                            on_repeat=None if args.quiet else _print_repeat)
     if not args.quiet:
-        from experiments.commands.simulate import format_summary
         print(format_summary(summary))
         if "noise_floor" in summary:
             nf = summary["noise_floor"]
@@ -92,7 +63,15 @@ def run(args) -> int:
     return 0
 
 
+def _print_repeat(k: int, result) -> None:
+    s = result.summary
+    print(f"repeat {k}: {s['num_finished']}/{s['num_requests']} requests, {s['num_steps']} steps in "
+          f"{result.wall_s:.1f} s; TTFT p50 {s['ttft_ms']['p50']:.1f} ms, TPOT p50 {s['tpot_ms']['p50']:.2f} ms",
+          file=sys.stderr)
+
+
 def _engine_config(args):
+    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
     from profiler.engine.engine import EngineConfig
     return EngineConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                         block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), clock=args.clock,

@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simulator.errors import InputError
+from experiments.profiling import OPS
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
 EXIT_INCOMPLETE = 3
 
 DESCRIPTION = """\
@@ -71,35 +70,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from profiler.grid import load_grid, parse_shard
-    from simulator.model_spec import load_model_spec
-
-    if not args.model_spec:
-        raise InputError("profile: --model-spec is required")
-    if not args.out:
-        raise InputError("profile: --out is required")
-    if args.threads < 1:
-        raise InputError(f"--threads: must be at least 1, got {args.threads}")
-    if args.max_minutes is not None and args.max_minutes <= 0:
-        raise InputError(f"--max-minutes: must be positive, got {args.max_minutes:g}")
-    ops = parse_ops(args.ops)
-    shard = parse_shard(args.shard)
-    spec = load_model_spec(args.model_spec)
-    dtype = resolve_dtype(args.dtype, args.device)
-    grid = load_grid(args.grid, spec).for_ops(ops)
-    if not grid.points:
-        raise InputError(f"--grid {args.grid}: no points for ops {','.join(ops)}")
-
-    from profiler.sweep import SweepConfig, run_sweep
-    config = SweepConfig(spec=spec, device=args.device, dtype=dtype, ops=ops, grid=grid,
-                         num_threads=args.threads, shard=shard, seed=args.seed)
-    result = run_sweep(config, args.out, max_minutes=args.max_minutes,
-                       retry_failed=args.retry_failed, progress=not args.no_progress)
-    state = "complete" if result.complete else "incomplete (run again to resume)"
-    rounds = f" x {result.rounds} rounds" if result.rounds > 1 else ""
-    print(f"{result.out}/profile.parquet: {result.num_points} points{rounds}, "
-          f"{result.num_measured} measured now ({result.num_done_before} points done before), "
-          f"{result.num_failed} failed; {state}; {result.elapsed_s:.1f} s", file=sys.stderr)
+    from experiments.profiling import describe_sweep, profile_kernels
+    result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
+                             dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
+                             seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress)
+    print(describe_sweep(result), file=sys.stderr)
     return 0 if result.complete else EXIT_INCOMPLETE
 
 
@@ -112,23 +87,3 @@ def run_merge(args) -> int:
           + (f"; {result.num_missing} grid points missing" if result.num_missing else ""),
           file=sys.stderr)
     return 0
-
-
-def parse_ops(text: str) -> tuple[str, ...]:
-    ops = tuple(dict.fromkeys(o.strip() for o in text.split(",") if o.strip()))
-    unknown = [o for o in ops if o not in OPS]
-    if unknown or not ops:
-        raise InputError(f"--ops: unknown {unknown or text!r}; choose from {','.join(OPS)}")
-    return ops
-
-
-def resolve_dtype(dtype: str | None, device: str) -> str:
-    from simulator.model_spec import DTYPE_BYTES
-    if dtype is None:
-        return "bfloat16" if device.startswith("cuda") else "float32"
-    canonical = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
-    if canonical not in ("float32", "bfloat16", "float16"):
-        known = "float32, bfloat16, float16"
-        hint = " (not supported by the torch model)" if dtype in DTYPE_BYTES else ""
-        raise InputError(f"--dtype: {dtype!r}{hint}; choose from {known}")
-    return canonical

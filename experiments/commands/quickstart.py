@@ -1,7 +1,7 @@
 """`stepcal quickstart`: the whole pipeline on the CPU with the tiny model, in a few minutes."""
 from __future__ import annotations
 
-import argparse
+from experiments.commands.flags import add_command
 
 HELP = """Run the whole pipeline on a small built-in default, on this machine's CPU with the `tiny` model:
 
@@ -17,13 +17,12 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
             step time; 60% and 90% are held out
   report    report.md / report.html with CDFs, step-time scatter, T_step heatmap, error tables
 
-and print the headline errors. Everything lands under --out; each stage is a plain stepcal
-command whose output directory can be inspected or rerun on its own."""
+and print the headline errors. Everything lands under --out; each stage does what its stepcal
+command does, so its output directory can be inspected or rerun on its own."""
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("quickstart", help="run the whole pipeline on a small built-in default (CPU, tiny)",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "quickstart", "run the whole pipeline on a small built-in default (CPU, tiny)", HELP, run)
     p.add_argument("--out", default="runs/quickstart", help="output directory (default runs/quickstart)")
     p.add_argument("--schedulers", default="continuous,sarathi", help="comma-separated (default continuous,sarathi)")
     p.add_argument("--num-requests", type=int, default=200, help="requests per measured run (default 200)")
@@ -39,13 +38,12 @@ def register(subparsers) -> None:
     g.add_argument("--grid", default="quick", help="profile grid: quick, full or a file (default quick)")
     g.add_argument("--profile-ops", default=None,
                    help="profile only these ops, e.g. step,overhead (default: every op of the grid)")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from pathlib import Path
 
-    from experiments.pipeline import Campaign, CampaignConfig, format_headline
+    from experiments.campaign import Campaign, CampaignConfig, format_headline
     from simulator.errors import InputError
     schedulers = tuple(s for s in args.schedulers.split(",") if s)
     if not schedulers or args.num_requests < 20 or args.repeats < 1 or args.trials < 1:
@@ -57,9 +55,9 @@ def run(args) -> int:
                             repeats=args.repeats, trials=args.trials, seed=args.seed, device=args.device,
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops)
-    result = Campaign(config).run()
-    print(format_headline(result))
-    print(f"\nfinished in {result['wall_s']:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
+    headline = Campaign(config).run()
+    print(format_headline(headline))
+    print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
           f"(and report.md); headline numbers: {Path(args.out) / 'headline.json'}")
     return 0
 

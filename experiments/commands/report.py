@@ -1,7 +1,7 @@
 """`stepcal report`: plots and tables of validation runs, as markdown and a self-contained HTML page."""
 from __future__ import annotations
 
-import argparse
+from experiments.commands.flags import add_command
 
 HELP = """Write OUT/report.md and a self-contained OUT/report.html (plots embedded) with the PNG plots
 beside them, from one or more directories:
@@ -18,8 +18,7 @@ example:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("report", help="plots and error tables of validation runs (md + html)",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "report", "plots and error tables of validation runs (md + html)", HELP, run)
     p.add_argument("dirs", nargs="+", metavar="DIR", help="validation directories and T_step table directories")
     p.add_argument("--step-model", action="append", default=[], metavar="SPEC",
                    help="also draw the T_step heatmap of this model (const:MS, linear:A,B,C or a table directory)")
@@ -27,11 +26,10 @@ def register(subparsers) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLflow's own default)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--out", required=True, help="output directory")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from experiments.report.build import build_report, log_report_to_mlflow, mlflow_client
+    from experiments.report.build import build_report, describe_report, log_report_to_mlflow, mlflow_client
     from simulator.errors import InputError
     if args.tracking_uri and not args.mlflow_run_id:
         raise InputError("--tracking-uri needs --mlflow-run-id")
@@ -40,7 +38,7 @@ def run(args) -> int:
     if client is not None:
         log_report_to_mlflow(client, args.mlflow_run_id, args.out, files)
     if not args.quiet:
-        print(f"wrote {args.out}/report.md, report.html and {len(files) - 2} plots")
+        print(describe_report(args.out, files))
         if client is not None:
             print(f"logged them to MLflow run {args.mlflow_run_id} under report/")
     return 0

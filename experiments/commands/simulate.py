@@ -1,8 +1,9 @@
 """`stepcal simulate`: run a trace through a scheduler in the discrete-event simulator."""
 from __future__ import annotations
 
-import argparse
 import sys
+
+from experiments.commands.flags import add_command, add_scheduler_flags
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
@@ -17,34 +18,9 @@ examples:
 
 BATCHES_AUTO_LIMIT = 50_000   # step batches of longer traces would take GBs of memory
 
-# The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
-SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
-
-
-def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
-    """Scheduler and KV-cache flags, shared by simulate, measure and capacity."""
-    g = parser.add_argument_group("scheduler and KV cache")
-    g.add_argument("--scheduler", default="vllm", choices=SCHEDULER_NAMES,
-                   help="serving policy (default: vllm)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="max sequences per step (default 256)")
-    g.add_argument("--max-batched-tokens", type=int, default=None,
-                   help="token budget per step (default 8192; static: unlimited; sarathi: --chunk-size)")
-    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk / token budget of sarathi and slo "
-                   "(default 512)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    g.add_argument("--kv-blocks", type=int, default=None, help="KV cache capacity in blocks "
-                   "(default: derived from --device-memory-gb, else unlimited)")
-    g.add_argument("--device-memory-gb", type=float, default=None,
-                   help="derive --kv-blocks from this device memory and --model-spec")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory for "
-                   "weights + KV cache when deriving --kv-blocks (default 0.9)")
-    g.add_argument("--skip-oversize", action="store_true",
-                   help="drop requests larger than the whole KV cache instead of failing")
-
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("simulate", help="simulate a trace under a scheduler",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "simulate", "simulate a trace under a scheduler", HELP, run)
     p.add_argument("--trace", required=True, help="trace file (stepcal CSV/Parquet, Azure CSV, Mooncake JSONL, "
                    "Vidur CSV) or a generator spec (see `stepcal trace --help`)")
     p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
@@ -71,37 +47,15 @@ def register(subparsers) -> None:
                    help="take every decode step one by one (same results, slower; for checking)")
     g.add_argument("--quiet", action="store_true", help="print nothing but errors")
     g.add_argument("--out", required=True, help="output directory")
-    p.set_defaults(func=run)
 
 
 def _record_batches(choice: str, num_requests: int) -> bool:
     return choice == "on" or (choice == "auto" and num_requests <= BATCHES_AUTO_LIMIT)
 
 
-def scheduler_config_from_args(args):
-    from simulator.errors import InputError
-    from simulator.schedulers import SchedulerConfig
-    for flag in ("max_num_seqs", "max_batched_tokens", "chunk_size", "block_size", "kv_blocks"):
-        value = getattr(args, flag, None)
-        if value is not None and value <= 0:
-            raise InputError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-    return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-                           chunk_size=args.chunk_size)
-
-
-def kv_blocks_from_args(args) -> int | None:
-    from simulator.errors import InputError
-    from simulator.kv_cache import kv_blocks_from_memory
-    from simulator.model_spec import load_model_spec
-    if args.kv_blocks is not None or args.device_memory_gb is None:
-        return args.kv_blocks
-    if not args.model_spec:
-        raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
-    spec = load_model_spec(args.model_spec)
-    return kv_blocks_from_memory(spec, args.block_size, args.device_memory_gb, args.gpu_memory_utilization)
-
-
 def run(args) -> int:
+    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.output import format_summary, print_warnings
     from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
     from simulator.metrics import clean_json
@@ -111,8 +65,7 @@ def run(args) -> int:
     model = resolve_step_model(args.step_model)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
-    for warning in trace.warnings:
-        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    print_warnings(trace.warnings)
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args),
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
@@ -141,22 +94,3 @@ def run_config(args, config) -> dict:
     from dataclasses import asdict
     return {"command": "simulate", "args": {k: v for k, v in vars(args).items() if k != "func"},
             "sim_config": asdict(config)}
-
-
-def format_summary(summary: dict) -> str:
-    lines = [f"{summary['num_finished']}/{summary['num_requests']} requests finished in "
-             f"{summary['duration_s']:.1f} s: {_num(summary['throughput_rps'])} req/s, "
-             f"{_num(summary['output_tokens_per_s'])} output tok/s, {summary['num_preemptions']} preemptions",
-             f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}"]
-    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        d = summary.get(name) or {}
-        lines.append(f"{name:<10}" + "".join(f"{_num(d.get(k)):>10}" for k in ("mean", "p50", "p90", "p99")))
-    if summary.get("slo_attainment") is not None:
-        lines.append(f"SLO attainment {summary['slo_attainment']:.3f}, goodput {_num(summary['goodput_rps'])} req/s")
-    return "\n".join(lines)
-
-
-def _num(value) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"

@@ -1,8 +1,9 @@
 """`stepcal sweep`: a grid of simulations, run in parallel, resumable."""
 from __future__ import annotations
 
-import argparse
 import sys
+
+from experiments.commands.flags import add_command
 
 HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models) from a
 TOML config, on a local process pool or as Ray tasks. Each simulation is seeded, so results do not
@@ -40,8 +41,7 @@ examples:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("sweep", help="run a grid of simulations (local pool or Ray), resumable",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "sweep", "run a grid of simulations (local pool or Ray), resumable", HELP, run)
     p.add_argument("config", help="sweep config (TOML)")
     p.add_argument("--backend", default="local", choices=["local", "ray"],
                    help="local: a process pool on this machine; ray: one Ray task per simulation (default local)")
@@ -53,7 +53,6 @@ def register(subparsers) -> None:
                         "stepcal installed. Default: start a local cluster for the run")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--out", required=True, help="output directory (reused to resume)")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # simulator.workload.TRACE_FORMATS, kept
                                                       # here so --help loads no numpy
@@ -38,25 +37,26 @@ def register(subparsers) -> None:
         epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
 
-    stats = actions.add_parser(
-        "stats", help="print requests, duration, rate, burstiness and length percentiles",
-        description="Print a summary of TRACE: number of requests, duration, mean rate,\n"
-                    "burstiness (CV of inter-arrival times) and prompt / output length percentiles.",
-        epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    stats = _add_action(actions, "stats", "print requests, duration, rate, burstiness and length percentiles",
+                        "Print a summary of TRACE: number of requests, duration, mean rate,\n"
+                        "burstiness (CV of inter-arrival times) and prompt / output length percentiles.")
     stats.add_argument("trace", metavar="TRACE", help="trace file or generator spec")
     _add_workload_flags(stats)
     stats.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     stats.set_defaults(func=run)
 
-    gen = actions.add_parser(
-        "generate", help="write a generated (or converted) trace in stepcal's format",
-        description="Write TRACE (a generator spec, or a file in any supported format) as a\n"
-                    "stepcal trace: CSV or Parquet by the suffix of --out, written atomically.",
-        epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen = _add_action(actions, "generate", "write a generated (or converted) trace in stepcal's format",
+                      "Write TRACE (a generator spec, or a file in any supported format) as a\n"
+                      "stepcal trace: CSV or Parquet by the suffix of --out, written atomically.")
     gen.add_argument("trace", metavar="TRACE", help="generator spec or trace file")
     gen.add_argument("--out", required=True, metavar="FILE", help="output path, .csv or .parquet")
     _add_workload_flags(gen)
     gen.set_defaults(func=run)
+
+
+def _add_action(actions, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    return actions.add_parser(name, help=summary, description=description, epilog=TRACE_HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def _add_workload_flags(parser) -> None:
@@ -72,13 +72,13 @@ def _add_workload_flags(parser) -> None:
 
 
 def run(args) -> int:
+    from experiments.commands.output import print_warnings
     from simulator.workload import load_workload, trace_stats, write_trace
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,
                           arg_name="TRACE")
-    for warning in trace.warnings:
-        print(f"stepcal: warning: {warning}", file=sys.stderr)
+    print_warnings(trace.warnings)
     stats = trace_stats(trace)
     if args.trace_command == "generate":
         path = write_trace(trace, args.out)

@@ -9,7 +9,9 @@ import numpy as np
 
 from experiments.report.document import Document, Image
 from experiments.report.inputs import TablesInput, ValidationInput, load_input
-from experiments.validation import STEP_MATCHED_NOTE, step_matched_rows
+from experiments.validation.compare import ValidationRecord
+from experiments.validation.steps import StepLevelError
+from experiments.validation.table import STEP_MATCHED_NOTE, step_matched_rows
 from simulator.errors import InputError
 
 HEADLINE = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
@@ -31,6 +33,11 @@ def build_report(dirs: list[str], out: str | Path, step_model_specs: list[str] =
     return ["report.md", "report.html"] + [image.filename for image in doc.images]
 
 
+def describe_report(out: str | Path, files: list[str]) -> str:
+    """The line `stepcal report` prints once the files are written."""
+    return f"wrote {out}/report.md, report.html and {len(files) - 2} plots"
+
+
 def _resolve(spec: str):
     from experiments.step_models import resolve_step_model
     return resolve_step_model(spec)
@@ -46,9 +53,9 @@ def make_document(inputs: list, models: list[tuple[str, object]]) -> Document:
                  "step time on the measured step log.")
         doc.table(["validation"] + [f"{m.removesuffix('_ms').upper()} {s}" for m, s in HEADLINE]
                   + ["step MAPE", "step total"],
-                  [[names[v.path]] + [_pct(_cell(v.record, m, s).get("error")) for m, s in HEADLINE]
-                   + [_pct((v.record.get("step_level") or {}).get("mape"), signed=False),
-                      _pct((v.record.get("step_level") or {}).get("total_error"))] for v in validations])
+                  [[names[v.path]] + [_pct(_error(v.record, m, s)) for m, s in HEADLINE]
+                   + [_pct(v.record.step_level.mape, signed=False), _pct(v.record.step_level.total_error)]
+                   for v in validations])
     for item in inputs:
         if isinstance(item, ValidationInput):
             add_validation(doc, item, names[item.path])
@@ -64,17 +71,17 @@ def make_document(inputs: list, models: list[tuple[str, object]]) -> Document:
 def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     r = v.record
     doc.heading(f"Validation: {v.path}")
-    doc.text(f"measured run {r.get('measured_run')}, step model {r.get('step_model', '?')}: "
-             f"{r.get('num_requests')} requests, {r.get('num_finished_both')} finished in both runs, "
-             f"{r.get('num_finished_only_measured', 0)} only measured, "
-             f"{r.get('num_finished_only_simulated', 0)} only simulated.")
+    doc.text(f"measured run {r.measured_run}, step model {r.step_model or '?'}: "
+             f"{r.num_requests} requests, {r.num_finished_both} finished in both runs, "
+             f"{r.num_finished_only_measured} only measured, "
+             f"{r.num_finished_only_simulated} only simulated.")
     for note in v.notes:
         doc.text(f"note: {note}")
     doc.table(["metric", "stat", "measured", "simulated", "error", "noise floor"], error_rows(r))
-    doc.text(step_level_text(r.get("step_level") or {}))
-    matched = r.get("step_matched")
+    doc.text(step_level_text(r.step_level))
+    matched = r.step_matched
     if matched:
-        note = STEP_MATCHED_NOTE.format(scale=matched["scale"])
+        note = STEP_MATCHED_NOTE.format(scale=matched.scale)
         doc.text(note[0].upper() + note[1:])
         doc.table(["metric", "p50", "p90", "p99"], step_matched_rows(matched))
     runs = {"measured": v.measured_requests, "simulated": v.simulated_requests}
@@ -85,32 +92,25 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     steps = v.step_predictions
     if steps is not None and len(steps) and {"measured_ms", "predicted_ms"} <= set(steps.columns):
         from experiments.report.plots import step_scatter
-        mape = (r.get("step_level") or {}).get("mape")
-        title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(mape, signed=False)})"
+        title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(r.step_level.mape, signed=False)})"
         doc.image(Image(f"{name}_step_time.png", step_scatter(steps["measured_ms"], steps["predicted_ms"], title),
                         f"{name}: predicted vs measured step time"))
 
 
-def error_rows(record: dict) -> list[list[str]]:
-    rows = []
-    for metric, stats in record["metrics"].items():
-        for stat, cell in stats.items():
-            rows.append([metric, stat, _num(cell.get("measured")), _num(cell.get("simulated")),
-                         _pct(cell.get("error")), _pct(cell.get("noise_floor"), signed=False)])
-    t = record.get("throughput_rps")
-    if t:
-        rows.append(["throughput_rps", "", _num(t.get("measured")), _num(t.get("simulated")), _pct(t.get("error")),
-                     _pct(t.get("noise_floor"), signed=False)])
-    return rows
+def error_rows(record: ValidationRecord) -> list[list[str]]:
+    cells = [(metric, stat, cell) for metric, stats in record.metrics.items() for stat, cell in stats.items()]
+    cells.append(("throughput_rps", "", record.throughput_rps))
+    return [[metric, stat, _num(cell.measured), _num(cell.simulated), _pct(cell.error),
+             _pct(cell.noise_floor, signed=False)] for metric, stat, cell in cells]
 
 
-def step_level_text(s: dict) -> str:
-    if s.get("mape") is None:
+def step_level_text(s: StepLevelError) -> str:
+    if s.mape is None:
         return "Step level: no measured step log (e.g. an imported vLLM bench), so no step-level error."
-    return (f"Step level: MAPE {_pct(s['mape'], signed=False)}, P90 APE {_pct(s.get('p90_ape'), signed=False)}, "
-            f"max APE {_pct(s.get('max_ape'), signed=False)} over {s.get('num_steps')} measured steps; "
-            f"total step time {_pct(s.get('total_error'))} "
-            f"(mean measured {_num(s.get('mean_measured_ms'))} ms, predicted {_num(s.get('mean_predicted_ms'))} ms).")
+    return (f"Step level: MAPE {_pct(s.mape, signed=False)}, P90 APE {_pct(s.p90_ape, signed=False)}, "
+            f"max APE {_pct(s.max_ape, signed=False)} over {s.num_steps} measured steps; "
+            f"total step time {_pct(s.total_error)} "
+            f"(mean measured {_num(s.mean_measured_ms)} ms, predicted {_num(s.mean_predicted_ms)} ms).")
 
 
 def add_tables(doc: Document, t: TablesInput, name: str) -> None:
@@ -209,8 +209,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
 
 
-def _cell(record: dict, metric: str, stat: str) -> dict:
-    return (record.get("metrics", {}).get(metric) or {}).get(stat) or {}
+def _error(record: ValidationRecord, metric: str, stat: str) -> float | None:
+    cell = record.metrics.get(metric, {}).get(stat)    # a validation.json of another version may lack one
+    return None if cell is None else cell.error
 
 
 def _num(value) -> str:

@@ -5,14 +5,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.validation.compare import ValidationRecord
 from simulator.errors import InputError
+from simulator.measured_run import REQUESTS, has_request_log, repeat_dirs
 
 
 @dataclass
 class ValidationInput:
     """A `stepcal validate` output directory and the measured request log it was compared with."""
     path: Path
-    record: dict                       # validation.json
+    record: ValidationRecord           # validation.json
     simulated_requests: object | None  # DataFrame
     measured_requests: object | None   # DataFrame, every repeat of the measured run pooled
     step_predictions: object | None    # DataFrame with measured_ms, predicted_ms (empty for imported runs)
@@ -41,22 +43,21 @@ def load_input(path: str | Path) -> ValidationInput | TablesInput:
 
 
 def load_validation(path: Path) -> ValidationInput:
-    record = _read_json(path / "validation.json")
-    if not isinstance(record.get("metrics"), dict):
+    data = _read_json(path / "validation.json")
+    if not isinstance(data.get("metrics"), dict):
         raise InputError(f"report: {path / 'validation.json'}: no 'metrics' (is it from `stepcal validate`?)")
+    record = ValidationRecord.from_dict(data)
     notes = []
     simulated = _read_parquet(path / "simulated_requests.parquet", notes)
     steps = _read_parquet(path / "step_predictions.parquet", notes)
-    measured_dir = _measured_dir(path, record.get("measured_run"))
+    measured_dir = _measured_dir(path, record.measured_run)
     measured = None
     if measured_dir is None:
-        notes.append(f"measured run {record.get('measured_run')!r} not found: CDFs show the simulated run only")
+        notes.append(f"measured run {record.measured_run!r} not found: CDFs show the simulated run only")
     else:
         import pandas as pd
-
-        from experiments.validation import repeat_dirs
         # every repeat's requests pooled: validation compares with the repeats' mean statistics
-        repeats = [_read_parquet(d / "requests.parquet", notes) for d in repeat_dirs(measured_dir)]
+        repeats = [_read_parquet(d / REQUESTS, notes) for d in repeat_dirs(measured_dir)]
         repeats = [r for r in repeats if r is not None]
         measured = pd.concat(repeats, ignore_index=True) if repeats else None
     return ValidationInput(path, record, simulated, measured, steps, notes)
@@ -66,7 +67,7 @@ def _measured_dir(validation_dir: Path, measured_run: str | None) -> Path | None
     """validation.json names the measured run as it was given on the command line, which may be
     relative to another working directory; `validate`'s default output sits inside the run."""
     for candidate in (Path(measured_run) if measured_run else None, validation_dir.parent):
-        if candidate is not None and (candidate / "repeat_0" / "requests.parquet").exists():
+        if candidate is not None and has_request_log(candidate):
             return candidate
     return None
 

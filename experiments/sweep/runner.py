@@ -7,13 +7,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from experiments.sweep.config import Slo, SweepConfig, SweepPoint
+from simulator.measured_run import METRICS, STATS, RunStats
 
 SUMMARY_SCALARS = ("num_requests", "num_finished", "duration_s", "throughput_rps", "output_tokens_per_s",
                    "num_preemptions", "num_steps")
-DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-STATS = ("mean", "p50", "p90", "p95", "p99")
-POINT_COLUMNS = ("index", "scheduler", "max_num_seqs", "max_batched_tokens", "chunk_size", "rate_rps",
-                 "num_replicas", "step_model")
 WALL_COLUMN = "sim_wall_s"   # the one column that differs between runs of the same point
 
 
@@ -70,8 +67,9 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     row = {**asdict(point), "rate_rps": point.rate_rps if point.rate_rps is not None else mean_rate_rps(trace)}
     summary = result.summary
     row.update({name: summary[name] for name in SUMMARY_SCALARS})
-    for name in DISTRIBUTIONS:
-        row.update({f"{name}_{stat}": (summary.get(name) or {}).get(stat) for stat in STATS})
+    stats = RunStats.from_summary(summary)
+    for name in METRICS:
+        row.update({f"{name}_{stat}": stats.stat(name, stat) for stat in STATS})
     finished = result.requests["finish_s"].notna().to_numpy()
     for slo in context.slos:
         s = slo_summary(result.requests, finished, summary["duration_s"], slo.ttft_ms, slo.tpot_ms)

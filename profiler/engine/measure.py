@@ -1,14 +1,11 @@
-"""Measured runs: serve a trace R times on the engine and write the logs, meta and noise floor."""
+"""Measured runs: serve a trace R times on the engine and write them (simulator.measured_run's layout)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
-from simulator.metrics import clean_json
-
-NOISE_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-NOISE_STATS = ("mean", "p50", "p90", "p95", "p99")
+from simulator.measured_run import read_measured_run, write_measured_run
 
 
 def warm_up(model, num_steps: int = 3) -> None:
@@ -46,39 +43,36 @@ def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int =
     return float(sorted(times_ms)[len(times_ms) // 2])
 
 
-def noise_floor(summaries: list[dict]) -> dict:
-    """Run-to-run relative difference of each metric statistic: |b - a| / a between the first two
-    repeats (max over pairs with the first when there are more): the floor a simulator cannot beat."""
-    floor = {}
-    base = summaries[0]
-    for metric in NOISE_METRICS:
-        floor[metric] = {}
-        for stat in NOISE_STATS:
-            a = (base.get(metric) or {}).get(stat)
-            diffs = [abs(s[metric][stat] - a) / a for s in summaries[1:]
-                     if a and (s.get(metric) or {}).get(stat) is not None]
-            floor[metric][stat] = max(diffs) if diffs else None
-    tput = [s["throughput_rps"] for s in summaries if s.get("throughput_rps")]
-    floor["throughput_rps"] = (max(abs(t - tput[0]) / tput[0] for t in tput[1:]) if len(tput) > 1 else None)
-    return floor
+def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", dtype: str | None = None,
+                  num_threads: int = 1, repeats: int = 1, trace_source: str,
+                  on_repeat: Callable[[int, object], None] | None = None) -> dict:
+    """Serve `trace` `repeats` times on the engine (a ModelSpec's model with random weights from
+    config.seed) and write the measured run to `out`; on_repeat(k, result) after each repeat.
+    Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
+    import torch
 
-
-def write_measured_run(out: str | Path, trace, results: list, meta: dict) -> dict:
-    """OUT/meta.json, OUT/trace.parquet, OUT/repeat_<k>/{requests,steps}.parquet + summary.json,
-    OUT/summary.json (repeat 0, with the noise floor when there are repeats)."""
-    summaries = [clean_json(r.summary) for r in results]
-    summary = dict(summaries[0])
-    if len(results) > 1:
-        summary["noise_floor"] = noise_floor(summaries)
-    with atomic_output_dir(out) as staging:
-        atomic_write_parquet(trace.to_frame(), staging / "trace.parquet")
-        for k, (result, s) in enumerate(zip(results, summaries)):
-            atomic_write_parquet(result.requests, staging / f"repeat_{k}" / "requests.parquet")
-            atomic_write_parquet(result.steps, staging / f"repeat_{k}" / "steps.parquet")
-            atomic_write_json(staging / f"repeat_{k}" / "summary.json", s)
-        atomic_write_json(staging / "summary.json", summary)
-        atomic_write_json(staging / "meta.json", clean_json(meta))
-    return summary
+    from profiler.engine import Engine
+    from profiler.fingerprint import hardware_fingerprint
+    from profiler.model import build_model, default_dtype
+    from simulator.errors import InputError
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available on this machine")
+    torch.set_num_threads(num_threads)
+    dtype = dtype or default_dtype(device)
+    model = build_model(spec, device=device, dtype=dtype, seed=config.seed)
+    warm_up(model)
+    results, probes = [], [speed_probe_ms(model)]
+    for k in range(repeats):
+        result = Engine(model, trace, config).run()
+        probes.append(speed_probe_ms(model))
+        # the machine's speed during this repeat: the probes just before and just after it
+        result.summary["speed_probe_ms"] = (probes[-2] + probes[-1]) / 2
+        results.append(result)
+        if on_repeat is not None:
+            on_repeat(k, result)
+    meta = engine_meta(spec, config, device=device, dtype=dtype, num_threads=num_threads, trace_source=trace_source,
+                       repeats=repeats, fingerprint=hardware_fingerprint(device, num_threads))
+    return write_measured_run(out, trace, results, meta)
 
 
 # Settings that must agree for single-repeat runs to be one measured run's repeats.
@@ -93,28 +87,15 @@ def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
     repeat 1), so that each run's repeats sample the machine's speed at different moments of
     the campaign instead of two back-to-back minutes. Writes the layout `write_measured_run`
     writes; raises InputError when the parts differ in trace or settings."""
-    import json
-    from types import SimpleNamespace
-
-    import pandas as pd
-
     from simulator.errors import InputError
-    from simulator.workload import read_trace
-    parts = [Path(p) for p in parts]
-    metas = [json.loads((p / "meta.json").read_text()) for p in parts]
-    traces = [pd.read_parquet(p / "trace.parquet") for p in parts]
-    for part, meta, trace in zip(parts[1:], metas[1:], traces[1:]):
-        differ = [k for k in _SAME_RUN_KEYS if meta.get(k) != metas[0].get(k)]
-        if differ or not trace.equals(traces[0]):
-            raise InputError(f"{part}: not a repeat of {parts[0]} (differs in {', '.join(differ) or 'trace'})")
-    results = []
-    for part in parts:
-        results += [SimpleNamespace(requests=pd.read_parquet(d / "requests.parquet"),
-                                    steps=pd.read_parquet(d / "steps.parquet"),
-                                    summary=json.loads((d / "summary.json").read_text()))
-                    for d in sorted(part.glob("repeat_*"), key=lambda d: int(d.name.split("_")[1]))]
-    meta = dict(metas[0], repeats=len(results))
-    return write_measured_run(out, read_trace(parts[0] / "trace.parquet", "stepcal"), results, meta)
+    runs = [read_measured_run(p) for p in parts]
+    first_trace = runs[0].trace.to_frame()
+    for run in runs[1:]:
+        differ = [k for k in _SAME_RUN_KEYS if run.meta.get(k) != runs[0].meta.get(k)]
+        if differ or not run.trace.to_frame().equals(first_trace):
+            raise InputError(f"{run.path}: not a repeat of {runs[0].path} (differs in {', '.join(differ) or 'trace'})")
+    repeats = [repeat for run in runs for repeat in run.repeats]
+    return write_measured_run(out, runs[0].trace, repeats, dict(runs[0].meta, repeats=len(repeats)))
 
 
 def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trace_source: str,
@@ -128,4 +109,4 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
             "seed": config.seed}
 
 
-__all__ = ["combine_repeats", "engine_meta", "noise_floor", "speed_probe_ms", "warm_up", "write_measured_run"]
+__all__ = ["combine_repeats", "engine_meta", "measure_trace", "speed_probe_ms", "warm_up"]

@@ -12,8 +12,9 @@ from simulator.batch import StepFeatures
 from tests.costmodel.conftest import PROFILES, SPEC, make_step_log, require_shared, step_ms
 
 
-def test_fit_logs_an_mlflow_run_and_registers_a_model(step_log_file, tmp_path, tracking_uri):
+def test_fit_logs_an_mlflow_run_and_registers_a_model(step_log_file, tmp_path, tracking_uri, monkeypatch):
     import mlflow
+    monkeypatch.chdir(tmp_path)   # with --tracking-uri, MLflow puts artifacts under ./mlruns: not in the checkout
     out = tmp_path / "tables"
     assert main(["fit", "--profile", str(step_log_file), "--regressor", "tuned", "--trials", "3",
                  "--tracking-uri", tracking_uri, "--register", "stepcal-test", "--out", str(out)]) == 0

@@ -3,7 +3,7 @@ import json
 import pandas as pd
 
 from experiments.cli import main
-from profiler.engine.measure import noise_floor
+from simulator.measured_run import noise_floor
 
 
 def test_measure_writes_repeats_meta_and_noise(tmp_path, capsys):

@@ -126,7 +126,8 @@ def test_disaggregated_comparison_uses_the_same_number_of_devices(tmp_path, caps
     c = record["comparison"]
     assert c["num_devices"] == 3
     assert c["disaggregated_over_aggregated"] == pytest.approx(dis["max_rate_rps"] / record["max_rate_rps"])
-    assert "same 3 devices" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-2] == (f"same 3 devices: disaggregated / aggregated max rate = "
+                                                        f"{c['disaggregated_over_aggregated']:.3f}")
 
 
 @pytest.mark.parametrize("extra,needle", [

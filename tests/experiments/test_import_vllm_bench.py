@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments.importers.vllm_bench import read_vllm_bench
+from experiments.validation.vllm_bench import read_vllm_bench
 from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
@@ -74,11 +74,12 @@ def test_validate_runs_on_an_imported_bench(imported, tmp_path):
     record = json.loads((out / "validation.json").read_text())
     assert record["num_requests"] == 6 and record["num_finished_both"] == 5
     assert record["num_finished_only_simulated"] == 1          # the failed request, counted not dropped
-    assert record["step_level"]["mape"] is None and record["step_level"]["num_steps"] == 0
+    assert record["step_level"] == {"mape": None, "p90_ape": None, "max_ape": None, "mean_predicted_ms": None,
+                                    "mean_measured_ms": None, "num_steps": 0, "noise_floor": None}
     cell = record["metrics"]["ttft_ms"]["p50"]
     assert cell["measured"] == pytest.approx(50.0)
     assert cell["error"] == pytest.approx((cell["simulated"] - 50.0) / 50.0)
-    assert "step level: no measured step log" in (out / "validation.md").read_text()
+    assert (out / "validation.md").read_text().endswith("\n\nstep level: no measured step log\n")
 
 
 def test_arrivals_without_start_times(tmp_path):
@@ -127,11 +128,16 @@ def test_not_json_and_missing_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert main(["import", "vllm-bench", str(bad), *FLAGS, "--out", str(tmp_path / "o")]) == 2
-    assert "not a readable JSON file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"stepcal: {bad}: not a readable JSON file (") and err.count("\n") == 1
     assert main(["import", "vllm-bench", str(tmp_path / "nope.json"), *FLAGS, "--out", str(tmp_path / "o")]) == 2
-    assert "no such file" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"stepcal: {tmp_path / 'nope.json'}: no such file\n"
+    assert not (tmp_path / "o").exists()
 
 
 def test_import_without_a_source_shows_usage(capsys):
+    from experiments.cli import build_parser
     assert main(["import"]) == 2
-    assert "vllm-bench" in capsys.readouterr().err
+    commands = next(action for action in build_parser()._actions if action.dest == "command")
+    usage = commands.choices["import"].format_help()
+    assert capsys.readouterr().err == usage and "vllm-bench" in usage.split("SOURCE")[-1]

@@ -8,7 +8,7 @@ import pytest
 from experiments.cli import main
 from experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
 from experiments.sweep.config import Slo
-from experiments.sweep.pareto import best_per_slo, pareto_mask
+from experiments.sweep.pareto import best_per_slo, pareto_mask, point_label
 from simulator.errors import InputError
 
 CONFIG = """
@@ -125,10 +125,12 @@ def test_sweep_cli_writes_parquet_plot_and_best(config_path, capsys):
     out = config_path.parent / "cli"
     assert main(["sweep", str(config_path), "--workers", "1", "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
-    assert f"{NUM_POINTS} points: {NUM_POINTS} simulated" in stdout and "best for chat:" in stdout
     record = json.loads((out / "sweep.json").read_text())
     frame = pd.read_parquet(out / "summaries.parquet")
     best = record["best"]["chat"]
+    assert stdout.splitlines() == [f"{NUM_POINTS} points: {NUM_POINTS} simulated, 0 reused from {out}/points",
+                                   f"best for chat: {point_label(frame.set_index('index', drop=False).loc[best['index']])}",
+                                   f"wrote {out}/summaries.parquet, pareto.png, sweep.json"]
     assert best["slo_chat_attainment"] >= 0.9
     assert best["slo_chat_goodput_rps"] == frame.loc[frame["slo_chat_attainment"] >= 0.9, "slo_chat_goodput_rps"].max()
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
@@ -154,3 +156,17 @@ def test_bad_config_is_one_line_exit_2(tmp_path, capsys, text, needle):
 def test_bad_backend_arguments():
     with pytest.raises(InputError, match="--workers"):
         run_sweep(None, "unused", workers=0)
+
+
+def test_the_config_example_in_the_help_is_a_valid_config(tmp_path):
+    """`stepcal sweep --help` shows a config: it parses, and expands to the grid it describes."""
+    import textwrap
+
+    from experiments.commands.sweep import HELP
+    example = HELP.split("config example (see experiments/sweep/config.py for every key):\n")[1].split("\n\nexamples:")[0]
+    path = tmp_path / "sweep.toml"
+    path.write_text(textwrap.dedent(example))
+    config = load_sweep_config(path)
+    assert len(config.points) == 3 * 2 * (2 + 2)      # rates × replicas × (vllm settings + sarathi settings)
+    assert sorted({p.chunk_size for p in config.points if p.scheduler == "sarathi"}) == [256, 512]
+    assert config.slos == (Slo("chat", 500.0, 50.0, 0.9),) and config.duration_s == 600

@@ -4,7 +4,12 @@ import pandas as pd
 import pytest
 
 from experiments.cli import main
-from experiments.validation import compare, load_measured_run, relative_error
+from experiments.validation.compare import ValidationRecord, compare
+from experiments.validation.errors import relative_error
+from experiments.validation.measured import load_measured_run
+from experiments.validation.steps import StepLevelError, step_noise_floor
+from experiments.validation.table import format_table
+from simulator.measured_run import RunStats
 
 
 @pytest.fixture(scope="module")
@@ -23,25 +28,37 @@ def test_validate_replays_the_measured_run(measured, tmp_path, capsys):
     assert record["num_requests"] == 16 and record["num_finished_both"] == 16
     cell = record["metrics"]["ttft_ms"]["p50"]
     assert cell["error"] == pytest.approx((cell["simulated"] - cell["measured"]) / cell["measured"])
-    assert cell["noise_floor"] is not None           # two repeats were measured
-    # the measured value is the mean of the repeats' values; the step log is every repeat's
+    # the measured value is the mean of the repeats' values, the noise floor their difference
     repeats = [json.loads((measured / f"repeat_{k}" / "summary.json").read_text()) for k in (0, 1)]
-    assert cell["measured"] == pytest.approx((repeats[0]["ttft_ms"]["p50"] + repeats[1]["ttft_ms"]["p50"]) / 2)
-    assert record["num_repeats"] == 2 and "mean of 2 repeats" in (out / "validation.md").read_text()
-    assert len(record["speed_probe_ms"]) == 2 and min(record["speed_probe_ms"]) > 0
+    first, second = repeats[0]["ttft_ms"]["p50"], repeats[1]["ttft_ms"]["p50"]
+    assert cell["measured"] == pytest.approx((first + second) / 2)
+    assert cell["noise_floor"] == pytest.approx(abs(second - first) / first)
+    assert record["num_repeats"] == 2
+    assert record["speed_probe_ms"] == [repeats[0]["speed_probe_ms"], repeats[1]["speed_probe_ms"]]
     steps = [pd.read_parquet(measured / f"repeat_{k}" / "steps.parquet") for k in (0, 1)]
     assert record["step_level"]["num_steps"] == len(steps[0]) + len(steps[1])
-    noise = record["step_level"]["noise_floor"]          # the same batches, timed in both repeats
-    assert noise["num_matched_steps"] > 0 and noise["mape"] >= 0
-    # the simulated run used the measured run's scheduler: same first batch composition
+    # the same batches, timed in both repeats (step_noise_floor's own figures are tested below)
+    assert record["step_level"]["noise_floor"] == step_noise_floor(load_measured_run(measured)).to_dict()
     simulated = pd.read_parquet(out / "simulated_requests.parquet")
     assert sorted(simulated["request_id"]) == list(range(16))
-    assert "| ttft_ms | p99 |" in (out / "validation.md").read_text()
+    predictions = pd.read_parquet(out / "step_predictions.parquet")
+    both = pd.concat(steps, ignore_index=True)
+    assert predictions["measured_ms"].tolist() == both["duration_ms"].tolist()
+    # linear:A,B,C is A + B·num_tokens + C·Σ(s_i + q_i), for each measured batch
+    expected = [2 + 0.05 * sum(q) + 0.001 * sum(q + k) for q, k in zip(both["q_lens"], both["kv_lens"])]
+    assert predictions["predicted_ms"].tolist() == pytest.approx(expected)
+    markdown = (out / "validation.md").read_text()
+    assert markdown == format_table(ValidationRecord.from_dict(record)) + "\n"
+    assert markdown.startswith(f"measured run {measured}: 16 requests, each statistic the mean of 2 repeats, "
+                               "16 finished in both runs\n")
+    p99 = record["metrics"]["ttft_ms"]["p99"]
+    assert (f"| ttft_ms | p99 | {p99['measured']:.4g} | {p99['simulated']:.4g} | {100 * p99['error']:+.1f}% | "
+            f"{100 * p99['noise_floor']:+.1f}% |") in markdown.splitlines()
 
 
 def test_a_perfect_step_model_has_zero_step_error(measured):
     run = load_measured_run(measured)
-    from experiments.validation import step_level_error
+    from experiments.validation.steps import step_level_error
 
     class Replay:
         """Returns each measured step's own duration."""
@@ -53,23 +70,24 @@ def test_a_perfect_step_model_has_zero_step_error(measured):
             return self.by_batch[(batch.request_ids, tuple(batch.q_lens), tuple(batch.kv_lens))]
 
     first = run.steps[run.steps["repeat"] == 0]
-    assert step_level_error(Replay(first), first)["mape"] == 0.0
+    error = step_level_error(Replay(first), first)
+    assert (error.mape, error.max_ape, error.total_error, error.num_steps) == (0.0, 0.0, 0.0, len(first))
 
 
 def test_unfinished_requests_are_counted_not_dropped(measured):
     run = load_measured_run(measured)
     simulated = run.requests.copy()
     simulated.loc[simulated.request_id == 3, "finish_s"] = float("nan")
-    record = compare(run, simulated, run.summary, {"mape": 0.0})
-    assert record["num_finished_only_measured"] == 1 and record["num_finished_both"] == 15
-    assert record["metrics"]["e2e_ms"]["p50"]["error"] == 0.0
+    record = compare(run, simulated, run.stats, StepLevelError(0))
+    assert record.num_finished_only_measured == 1 and record.num_finished_both == 15
+    assert record.cell("e2e_ms", "p50").error == 0.0
     assert relative_error(None, 1.0) is None and relative_error(1.5, 1.0) == 0.5
 
 
 def test_validate_bad_measured_dir(tmp_path, capsys):
     assert main(["validate", "--measured", str(tmp_path), "--step-model", "const:1"]) == 2
-    err = capsys.readouterr().err
-    assert "meta.json" in err and err.count("\n") == 1
+    assert capsys.readouterr().err == (f"stepcal: --measured {tmp_path}: missing meta.json (expected the output of "
+                                       f"`stepcal measure` or `stepcal import vllm-bench`)\n")
 
 
 def test_step_matched_errors_isolate_step_time_from_queueing(measured):
@@ -77,27 +95,29 @@ def test_step_matched_errors_isolate_step_time_from_queueing(measured):
     latency is off, but once the model is rescaled to the measured total, nothing is left."""
     from dataclasses import replace
 
-    from experiments.validation import MeasuredRun, sim_config_for, step_level_error, step_matched_errors
+    from experiments.validation.compare import step_matched_errors
+    from experiments.validation.measured import MeasuredRun, sim_config_for
+    from experiments.validation.steps import step_level_error
     from simulator.simulation import simulate
     from simulator.step_model import ConstStepModel
     run = load_measured_run(measured)
     config = sim_config_for(run)
     truth = simulate(run.trace, ConstStepModel(2.0), replace(config, record_batches=True))
-    synthetic = MeasuredRun(run.path, run.meta, run.trace, truth.requests, truth.steps, truth.summary)
+    synthetic = MeasuredRun(run.path, run.meta, run.trace, truth.requests, truth.steps,
+                            RunStats.from_summary(truth.summary))
     model = ConstStepModel(3.0)
     step_error = step_level_error(model, truth.steps)
-    assert step_error["total_error"] == pytest.approx(0.5)
+    assert step_error.total_error == pytest.approx(0.5)
     plain = simulate(run.trace, model, config).summary
     assert relative_error(plain["e2e_ms"]["p50"], truth.summary["e2e_ms"]["p50"]) > 0.2
     matched = step_matched_errors(synthetic, model, step_error, config)
-    assert matched["scale"] == pytest.approx(2.0 / 3.0)
+    assert matched.scale == pytest.approx(2.0 / 3.0)
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
         for stat in ("p50", "p90", "p99"):
-            assert matched["metrics"][metric][stat] == pytest.approx(0.0, abs=1e-9)
+            assert matched.error(metric, stat) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_step_noise_floor_compares_the_same_batches_of_two_repeats(measured):
-    from experiments.validation import step_noise_floor
     run = load_measured_run(measured)
     second = pd.read_parquet(measured / "repeat_1" / "steps.parquet")
 
@@ -109,6 +129,26 @@ def test_step_noise_floor_compares_the_same_batches_of_two_repeats(measured):
     a, b = by_batch(pd.read_parquet(measured / "repeat_0" / "steps.parquet")), by_batch(second)
     common = sorted(set(a) & set(b))
     noise = step_noise_floor(run)
-    assert noise["num_matched_steps"] == len(common)
-    assert noise["total_difference"] == pytest.approx(sum(b[k] for k in common) / sum(a[k] for k in common) - 1)
-    assert noise["mape"] == pytest.approx(sum(abs(b[k] - a[k]) / a[k] for k in common) / len(common))
+    assert noise.num_matched_steps == len(common)
+    assert noise.total_difference == pytest.approx(sum(b[k] for k in common) / sum(a[k] for k in common) - 1)
+    assert noise.mape == pytest.approx(sum(abs(b[k] - a[k]) / a[k] for k in common) / len(common))
+
+
+def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
+    out = tmp_path / "v"
+    assert main(["validate", "--measured", str(measured), "--step-model", "const:2", "--quiet", "--out", str(out)]) == 0
+    record = json.loads((out / "validation.json").read_text())
+    assert list(record) == ["measured_run", "num_requests", "num_repeats", "num_finished_both",
+                            "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
+                            "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched"]
+    assert {m: list(stats) for m, stats in record["metrics"].items()} == {
+        m: ["mean", "p50", "p90", "p95", "p99"] for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
+    assert list(record["metrics"]["itl_ms"]["p95"]) == list(record["throughput_rps"]) == [
+        "measured", "simulated", "error", "noise_floor"]
+    assert list(record["step_level"]) == ["mape", "p90_ape", "max_ape", "total_error", "mean_predicted_ms",
+                                          "mean_measured_ms", "num_steps", "noise_floor"]
+    assert list(record["step_level"]["noise_floor"]) == ["mape", "median_ape", "num_matched_steps", "total_difference"]
+    assert list(record["step_matched"]) == ["scale", "metrics", "throughput_rps"]
+    assert record["step_model"] == "const:2" and record["num_preemptions"] == {"measured": 0, "simulated": 0}
+    again = ValidationRecord.from_dict(record).to_dict()
+    assert json.dumps(again) == json.dumps(record)      # the same content, in the same order

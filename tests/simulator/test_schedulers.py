@@ -8,7 +8,7 @@ from tests.simulator.factories import make_request, make_scheduler_with_kv, run_
 
 
 def test_registry_matches_cli_choices():
-    from experiments.commands.simulate import SCHEDULER_NAMES
+    from experiments.commands.flags import SCHEDULER_NAMES
     assert tuple(SCHEDULERS) == SCHEDULER_NAMES
     with pytest.raises(InputError, match="--scheduler"):
         make_scheduler("fifo", None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared device check for issue 4: an 8B-class model in bf16 serves a 500-request trace under
 # sarathi on one GPU. Run on the lent machine from the repo root (≈ 3-5 min including setup):
-#   bash experiments/gpu_engine_8b.sh   (writes under $OUT, or runs/gpu_engine_8b without it)
+#   bash gpu/gpu_engine_8b.sh   (writes under $OUT, or runs/gpu_engine_8b without it)
 set -euo pipefail
 OUT="${OUT:-runs/gpu_engine_8b}"
 mkdir -p "$OUT"

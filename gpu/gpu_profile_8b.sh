@@ -2,7 +2,7 @@
 # Profile an 8B-class model (llama-3-8b shapes, bf16) on the quick grid on one GPU, then return
 # the profile. Prepared for the device tool of a session that has a GPU:
 #
-#   run(command="bash experiments/gpu_profile_8b.sh", timeout_s=570)
+#   run(command="bash gpu/gpu_profile_8b.sh", timeout_s=570)
 #
 # It runs the GPU unit tests first (at most 2 minutes), then the sweep, well inside 8 minutes
 # (--max-minutes 6 stops cleanly, `timeout` 30 s later is the backstop): all within 570 s.
@@ -10,7 +10,7 @@
 #   profile.parquet, meta.json   the profile (merged from parts if the sweep was cut short)
 #   profile.log, gpu-tests.log, nvidia-smi.txt
 # Then, here (the shared AIConfigurator table does not travel to the device machine):
-#   .venv/bin/python experiments/compare_aiconfigurator_gemm.py <files_at>/profile.parquet
+#   .venv/bin/python studies/compare_aiconfigurator_gemm.py <files_at>/profile.parquet
 #
 # Environment knobs: MODEL_SPEC (default llama-3-8b), GRID (quick), MAX_MINUTES (6),
 # SKIP_TESTS=1, PYTHON (python3, the interpreter that holds torch there); DEVICE=cpu and

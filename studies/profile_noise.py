@@ -1,7 +1,7 @@
 """Run-to-run noise of the profiler: the quick grid twice, in two processes, then compared.
 
-    .venv/bin/python experiments/profile_noise.py --model-spec tiny --out runs/noise
-    .venv/bin/python experiments/profile_noise.py --compare runs/noise/run1 runs/noise/run2
+    .venv/bin/python studies/profile_noise.py --model-spec tiny --out runs/noise
+    .venv/bin/python studies/profile_noise.py --compare runs/noise/run1 runs/noise/run2
 
 Prints each run's wall time and, per op, the median |Δ|/median of the two medians, the
 run-to-run CV, the median relative p10-p90 spread and the share of points whose median lies
@@ -17,10 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 
 def run_profile(args, out: Path) -> float:
     cmd = [sys.executable, "-m", "experiments.cli", "profile", "--model-spec", args.model_spec,
@@ -29,7 +25,7 @@ def run_profile(args, out: Path) -> float:
     if args.ops:
         cmd += ["--ops", args.ops]
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO_ROOT, check=True)
+    subprocess.run(cmd, check=True)
     return time.perf_counter() - start
 
 

@@ -1,6 +1,6 @@
 """Sweep scale-out benchmark (issue 7): 200 simulations of the Azure conv trace on 1 and 2 local workers.
 
-    .venv/bin/python experiments/bench_sweep.py [--duration 300] [--repeats 2] [--workers 1 2] [--out FILE.json]
+    .venv/bin/python bench/bench_sweep.py [--duration 300] [--repeats 2] [--workers 1 2] [--out FILE.json]
 
 The trace is cut to its first --duration seconds; the grid is 8 scheduler settings (vllm
 max_num_seqs 64..512, sarathi chunk 256..2048) × 25 rates. Each worker count runs the whole sweep

@@ -1,6 +1,6 @@
 """Simulator speed benchmark (issue 2 targets). Prints a markdown table; run from the repo root:
 
-    .venv/bin/python experiments/bench_simulator.py [--quick] [--out FILE.json]
+    .venv/bin/python bench/bench_simulator.py [--quick] [--out FILE.json]
 
 - the whole Azure conv trace (19,366 requests) under sarathi and vllm, fast path on and off;
 - Poisson traces from 10k to 1M requests: wall time, number of steps, peak memory, and wall time
@@ -44,9 +44,9 @@ def run_case(trace: str, scheduler: str, fast: bool) -> dict:
 
 
 def in_subprocess(trace: str, scheduler: str, fast: bool) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, {str(REPO)!r}); from experiments.bench_simulator import run_case; "
-            f"print(json.dumps(run_case({trace!r}, {scheduler!r}, {fast!r})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    """run_case in a fresh process: this script again, asked for one case (--case, JSON)."""
+    case = json.dumps({"trace": trace, "scheduler": scheduler, "fast": fast})
+    out = subprocess.run([sys.executable, __file__, "--case", case], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -55,7 +55,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 300k and 1M traces")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--plot", help="also plot wall time against the number of steps to this PNG")
+    parser.add_argument("--case", help=argparse.SUPPRESS)   # one case, in the subprocess in_subprocess starts
     args = parser.parse_args()
+    if args.case:
+        print(json.dumps(run_case(**json.loads(args.case))))
+        return
     rows = []
     for scheduler in ("sarathi", "vllm"):
         for fast in (True, False):

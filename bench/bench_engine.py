@@ -1,6 +1,6 @@
 """Engine benchmark (issue 4 targets). From the repo root:
 
-    .venv/bin/python experiments/bench_engine.py [--device cpu|cuda] [--model-spec tiny] [--n 300]
+    .venv/bin/python bench/bench_engine.py [--device cpu|cuda] [--model-spec tiny] [--n 300]
 
 Serves one Poisson trace with log-normal lengths under each scheduler with the virtual clock,
 twice, in one process (the comparisons interleave, so slow drift hits every scheduler alike),
@@ -34,8 +34,9 @@ def main() -> None:
     import torch
 
     from profiler.engine import Engine, EngineConfig
-    from profiler.engine.measure import noise_floor, warm_up
+    from profiler.engine.measure import warm_up
     from profiler.model import build_model
+    from simulator.measured_run import noise_floor
     from simulator.metrics import clean_json
     from simulator.model_spec import load_model_spec
     from simulator.schedulers import SchedulerConfig

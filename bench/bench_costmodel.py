@@ -9,7 +9,7 @@
 3. Wall time of `stepcal fit` with the defaults, and T_step of Qwen3-14B on H100 (bf16) for a
    few batches, composed from the AIConfigurator tables; the cost of one table lookup.
 
-Usage: .venv/bin/python experiments/bench_costmodel.py [--trials N] [--all] [--only-vidur]
+Usage: .venv/bin/python bench/bench_costmodel.py [--trials N] [--all] [--only-vidur]
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def bench_fit_wall_time() -> Path:
     for label, args, dest in cases:
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "experiments.cli", "fit", *args, "--out", str(dest)],
-                       cwd=REPO, env=env, check=True, capture_output=True)
+                       env=env, check=True, capture_output=True)
         print(f"{label:<36} {time.perf_counter() - started:6.1f} s wall")
     return out
 

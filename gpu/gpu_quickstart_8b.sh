@@ -5,14 +5,14 @@
 # 5% targets where a step is 10-100 ms of device time instead of ~2 ms of CPU. Run with the
 # device tool of a session that has a GPU:
 #
-#   run(command="bash experiments/gpu_quickstart_8b.sh", timeout_s=570)
+#   run(command="bash gpu/gpu_quickstart_8b.sh", timeout_s=570)
 #
 # What comes back under $OUT: headline.json, quickstart.log (the headline table is its tail),
 # report/report.md, nvidia-smi.txt. Its wall time on a GPU is an estimate (our engine loops over
 # sequences in Python for attention: ~20-40 ms per 8B decode step), so the defaults are small: 60
 # requests per run; raise NUM_REQUESTS once a first run has shown the time. Dry run without a GPU:
 #   DEVICE=cpu MODEL_SPEC=tiny PROMPT=lognormal:128:0.8 OUTPUT=lognormal:32:0.8 CHUNK=64 \
-#   NUM_REQUESTS=40 OUT=/tmp/gq bash experiments/gpu_quickstart_8b.sh
+#   NUM_REQUESTS=40 OUT=/tmp/gq bash gpu/gpu_quickstart_8b.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 MLFLOW_DISABLE_TELEMETRY=true
 PY="${PYTHON:-python3}"

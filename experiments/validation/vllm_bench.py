@@ -1,4 +1,4 @@
-"""`vllm bench serve --save-result` JSON -> a measured-run directory, laid out like `stepcal measure`'s.
+"""`vllm bench serve --save-result` JSON -> a measured-run directory (simulator.measured_run's layout).
 
 The JSON holds per-request lists (index i is request i): `ttfts` (s), `itls` (list of lists, s),
 `input_lens`, `output_lens`, `errors` (empty string when OK) and, in newer vLLM versions,
@@ -177,30 +177,23 @@ def bench_trace(bench: VllmBench):
 
 def write_vllm_bench_run(bench: VllmBench, out: str | Path, *, model_spec, scheduler: str, scheduler_config,
                          block_size: int, kv_blocks: int | None) -> dict:
-    """OUT/meta.json, OUT/trace.parquet, OUT/repeat_0/{requests,steps}.parquet + summary.json and
-    OUT/summary.json, as `stepcal measure` writes them; returns the summary."""
-    from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+    """The bench as a one-repeat measured run (simulator.measured_run's layout, with an empty step log);
+    returns its summary."""
+    from simulator.measured_run import Repeat, write_measured_run
     from simulator.metrics import clean_json, summarize
     from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
     trace = bench_trace(bench)
     requests = request_frame(bench)
     itls = [itl for itl in bench.itl_s if len(itl)]
     summary = clean_json(summarize(requests, itl_s=np.concatenate(itls) if itls else np.zeros(0)))
-    meta = clean_json({
+    meta = {
         "kind": "measured_run", "source": "vllm-bench", "schema_version": SCHEMA_VERSION,
         "tool_version": TOOL_VERSION, "bench_file": str(bench.path), "model_spec": model_spec.to_dict(),
         "scheduler": scheduler, "scheduler_config": asdict(scheduler_config), "block_size": block_size,
         "kv_blocks": kv_blocks, "repeats": 1, "arrival_source": bench.arrival_source,
         "num_requests": len(bench), "num_failed": int(bench.failed.sum()), "bench_totals": bench.totals,
-        "warnings": list(bench.warnings) + list(trace.warnings)})
-    with atomic_output_dir(out) as staging:
-        atomic_write_parquet(trace.to_frame(), staging / "trace.parquet")
-        atomic_write_parquet(requests, staging / "repeat_0" / "requests.parquet")
-        atomic_write_parquet(empty_step_frame(), staging / "repeat_0" / "steps.parquet")
-        atomic_write_json(staging / "repeat_0" / "summary.json", summary)
-        atomic_write_json(staging / "summary.json", summary)
-        atomic_write_json(staging / "meta.json", meta)
-    return summary
+        "warnings": list(bench.warnings) + list(trace.warnings)}
+    return write_measured_run(out, trace, [Repeat(requests, empty_step_frame(), summary)], meta)
 
 
 __all__ = ["VllmBench", "bench_trace", "empty_step_frame", "read_vllm_bench", "request_frame",

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from experiments.step_noise import NoisyStepModel, StepNoise, estimate_noise
+from experiments.validation.noise import NoisyStepModel, StepNoise, estimate_noise
 from simulator.batch import StepBatch
 from simulator.step_model import ConstStepModel
 

@@ -1,6 +1,6 @@
 """Reproduce the seeds' headline scheduler comparisons, measured on the engine and simulated.
 
-    .venv/bin/python experiments/compare_schedulers.py --tables runs/quickstart/tables [--out FILE.md]
+    .venv/bin/python studies/compare_schedulers.py --tables runs/quickstart/tables [--out FILE.md]
 
 One workload (Poisson, log-normal lengths, long prompts so that prefill interferes with decodes)
 is served for real by the torch engine under static, continuous, sarathi and slo, and simulated

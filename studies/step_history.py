@@ -1,8 +1,8 @@
 """Does a step's time depend only on its batch? Two measurements of the history a T_step table cannot see.
 
-    .venv/bin/python experiments/step_history.py --rounds 6          # the engine's model, in isolation
-    .venv/bin/python experiments/step_history.py --campaign runs/quickstart   # a quickstart's own logs
-    .venv/bin/python experiments/step_history.py --cache --rounds 6   # the same step, caches warm or cold
+    .venv/bin/python studies/step_history.py --rounds 6          # the engine's model, in isolation
+    .venv/bin/python studies/step_history.py --campaign runs/quickstart   # a quickstart's own logs
+    .venv/bin/python studies/step_history.py --cache --rounds 6   # the same step, caches warm or cold
 
 1. Interleave: one 1-sequence decode step timed back to back, with a 128-token prefill (another
    request's) run every N decode steps. If step time were a function of the batch alone, the
@@ -19,13 +19,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 INTERVALS = (3, 5, 10, 20, 50, 200)
 
@@ -100,7 +95,8 @@ def campaign(root: Path) -> list[str]:
     import pandas as pd
 
     from experiments.step_models import resolve_step_model
-    from experiments.validation import load_measured_run, predict_steps
+    from experiments.validation.measured import load_measured_run
+    from experiments.validation.steps import predict_steps
     model = resolve_step_model(str(root / "tables"))
     bins = [0, 1, 2, 4, 8, 16, 1 << 20]
     lines = ["| run | Σ measured / Σ predicted | decode-only steps by batch size: 1, 2, 3-4, 5-8, 9-16, >16 |",

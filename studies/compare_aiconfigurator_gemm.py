@@ -1,6 +1,6 @@
 """Compare our GEMM times with AIConfigurator's H100 GEMM table at the same (m, n, k).
 
-    .venv/bin/python experiments/compare_aiconfigurator_gemm.py PROFILE.parquet [--device h100_sxm]
+    .venv/bin/python studies/compare_aiconfigurator_gemm.py PROFILE.parquet [--device h100_sxm]
 
 The table (measured under vLLM 0.14.0, bf16 rows used) lives in ../shared/data beside the repo.
 Prints every matching point with ratio = ours / AIConfigurator, and the geometric mean per
@@ -17,8 +17,6 @@ import numpy as np
 import pandas as pd
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 AIC = REPO_ROOT.parent / "shared" / "data" / "profiles" / "aiconfigurator"
 
 

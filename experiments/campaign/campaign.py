@@ -1,0 +1,177 @@
+"""The campaign's stages: profile → measure → fit → calibrate → validate → report.
+
+Each stage calls the library function its `stepcal` command calls, with the command's default
+flags, and prints what the command prints, so every intermediate directory is what a user gets by
+hand and can be inspected or rerun on its own.
+
+Loads are set from each scheduler's measured capacity (a saturation run: every request arrives
+at once). The lowest load is the calibration run; the higher loads are held out. Three step
+models are validated on every run:
+  tables      the kernel profile and the calibration load's step logs (and the saturation runs'),
+  kernels     the kernel profile alone: what per-operator profiles say, without the engine's host work,
+  calibrated  the kernel tables plus host terms fitted to the calibration load's request log, the
+              path of a user who has kernel profiles and a deployment's request log only.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from experiments.campaign.config import CampaignConfig, load_name
+from experiments.campaign.headline import Headline, HeadlineRow
+from simulator.errors import InputError
+
+T = TypeVar("T")
+
+
+class StageExit(Exception):
+    """A stage ended as its command would with this exit status (e.g. 3: an incomplete profile)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Campaign:
+    def __init__(self, config: CampaignConfig) -> None:
+        self.c = config
+        self.t0 = time.perf_counter()
+
+    def stage(self, title: str, command: str, work: Callable[[], T]) -> T:
+        """Run one stage: its line on stderr, its time in the timings; a failure names the stage."""
+        started = time.perf_counter()
+        print(f"[{started - self.t0:6.1f} s] {title}", file=sys.stderr, flush=True)
+        try:
+            result = work()
+        except InputError as exc:     # said as `stepcal COMMAND` would say it, then which stage it was
+            print(f"stepcal: {exc}", file=sys.stderr)
+            raise InputError(f"quickstart: stage '{title}' failed (stepcal {command} exited 2)") from None
+        except StageExit as exc:
+            raise InputError(f"quickstart: stage '{title}' failed (stepcal {command} exited {exc.code})") from None
+        self.c.timings[title] = round(time.perf_counter() - started, 1)
+        return result
+
+    def run(self) -> Headline:
+        c, out = self.c, self.c.out
+        self.stage(f"profile kernels ({c.grid} grid)", "profile", self.profile)
+        capacity = {}
+        for s in c.schedulers:
+            workload = c.workload(10_000.0, max(60, c.num_requests // 2))
+            summary = self.stage(f"measure {s} capacity (saturation run)", "measure",
+                                 lambda s=s, w=workload: self.measure(s, w, c.measured_dir(s)))
+            capacity[s] = summary["throughput_rps"]
+        self.measure_interleaved(capacity)
+        calibration_logs = training_logs(out / "measured", c.schedulers, c.loads[0])
+        self.stage("fit T_step tables (tuned)", "fit", lambda: self.fit(calibration_logs, None, out / "tables"))
+        models = {s: {"tables": out / "tables"} for s in c.schedulers}
+        if c.kernel_ops():
+            self.calibrate_kernel_tables(models)
+        validations = []
+        for s in c.schedulers:
+            for load in c.loads:
+                for model_name, model in models[s].items():
+                    target = out / "validation" / model_name / s / load_name(load)
+                    self.stage(f"simulate + validate {s} at {load:.0%} load ({model_name})", "validate",
+                               lambda s=s, load=load, model=model, target=target: self.validate(
+                                   c.measured_dir(s, load), model, target))
+                    validations.append((s, load, model_name, target))
+        report_dirs = [v[3] for v in validations if v[2] in ("tables", "calibrated")] + [out / "tables"]
+        self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
+        return self.headline(capacity, validations)
+
+    def profile(self) -> None:
+        from experiments.profiling import OPS, describe_sweep, profile_kernels
+        c = self.c
+        result = profile_kernels(c.model_spec, str(c.out / "profile"), device=c.device, ops=c.profile_ops or ",".join(OPS),
+                                 grid=c.grid, progress=False)
+        print(describe_sweep(result), file=sys.stderr)
+        if not result.complete:
+            raise StageExit(3)
+
+    def measure(self, scheduler: str, workload: str, out: Path) -> dict:
+        """One repeat of a generated workload, served by the engine with measure's default flags."""
+        from experiments.commands.flags import DEFAULT_BLOCK_SIZE, scheduler_config
+        from experiments.commands.output import print_warnings
+        from profiler.engine.engine import EngineConfig
+        from profiler.engine.measure import measure_trace
+        from simulator.model_spec import load_model_spec
+        from simulator.workload import load_workload
+        c = self.c
+        spec = load_model_spec(c.model_spec)
+        trace = load_workload(workload, seed=c.seed)
+        print_warnings(trace.warnings)
+        config = EngineConfig(scheduler=scheduler, scheduler_config=scheduler_config(chunk_size=c.chunk_size),
+                              block_size=DEFAULT_BLOCK_SIZE, seed=c.seed)
+        return measure_trace(trace, spec, config, str(out), device=c.device, trace_source=workload)
+
+    def fit(self, logs: list[Path], ops: str | None, out: Path) -> None:
+        from experiments.fitting import FitOptions, fit_tables
+        c = self.c
+        fit_tables(FitOptions(profile=[str(c.out / "profile" / "profile.parquet"), *map(str, logs)], out=str(out),
+                              ops=ops, model_spec=c.model_spec, regressor="tuned", trials=c.trials, seed=c.seed))
+
+    def validate(self, measured: Path, step_model: Path, out: Path) -> None:
+        from experiments.validation.validate import validate_run
+        validate_run(str(measured), str(step_model), str(out))
+
+    def report(self, dirs: list[Path], out: Path) -> None:
+        from experiments.report.build import build_report, describe_report
+        files = build_report([str(d) for d in dirs], str(out))
+        print(describe_report(str(out), files))
+
+    def calibrate_kernel_tables(self, models: dict) -> None:
+        """The path of a user with kernel profiles and a deployment's request log only: tables
+        composed from the kernels alone ("kernels"; they miss the engine's host work), then host
+        terms fitted to each scheduler's calibration-load request log ("calibrated")."""
+        from experiments.validation.calibration import calibrate_step_model
+        c, out = self.c, self.c.out
+        self.stage("fit kernel-only T_step tables", "fit",
+                   lambda: self.fit([], ",".join(c.kernel_ops()), out / "tables_kernels"))
+        for s in c.schedulers:
+            self.stage(f"calibrate host terms of the kernel tables on {s} at {c.loads[0]:.0%} load", "calibrate",
+                       lambda s=s: calibrate_step_model(str(c.measured_dir(s, c.loads[0])),
+                                                        str(out / "tables_kernels"), str(out / "calibrated" / s)))
+            models[s].update(kernels=out / "tables_kernels", calibrated=out / "calibrated" / s)
+
+    def measure_interleaved(self, capacity: dict) -> None:
+        """Every run's repeat 0, then every run's repeat 1, ...: the machine's speed drifts over
+        minutes (the same batches cost up to 20-30% more a few minutes later on a shared CPU), and
+        back-to-back repeats would hand each run one moment's speed. Interleaved, every run's
+        repeats (and the calibration logs the tables train on) span the whole measurement; every
+        other pass runs in reverse order, so that a trend within a pass does not favour a load."""
+        from profiler.engine.measure import combine_repeats
+        c, parts = self.c, self.c.out / "measured" / ".repeats"
+        runs = [(s, load) for s in c.schedulers for load in c.loads]
+        for k in range(c.repeats):
+            for s, load in (runs if k % 2 == 0 else runs[::-1]):
+                workload, part = c.workload(load * capacity[s]), parts / s / load_name(load) / str(k)
+                self.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", "measure",
+                           lambda s=s, w=workload, p=part: self.measure(s, w, p))
+        for s, load in runs:
+            combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)], c.measured_dir(s, load))
+        shutil.rmtree(parts)
+
+    def headline(self, capacity: dict, validations: list) -> Headline:
+        """Every validation's row, read back from its validation.json; writes OUT/headline.json."""
+        from experiments.validation.compare import ValidationRecord
+        from simulator.io import atomic_write_bytes
+        rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0],
+                               ValidationRecord.from_dict(json.loads((path / "validation.json").read_text())))
+                for scheduler, load, model_name, path in validations]
+        headline = Headline(capacity, rows, self.c.timings, round(time.perf_counter() - self.t0, 1))
+        atomic_write_bytes(self.c.out / "headline.json", json.dumps(headline.to_dict(), indent=2).encode())
+        return headline
+
+
+def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:
+    """Training data beyond the kernel profile: the step logs of every scheduler's runs that are
+    never validated: the calibration load (every repeat: the machine's speed drifts, and more of
+    it averages out) and the saturation run (it covers the largest batches)."""
+    from simulator.measured_run import STEPS, repeat_dir, repeat_dirs
+    logs = [d / STEPS for s in schedulers for d in repeat_dirs(measured / s / load_name(calibration_load))]
+    return logs + [repeat_dir(measured / s / "saturation", 0) / STEPS for s in schedulers]

@@ -1,0 +1,44 @@
+"""What a campaign runs: the model, device, schedulers, loads and workload, and where it writes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead")
+
+
+@dataclass
+class CampaignConfig:
+    out: Path
+    model_spec: str = "tiny"
+    device: str = "cpu"
+    schedulers: tuple[str, ...] = ("continuous", "sarathi")
+    loads: tuple[float, ...] = (0.3, 0.6, 0.9)      # shares of each scheduler's measured capacity
+    num_requests: int = 200
+    prompt: str = "lognormal:128:0.8"
+    output: str = "lognormal:32:0.8"
+    chunk_size: int = 64
+    repeats: int = 2
+    trials: int = 4
+    grid: str = "quick"
+    profile_ops: str | None = None                  # e.g. "step,overhead" (None: every op of the grid)
+    seed: int = 0
+    timings: dict = field(default_factory=dict)
+
+    def workload(self, rate_rps: float, num_requests: int | None = None) -> str:
+        n = num_requests or self.num_requests
+        return f"poisson:rate={rate_rps:.6g},n={n},prompt={self.prompt},output={self.output},seed={self.seed}"
+
+    def kernel_ops(self) -> list[str]:
+        """The profiled per-operator kernels (the whole-step points left out), if GEMMs are among them."""
+        profiled = self.profile_ops.split(",") if self.profile_ops else list(KERNEL_OPS)
+        ops = [op for op in KERNEL_OPS if op in profiled]
+        return ops if "gemm" in ops else []
+
+    def measured_dir(self, scheduler: str, load: float | None = None) -> Path:
+        """OUT/measured/<scheduler>/load_<percent>, or .../saturation without a load."""
+        return self.out / "measured" / scheduler / ("saturation" if load is None else load_name(load))
+
+
+def load_name(load: float) -> str:
+    return f"load_{round(100 * load):02d}"

@@ -1,0 +1,145 @@
+"""The campaign's headline: one row per validation (scheduler, load, step model), how many held-out
+cells meet the targets, and the table the quickstart prints. headline.json is rows' to_dict."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEADLINE_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+HEADLINE_STATS = ("p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class HeadlineCell:
+    error: float | None            # (simulated - measured) / measured
+    noise: float | None            # the measured run-to-run noise floor of the same statistic
+    step_matched: float | None     # the error left with the step model rescaled to the measured total
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    scheduler: str
+    load: float                    # share of the scheduler's measured capacity
+    model: str                     # tables, kernels or calibrated
+    held_out: bool                 # False for the calibration load
+    step_mape: float | None
+    step_mape_noise: float | None
+    step_total: float | None
+    step_total_noise: float | None
+    preemptions_measured: int | None
+    preemptions_simulated: int | None
+    cells: dict                    # (metric, stat) -> HeadlineCell, HEADLINE_METRICS x HEADLINE_STATS
+
+    def cell(self, metric: str, stat: str) -> HeadlineCell:
+        return self.cells[(metric, stat)]
+
+    @classmethod
+    def of(cls, scheduler: str, load: float, model: str, held_out: bool, record) -> HeadlineRow:
+        """The row of one validation record (experiments.validation.compare.ValidationRecord)."""
+        step, noise, matched = record.step_level, record.step_level.noise_floor, record.step_matched
+        cells = {(m, s): HeadlineCell(record.cell(m, s).error, record.cell(m, s).noise_floor,
+                                      None if matched is None else matched.error(m, s))
+                 for m in HEADLINE_METRICS for s in HEADLINE_STATS}
+        return cls(scheduler, load, model, held_out, step.mape, noise and noise.mape, step.total_error,
+                   noise and noise.total_difference, record.preemptions.measured, record.preemptions.simulated,
+                   cells)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadlineRow:
+        """A row of headline.json (keys missing: None)."""
+        cells = {(m, s): HeadlineCell(data.get(f"{m}.{s}"), data.get(f"{m}.{s}.noise"),
+                                      data.get(f"{m}.{s}.step_matched"))
+                 for m in HEADLINE_METRICS for s in HEADLINE_STATS}
+        return cls(data.get("scheduler"), data.get("load"), data["model"], data["held_out"], data.get("step_mape"),
+                   data.get("step_mape.noise"), data.get("step_total"), data.get("step_total.noise"),
+                   data.get("preemptions.measured"), data.get("preemptions.simulated"), cells)
+
+    def to_dict(self) -> dict:
+        out = {"scheduler": self.scheduler, "load": self.load, "model": self.model, "held_out": self.held_out,
+               "step_mape": self.step_mape, "step_mape.noise": self.step_mape_noise, "step_total": self.step_total,
+               "step_total.noise": self.step_total_noise, "preemptions.measured": self.preemptions_measured,
+               "preemptions.simulated": self.preemptions_simulated}
+        for (m, s), cell in self.cells.items():
+            out.update({f"{m}.{s}": cell.error, f"{m}.{s}.noise": cell.noise, f"{m}.{s}.step_matched": cell.step_matched})
+        return out
+
+
+@dataclass
+class Headline:
+    capacity_rps: dict             # scheduler -> saturation throughput, req/s
+    rows: list                     # HeadlineRow
+    timings_s: dict                # stage title -> seconds
+    wall_s: float
+
+    @property
+    def targets(self) -> str:
+        return target_summary(self.rows)
+
+    def to_dict(self) -> dict:
+        return {"capacity_rps": self.capacity_rps, "rows": [r.to_dict() for r in self.rows], "targets": self.targets,
+                "timings_s": self.timings_s, "wall_s": self.wall_s}
+
+
+def cell_target(row: HeadlineRow, metric: str, stat: str) -> float:
+    """The |error| a held-out cell must stay within: 10% at P99; at P50 and P90, 5% or 1.5 x the
+    run-to-run noise floor, whichever is larger."""
+    if stat == "p99":
+        return 0.10
+    return max(0.05, 1.5 * abs(row.cell(metric, stat).noise or 0.0))
+
+
+def target_summary(rows: list[HeadlineRow]) -> str:
+    """How many held-out cells meet the validation targets (cell_target), per step model (tables,
+    kernels, calibrated); and for the misses, which term causes them: step time (the cell is within
+    its target once the model's step total is rescaled to the measured one) or what is left with
+    step time matched (queueing, scheduling, the scatter of step time), with the preemptions that
+    would point at KV capacity."""
+    lines = []
+    for model in dict.fromkeys(r.model for r in rows):
+        held_out = [r for r in rows if r.held_out and r.model == model]
+        cells = [(r, m, s, abs(r.cell(m, s).error) <= cell_target(r, m, s)) for r in held_out
+                 for m in HEADLINE_METRICS for s in HEADLINE_STATS if r.cell(m, s).error is not None]
+        if not cells:
+            continue
+        central = [met for _, _, s, met in cells if s != "p99"]
+        tail = [met for _, _, s, met in cells if s == "p99"]
+        lines.append(f"held-out runs, {model}: {sum(central)} of {len(central)} P50/P90 errors within "
+                     f"max(5%, 1.5 x noise); {sum(tail)} of {len(tail)} P99 errors within 10%")
+        missed = [(r, m, s) for r, m, s, met in cells if not met and r.cell(m, s).step_matched is not None]
+        if missed:
+            step = sum(abs(r.cell(m, s).step_matched) <= cell_target(r, m, s) for r, m, s in missed)
+            lines.append(f"  misses: {step} of {len(missed)} are step time (within target once the step total "
+                         f"matches the measured one), {len(missed) - step} remain with it matched (queueing, "
+                         f"scheduling, scatter of step time)")
+        preemptions = [(r.preemptions_measured, r.preemptions_simulated) for r in held_out]
+        if all(None not in p for p in preemptions):
+            lines.append(f"  preemptions (KV capacity): measured {sum(p[0] for p in preemptions)}, "
+                         f"simulated {sum(p[1] for p in preemptions)}")
+    return "\n".join(lines)
+
+
+def format_headline(headline: Headline) -> str:
+    """The table the quickstart prints: errors beside the noise floor, the targets, the step-matched errors."""
+    def pct(v, sign="+"):
+        return "   -  " if v is None else f"{100 * v:{sign}6.1f}%"
+    shown = [(m, s) for m in HEADLINE_METRICS for s in ("p50", "p99")]
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}
+    lines = ["capacity (saturation throughput): " + ", ".join(f"{s} {r:.1f} req/s" for s, r in headline.capacity_rps.items()),
+             "", "errors of the simulator against the measured runs, (simulated − measured) / measured; "
+             "[noise] = run-to-run difference of the measured repeats",
+             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}{'step total [noise]':>20}  "
+             + "".join(f"{names[m] + ' ' + s:>17}" for m, s in shown)]
+    for r in headline.rows:
+        tag = "" if r.held_out else " (calibration run)"
+        cells = "".join(f"{pct(r.cell(m, s).error)} [{pct(r.cell(m, s).noise).strip():>6}]" for m, s in shown)
+        step = f"{pct(r.step_mape, '')} [{pct(r.step_mape_noise, '').strip():>5}]"
+        total = f"{pct(r.step_total)} [{pct(r.step_total_noise).strip():>6}]"
+        lines.append(f"{r.scheduler:<11}{r.load:>5.0%} {r.model:<11}{step:>19}{total:>20}  {cells}{tag}")
+    lines += ["", headline.targets]
+    lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
+                  "is queueing, scheduling and KV capacity):",
+              f"{'scheduler':<11}{'load':>5}  " + "".join(f"{names[m] + ' ' + s:>10}" for m, s in shown)]
+    for r in headline.rows:
+        if r.model == "tables":
+            lines.append(f"{r.scheduler:<11}{r.load:>5.0%}  "
+                         + "".join(f"{pct(r.cell(m, s).step_matched):>10}" for m, s in shown))
+    return "\n".join(lines)

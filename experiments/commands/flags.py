@@ -1,0 +1,85 @@
+"""Flags that several commands share, and the settings they turn into.
+
+Loads only argparse: simulator modules are imported inside the functions that build settings, so
+`stepcal --help` stays instant.
+"""
+from __future__ import annotations
+
+import argparse
+
+# The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
+SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_BLOCK_SIZE = 16
+STEP_MODEL_HELP = "const:MS, linear:A,B,C or a T_step table directory"
+
+
+def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
+    """Scheduler and KV-cache flags, shared by simulate, measure, capacity and import."""
+    g = parser.add_argument_group("scheduler and KV cache")
+    g.add_argument("--scheduler", default="vllm", choices=SCHEDULER_NAMES,
+                   help="serving policy (default: vllm)")
+    g.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                   help=f"max sequences per step (default {DEFAULT_MAX_NUM_SEQS})")
+    g.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="token budget per step (default 8192; static: unlimited; sarathi: --chunk-size)")
+    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk / token budget of sarathi and slo "
+                   "(default 512)")
+    g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+                   help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
+    g.add_argument("--kv-blocks", type=int, default=None, help="KV cache capacity in blocks "
+                   "(default: derived from --device-memory-gb, else unlimited)")
+    g.add_argument("--device-memory-gb", type=float, default=None,
+                   help="derive --kv-blocks from this device memory and --model-spec")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory for "
+                   "weights + KV cache when deriving --kv-blocks (default 0.9)")
+    g.add_argument("--skip-oversize", action="store_true",
+                   help="drop requests larger than the whole KV cache instead of failing")
+
+
+def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
+    """--measured and --step-model: the inputs of validate and calibrate."""
+    parser.add_argument("--measured", required=True,
+                        help="measured run directory (`stepcal measure` or `stepcal import vllm-bench`)")
+    parser.add_argument("--step-model", required=True, help=STEP_MODEL_HELP)
+
+
+def scheduler_config(max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_batched_tokens: int | None = None,
+                     chunk_size: int = 512, block_size: int = DEFAULT_BLOCK_SIZE, kv_blocks: int | None = None):
+    """A SchedulerConfig; every size must be positive (InputError naming the flag)."""
+    from simulator.errors import InputError
+    from simulator.schedulers import SchedulerConfig
+    sizes = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens, "chunk_size": chunk_size,
+             "block_size": block_size, "kv_blocks": kv_blocks}
+    for flag, value in sizes.items():
+        if value is not None and value <= 0:
+            raise InputError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
+                           chunk_size=chunk_size)
+
+
+def scheduler_config_from_args(args):
+    return scheduler_config(args.max_num_seqs, args.max_batched_tokens, args.chunk_size, args.block_size,
+                            getattr(args, "kv_blocks", None))
+
+
+def kv_blocks_from_args(args) -> int | None:
+    from simulator.errors import InputError
+    from simulator.kv_cache import kv_blocks_from_memory
+    from simulator.model_spec import load_model_spec
+    if args.kv_blocks is not None or args.device_memory_gb is None:
+        return args.kv_blocks
+    if not args.model_spec:
+        raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
+    spec = load_model_spec(args.model_spec)
+    return kv_blocks_from_memory(spec, args.block_size, args.device_memory_gb, args.gpu_memory_utilization)
+
+
+
+def add_command(subparsers, name: str, summary: str, description: str, run) -> argparse.ArgumentParser:
+    """A subcommand that runs `run(args)`; its --help shows `description` as written (examples keep
+    their line breaks)."""
+    parser = subparsers.add_parser(name, help=summary, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=run)
+    return parser

@@ -1,0 +1,106 @@
+"""The work of `stepcal fit`: fit every target, write a T_step table directory, track it in MLflow
+(the campaign runs it too). Imports nothing heavy at load time."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """What `stepcal fit` is asked for (the flags below, by the same names); the campaign builds one too."""
+    profile: list[str]
+    out: str
+    format: str = "auto"
+    model_spec: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    ops: str | None = None
+    tp: int | None = None
+    regressor: str = "tuned"
+    trials: int = 12
+    timeout_s: float | None = None
+    storage: str | None = None
+    seed: int = 0
+    holdout: str | None = None
+    tracking_uri: str | None = None
+    experiment: str = "stepcal-fit"
+    register: str | None = None
+    no_mlflow: bool = False
+
+
+def fit_tables(args: FitOptions) -> None:
+    """Fit every target, write the T_step table directory args.out, track it in MLflow, print the errors."""
+    from pathlib import Path
+
+    from costmodel.build import build_tables
+    from costmodel.fitting import FitConfig, fit_all, select_records
+    from costmodel.importers import load_profiles
+    from costmodel.records import normalise_dtype
+    from simulator.errors import InputError
+    from simulator.io import atomic_output_dir
+    from simulator.model_spec import Parallelism, load_model_spec
+
+    if args.trials < 1:
+        raise InputError(f"--trials must be at least 1, got {args.trials}")
+    if args.tp is not None and args.tp < 1:
+        raise InputError(f"--tp must be at least 1, got {args.tp}")
+    started = time.perf_counter()
+    spec = load_model_spec(args.model_spec) if args.model_spec else None
+    dtype = normalise_dtype(args.dtype) if args.dtype else (normalise_dtype(spec.dtype) if spec else None)
+    records = select_records(load_profiles(args.profile, args.format), device=args.device,
+                             dtype=dtype, tp=args.tp, ops=args.ops)
+    holdout = None
+    if args.holdout:
+        holdout = select_records(load_profiles([args.holdout], args.format), device=args.device,
+                                 dtype=dtype, tp=args.tp)
+    config = FitConfig(regressor=args.regressor, trials=args.trials, seed=args.seed,
+                       storage=args.storage, timeout_s=args.timeout_s)
+    result = fit_all(records, config, holdout,
+                     progress=lambda t, n: print(f"fitting {t} ({n} rows)", flush=True))
+    out = Path(args.out)
+    tp = args.tp or 1
+    with atomic_output_dir(out) as staging:
+        meta = build_tables(result, staging, spec=spec, parallelism=Parallelism(tp=tp),
+                            extra_meta={"inputs": [str(p) for p in args.profile],
+                                        "holdout": args.holdout})
+        plot = _plot(result, staging)
+    if not args.no_mlflow:
+        meta = _track(args, result, out, meta, plot and out / plot.name)
+    _report(result, meta, out, time.perf_counter() - started)
+
+
+def _plot(result, directory):
+    from costmodel.plots import plot_held_out
+    return plot_held_out(result, directory / "held_out_random.png")
+
+
+def _track(args, result, out, meta, plot):
+    from costmodel.tables import write_meta
+    from costmodel.tracking import default_tracking_uri, track_fit
+    uri = args.tracking_uri or default_tracking_uri(out)
+    run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=args.experiment,
+                       register=args.register, plot_path=plot,
+                       artifact_root=None if args.tracking_uri else out / "mlartifacts",
+                       params={"model_spec": args.model_spec, "tp": args.tp or 1,
+                               "dtype": args.dtype, "device": args.device,
+                               "inputs": " ".join(args.profile)[:500]})
+    meta = {**meta, "mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
+    # meta.json is rewritten whole (atomically) now that the run id is known.
+    write_meta(out, {k: v for k, v in meta.items()
+                     if k not in ("kind", "schema_version", "tool_version", "units", "features")})
+    return meta
+
+
+def _report(result, meta, out, wall_s) -> None:
+    print(f"wrote {out} ({meta['mode']} T_step: {' + '.join(meta['t_step_terms'])}) in {wall_s:.1f} s")
+    for target, fit in result.targets.items():
+        errs = "  ".join(f"{split} MAPE {e['mape']:.2f}% (P90 {e['p90_ape']:.1f}%)"
+                         for split, e in fit.errors.items())
+        print(f"  {target:<36} {fit.choice.family:<8} {fit.n_rows:>6} rows  {errs}")
+    for split, e in result.errors.items():
+        print(f"  overall {split}: MAPE {e['mape']:.2f}%  P90 {e['p90_ape']:.1f}%  max {e['max_ape']:.1f}%")
+    if meta.get("missing_terms"):
+        print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
+    if meta.get("mlflow_run_id"):
+        print(f"  MLflow run {meta['mlflow_run_id']} at {meta['mlflow_tracking_uri']}")

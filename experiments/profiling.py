@@ -1,0 +1,69 @@
+"""The work of `stepcal profile`: a kernel sweep with its settings checked (the campaign runs it too).
+
+Imports only simulator.errors at load time: the command module reads OPS for its --help.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from simulator.errors import InputError
+
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
+
+
+def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str = ",".join(OPS),
+                    grid: str = "quick", dtype: str | None = None, threads: int = 1, max_minutes: float | None = None,
+                    shard: str = "0/1", seed: int = 0, retry_failed: bool = False, progress: bool = True):
+    """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result."""
+    from profiler.grid import load_grid, parse_shard
+    from simulator.model_spec import load_model_spec
+
+    if not model_spec:
+        raise InputError("profile: --model-spec is required")
+    if not out:
+        raise InputError("profile: --out is required")
+    if threads < 1:
+        raise InputError(f"--threads: must be at least 1, got {threads}")
+    if max_minutes is not None and max_minutes <= 0:
+        raise InputError(f"--max-minutes: must be positive, got {max_minutes:g}")
+    op_names = parse_ops(ops)
+    shard_part = parse_shard(shard)
+    spec = load_model_spec(model_spec)
+    dtype = resolve_dtype(dtype, device)
+    points = load_grid(grid, spec).for_ops(op_names)
+    if not points.points:
+        raise InputError(f"--grid {grid}: no points for ops {','.join(op_names)}")
+
+    from profiler.sweep import SweepConfig, run_sweep
+    config = SweepConfig(spec=spec, device=device, dtype=dtype, ops=op_names, grid=points,
+                         num_threads=threads, shard=shard_part, seed=seed)
+    return run_sweep(config, out, max_minutes=max_minutes, retry_failed=retry_failed, progress=progress)
+
+
+def describe_sweep(result) -> str:
+    """The line `stepcal profile` prints when a sweep stops."""
+    state = "complete" if result.complete else "incomplete (run again to resume)"
+    rounds = f" x {result.rounds} rounds" if result.rounds > 1 else ""
+    return (f"{result.out}/profile.parquet: {result.num_points} points{rounds}, "
+            f"{result.num_measured} measured now ({result.num_done_before} points done before), "
+            f"{result.num_failed} failed; {state}; {result.elapsed_s:.1f} s")
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    ops = tuple(dict.fromkeys(o.strip() for o in text.split(",") if o.strip()))
+    unknown = [o for o in ops if o not in OPS]
+    if unknown or not ops:
+        raise InputError(f"--ops: unknown {unknown or text!r}; choose from {','.join(OPS)}")
+    return ops
+
+
+def resolve_dtype(dtype: str | None, device: str) -> str:
+    from simulator.model_spec import DTYPE_BYTES
+    if dtype is None:
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    canonical = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    if canonical not in ("float32", "bfloat16", "float16"):
+        known = "float32, bfloat16, float16"
+        hint = " (not supported by the torch model)" if dtype in DTYPE_BYTES else ""
+        raise InputError(f"--dtype: {dtype!r}{hint}; choose from {known}")
+    return canonical

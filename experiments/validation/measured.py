@@ -1,0 +1,61 @@
+"""A measured run as validation compares it: the workload, repeat 0's request log, every repeat's
+step log, and each statistic averaged over the repeats (files: simulator.measured_run)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from simulator.measured_run import METRICS, STATS, MetricStats, RunStats, read_measured_run
+
+
+@dataclass
+class MeasuredRun:
+    path: Path
+    meta: dict
+    trace: object            # simulator.trace.Trace
+    requests: object         # DataFrame, repeat 0
+    steps: object            # DataFrame, every repeat's step log, with a `repeat` column
+    stats: RunStats          # each statistic averaged over the repeats; preemptions of repeat 0
+    noise_floor: RunStats | None = None   # summary.json's run-to-run noise floor, when there are repeats
+    num_repeats: int = 1
+    speed_probe_ms: list | None = None    # per repeat: a fixed decode step's time around it (the machine's speed)
+
+
+def load_measured_run(path: str | Path) -> MeasuredRun:
+    import pandas as pd
+    files = read_measured_run(path, arg_name="--measured")
+    top = RunStats.from_summary(files.summary)
+    summaries = [r.summary for r in files.repeats if r.summary is not None]
+    stats = top
+    if len(summaries) == len(files.repeats) > 1:
+        stats = replace(mean_over_repeats([RunStats.from_summary(s) for s in summaries]),
+                        num_preemptions=top.num_preemptions)
+    noise = files.summary.get("noise_floor")
+    steps = pd.concat([r.steps.assign(repeat=k) for k, r in enumerate(files.repeats)], ignore_index=True)
+    probes = [s.get("speed_probe_ms") for s in summaries]
+    return MeasuredRun(files.path, files.meta, files.trace, files.repeats[0].requests, steps, stats,
+                       RunStats.from_summary(noise) if noise is not None else None, len(files.repeats),
+                       probes if probes and None not in probes else None)
+
+
+def mean_over_repeats(runs: list[RunStats]) -> RunStats:
+    """Each latency statistic and the throughput averaged over the repeats: the measured value the
+    simulator is compared with. One repeat alone carries the machine's speed at that moment (on a
+    shared CPU the same batches differ by up to 20% in total between repeats minutes apart)."""
+    def mean(values: list) -> float | None:
+        return float(np.mean(values)) if all(v is not None for v in values) else None
+    metrics = {metric: MetricStats(**{stat: mean([r.stat(metric, stat) for r in runs]) for stat in STATS})
+               for metric in METRICS}
+    return RunStats(metrics, mean([r.throughput_rps for r in runs]))
+
+
+def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, request_overhead_ms: float = 0.0):
+    """The simulator settings that replay the measured run: same scheduler, budget, KV capacity."""
+    from simulator.schedulers import SchedulerConfig
+    from simulator.simulation import SimConfig
+    meta = run.meta
+    return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
+                     block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
+                     request_overhead_ms=request_overhead_ms, record_batches=False)

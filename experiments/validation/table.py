@@ -1,0 +1,59 @@
+"""validation.md: the validation record as a markdown table, as `stepcal validate` prints it."""
+from __future__ import annotations
+
+from experiments.validation.compare import StepMatched, ValidationRecord
+
+STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
+                     "the error left comes from queueing, scheduling and KV capacity:")
+
+
+def step_matched_rows(matched: StepMatched) -> list[list[str]]:
+    """Rows (metric, P50, P90, P99 errors) of the step-matched simulation, for the table and the report."""
+    return [[metric] + [format_pct(matched.error(metric, f"p{q}")) for q in (50, 90, 99)]
+            for metric in ("ttft_ms", "tpot_ms", "e2e_ms")]
+
+
+def format_table(record: ValidationRecord) -> str:
+    """A markdown table of the validation record."""
+    repeats = record.num_repeats
+    lines = [f"measured run {record.measured_run}: {record.num_requests} requests, "
+             + (f"each statistic the mean of {repeats} repeats, " if repeats > 1 else "")
+             + f"{record.num_finished_both} finished in both runs"
+             + (f", {record.num_finished_only_measured} only measured" if record.num_finished_only_measured else "")
+             + (f", {record.num_finished_only_simulated} only simulated" if record.num_finished_only_simulated else ""),
+             "", "| metric | stat | measured | simulated | error | noise floor |", "|---|---|---|---|---|---|"]
+    for metric, stats in record.metrics.items():
+        for stat, cell in stats.items():
+            lines.append(f"| {metric} | {stat} | {_fmt(cell.measured)} | {_fmt(cell.simulated)} | "
+                         f"{format_pct(cell.error)} | {format_pct(cell.noise_floor)} |")
+    t = record.throughput_rps
+    lines.append(f"| throughput_rps | | {_fmt(t.measured)} | {_fmt(t.simulated)} | {format_pct(t.error)} | "
+                 f"{format_pct(t.noise_floor)} |")
+    s = record.step_level
+    if s.mape is None:
+        return "\n".join(lines + ["", "step level: no measured step log"])
+    lines += ["", f"step level: MAPE {format_pct(s.mape)}, P90 APE {format_pct(s.p90_ape)}, max APE {format_pct(s.max_ape)} "
+                  f"over {s.num_steps} measured steps; total step time {format_pct(s.total_error)} "
+                  f"(mean measured {s.mean_measured_ms:.3f} ms, predicted {s.mean_predicted_ms:.3f} ms)"]
+    noise = s.noise_floor
+    if noise:
+        lines.append(f"step-time noise floor: the same batch in two repeats differs by {format_pct(noise.mape)} "
+                     f"on average (median {format_pct(noise.median_ape)}, {noise.num_matched_steps} batches); "
+                     f"their total time, repeat 1 vs repeat 0: {format_pct(noise.total_difference)}")
+    if record.speed_probe_ms:
+        lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "
+                     + " / ".join(f"{v:.3f}" for v in record.speed_probe_ms) + " ms")
+    matched = record.step_matched
+    if matched:
+        lines += ["", STEP_MATCHED_NOTE.format(scale=matched.scale), "",
+                  "| metric | p50 | p90 | p99 |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in step_matched_rows(matched)]
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def format_pct(value) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"

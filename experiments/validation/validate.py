@@ -1,0 +1,50 @@
+"""The work of `stepcal validate`: replay a measured run in the simulator and write the comparison."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
+from experiments.validation.measured import load_measured_run, sim_config_for
+from experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
+from experiments.validation.table import format_table
+
+LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
+
+
+@dataclass(frozen=True)
+class Validation:
+    record: ValidationRecord
+    table: str        # validation.md
+    out: Path
+
+
+def validate_run(measured: str | Path, step_model: str, out: str | Path | None = None,
+                 step_overhead_ms: float = 0.0) -> Validation:
+    """Simulate the measured run's workload with the same scheduler settings and KV capacity, timing
+    each step with `step_model`; write OUT (default MEASURED/validation): validation.json,
+    validation.md, simulated_requests.parquet and step_predictions.parquet."""
+    from experiments.step_models import request_overhead_ms, resolve_step_model
+    from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
+    from simulator.measured_run import RunStats
+    from simulator.metrics import clean_json
+    from simulator.simulation import simulate
+
+    run = load_measured_run(measured)
+    model = resolve_step_model(step_model)
+    config = sim_config_for(run, step_overhead_ms, request_overhead_ms(model))
+    result = simulate(run.trace, model, config)
+    predicted = predict_steps(model, run.steps)
+    step_level = step_level_error(model, run.steps, predicted, noise_floor=step_noise_floor(run))
+    record = compare(run, result.requests, RunStats.from_summary(clean_json(result.summary)), step_level,
+                     step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
+    table = format_table(record)
+    out = Path(out) if out else Path(measured) / "validation"
+    with atomic_output_dir(out) as staging:
+        atomic_write_json(staging / "validation.json", record.to_dict())
+        atomic_write_bytes(staging / "validation.md", (table + "\n").encode())
+        atomic_write_parquet(result.requests, staging / "simulated_requests.parquet")
+        steps = run.steps[[c for c in run.steps.columns if c not in LIST_COLUMNS]]
+        steps = steps.rename(columns={"duration_ms": "measured_ms"}).assign(predicted_ms=predicted)
+        atomic_write_parquet(steps, staging / "step_predictions.parquet")
+    return Validation(record, table, out)

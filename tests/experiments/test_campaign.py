@@ -1,0 +1,251 @@
+"""The whole campaign on a miniature grid and workload, and its stages and headline on their own."""
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
+from experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
+from simulator.errors import InputError
+
+SMALL_GRID = {
+    "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 1},
+    "gemm": {"m": [1, 16, 128]},
+    "attn_prefill": {"num_seqs": [1], "q": [16, 64], "s": [0, 64], "patterns": ["uniform"]},
+    "attn_decode": {"num_seqs": [1, 8], "s": [64, 256], "patterns": ["uniform"]},
+    "step": {"batches": [{"num_decode": 1, "decode_s": 64}, {"num_decode": 8, "decode_s": 128},
+                         {"num_prefill": 1, "q": 64, "s": 0}, {"num_prefill": 1, "q": 32, "s": 0,
+                                                               "num_decode": 4, "decode_s": 64}]},
+    "overhead": {"num_seqs": [1, 8], "s": [64]},
+}
+
+
+@pytest.mark.slow
+def test_campaign_runs_every_stage(tmp_path, capsys):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps(SMALL_GRID))
+    config = CampaignConfig(out=tmp_path / "qs", schedulers=("continuous",), loads=(0.3, 0.7), num_requests=24,
+                            repeats=2, trials=1, grid=str(grid), prompt="uniform:8:48", output="uniform:2:10")
+    headline = Campaign(config).run()
+    out = tmp_path / "qs"
+    for path in ("profile/profile.parquet", "tables/meta.json", "calibrated/continuous/meta.json",
+                 "measured/continuous/load_30/repeat_1/steps.parquet", "report/report.html", "headline.json"):
+        assert (out / path).exists(), path
+    saturation = json.loads((out / "measured/continuous/saturation/summary.json").read_text())
+    assert headline.capacity_rps == {"continuous": saturation["throughput_rps"]}
+    assert list(config.timings) == [
+        f"profile kernels ({grid} grid)", "measure continuous capacity (saturation run)",
+        "measure continuous at 30% load (repeat 1 of 2)", "measure continuous at 70% load (repeat 1 of 2)",
+        "measure continuous at 70% load (repeat 2 of 2)", "measure continuous at 30% load (repeat 2 of 2)",
+        "fit T_step tables (tuned)", "fit kernel-only T_step tables",
+        "calibrate host terms of the kernel tables on continuous at 30% load",
+        *[f"simulate + validate continuous at {load} load ({model})" for load in ("30%", "70%")
+          for model in ("tables", "kernels", "calibrated")], "report"]
+    rows = headline.rows
+    assert [(r.load, r.model, r.held_out) for r in rows] == [
+        (0.3, "tables", False), (0.3, "kernels", False), (0.3, "calibrated", False),
+        (0.7, "tables", True), (0.7, "kernels", True), (0.7, "calibrated", True)]
+    kernels = json.loads((out / "tables_kernels/meta.json").read_text())
+    assert kernels["mode"] == "composed" and "step" not in kernels["targets"]
+    for row in rows:    # each row is its validation.json, read back
+        record = json.loads((out / "validation" / row.model / "continuous" / f"load_{round(100 * row.load)}"
+                             / "validation.json").read_text())
+        cell = record["metrics"]["ttft_ms"]["p50"]
+        assert row.cell("ttft_ms", "p50") == HeadlineCell(cell["error"], cell["noise_floor"],
+                                                          record["step_matched"]["metrics"]["ttft_ms"]["p50"])
+        assert (row.step_mape, row.step_total) == (record["step_level"]["mape"], record["step_level"]["total_error"])
+        assert row.step_mape_noise == record["step_level"]["noise_floor"]["mape"] is not None
+    written = json.loads((out / "headline.json").read_text())
+    assert written == {**headline.to_dict(), "wall_s": headline.wall_s}
+    assert [HeadlineRow.from_dict(r) for r in written["rows"]] == rows
+    calibrated = json.loads((out / "calibrated/continuous/meta.json").read_text())
+    assert set(calibrated["host_terms"]) == {"per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms"}
+    assert calibrated["calibration"]["measured_run"] == str(out / "measured/continuous/load_30")
+    table = format_headline(headline).splitlines()
+    assert table[0] == f"capacity (saturation throughput): continuous {saturation['throughput_rps']:.1f} req/s"
+    calibration_rows = [line for line in table if line.endswith("(calibration run)")]
+    assert [line[:28] for line in calibration_rows] == [f"continuous   30% {m:<11}" for m in ("tables", "kernels",
+                                                                                          "calibrated")]
+    assert target_summary(rows) in format_headline(headline)
+    printed = capsys.readouterr()
+    plots = len(list((out / "report").glob("*.png")))
+    assert printed.out.splitlines()[-1] == f"wrote {out / 'report'}/report.md, report.html and {plots} plots"
+    assert re.fullmatch(r"\[ +\d+\.\d s\] " + re.escape(f"profile kernels ({grid} grid)"), printed.err.splitlines()[0])
+
+
+def test_target_summary_counts_cells_against_noise_and_fixed_bounds():
+    def row(err, noise, p99, held_out=True, model="tables"):
+        r = {"held_out": held_out, "model": model}
+        for m in HEADLINE_METRICS:
+            r.update({f"{m}.p50": err, f"{m}.p50.noise": noise, f"{m}.p90": err, f"{m}.p90.noise": noise,
+                      f"{m}.p99": p99})
+        return HeadlineRow.from_dict(r)
+    rows = [row(0.04, 0.0, 0.09),            # inside 5%, inside 10%
+            row(-0.12, 0.10, 0.2),           # inside 1.5 x noise (15%), P99 outside
+            row(0.2, 0.1, 0.0),              # outside both
+            row(0.5, 0.0, 0.5, held_out=False),       # calibration run: not counted
+            row(0.5, 0.0, 0.5, model="calibrated")]   # another model: counted on its own line
+    assert target_summary(rows).splitlines() == [
+        "held-out runs, tables: 12 of 18 P50/P90 errors within max(5%, 1.5 x noise); 6 of 9 P99 errors within 10%",
+        "held-out runs, calibrated: 0 of 6 P50/P90 errors within max(5%, 1.5 x noise); 0 of 3 P99 errors within 10%"]
+
+
+def test_target_summary_says_which_misses_are_step_time():
+    def row(err, matched, preempted=(0, 0)):
+        r = {"held_out": True, "model": "tables", "preemptions.measured": preempted[0],
+             "preemptions.simulated": preempted[1]}
+        for m in HEADLINE_METRICS:
+            for s in HEADLINE_STATS:
+                r.update({f"{m}.{s}": err, f"{m}.{s}.noise": 0.0, f"{m}.{s}.step_matched": matched})
+        return HeadlineRow.from_dict(r)
+    rows = [row(0.2, 0.03),                 # misses, within every target once step time matches
+            row(0.2, 0.07, (2, 5)),         # P50/P90 still miss (5%), P99 then within 10%
+            row(0.01, 0.5)]                 # met: its step-matched value does not count
+    assert target_summary(rows).splitlines() == [
+        "held-out runs, tables: 6 of 18 P50/P90 errors within max(5%, 1.5 x noise); 3 of 9 P99 errors within 10%",
+        "  misses: 12 of 18 are step time (within target once the step total matches the measured one), 6 remain "
+        "with it matched (queueing, scheduling, scatter of step time)",
+        "  preemptions (KV capacity): measured 2, simulated 5"]
+
+
+def test_headline_rows_keep_the_headline_json_layout():
+    data = {"scheduler": "sarathi", "load": 0.6, "model": "calibrated", "held_out": True, "step_mape": 0.5,
+            "step_mape.noise": 0.2, "step_total": -0.1, "step_total.noise": 0.03, "preemptions.measured": 1,
+            "preemptions.simulated": 0}
+    for k, (m, s) in enumerate((m, s) for m in HEADLINE_METRICS for s in HEADLINE_STATS):
+        data.update({f"{m}.{s}": k / 10, f"{m}.{s}.noise": k / 100, f"{m}.{s}.step_matched": -k / 10})
+    row = HeadlineRow.from_dict(data)
+    assert row.cell("tpot_ms", "p90") == HeadlineCell(error=0.4, noise=0.04, step_matched=-0.4)
+    assert list(row.to_dict().items()) == list(data.items())     # same keys, same order, same values
+
+
+def test_headline_table_lines():
+    cells = {f"{m}.{s}{suffix}": value for m in HEADLINE_METRICS for s in HEADLINE_STATS
+             for suffix, value in (("", 0.123), (".noise", 0.05), (".step_matched", -0.02))}
+    rows = [HeadlineRow.from_dict({"scheduler": "sarathi", "load": 0.3, "model": "tables", "held_out": False,
+                                   "step_mape": 0.25, "step_mape.noise": None, "step_total": -0.5,
+                                   "step_total.noise": 0.1, **cells})]
+    from experiments.campaign import Headline
+    lines = format_headline(Headline({"sarathi": 12.345}, rows, {}, 1.0)).splitlines()
+    assert lines[0] == "capacity (saturation throughput): sarathi 12.3 req/s"
+    assert lines[4] == ("sarathi      30% tables           25.0% [    -]     -50.0% [+10.0%]  "
+                        + " +12.3% [ +5.0%]" * 6 + " (calibration run)")
+    assert lines[-1] == "sarathi      30%  " + "     -2.0%" * 6
+
+
+def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):
+    from experiments.campaign import training_logs
+    for s in ("continuous", "sarathi"):
+        for run in ("load_30/repeat_0", "load_30/repeat_1", "load_60/repeat_0", "saturation/repeat_0"):
+            (tmp_path / s / run).mkdir(parents=True)
+            (tmp_path / s / run / "steps.parquet").write_bytes(b"")
+    logs = [str(p.relative_to(tmp_path)) for p in training_logs(tmp_path, ("continuous", "sarathi"), 0.3)]
+    assert logs == ["continuous/load_30/repeat_0/steps.parquet", "continuous/load_30/repeat_1/steps.parquet",
+                    "sarathi/load_30/repeat_0/steps.parquet", "sarathi/load_30/repeat_1/steps.parquet",
+                    "continuous/saturation/repeat_0/steps.parquet", "sarathi/saturation/repeat_0/steps.parquet"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-spec", "nope"], "--model-spec"),
+    (["--prompt", "lognormal:x"], "--prompt / --output"),
+    (["--device", "tpu"], "--device tpu"),
+    (["--chunk-size", "0"], "--chunk-size 0"),
+    (["--num-requests", "5"], "--num-requests >= 20"),
+])
+def test_quickstart_rejects_bad_flags_in_one_line_before_any_work(tmp_path, capsys, flags, message):
+    from experiments.cli import main
+    out = tmp_path / "qs"
+    assert main(["quickstart", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not out.exists()
+
+
+class _StopAfterFit(Exception):
+    pass
+
+
+def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, monkeypatch):
+    import experiments.fitting as fit
+    import experiments.profiling as profiling
+    import profiler.engine.measure as measure
+    calls = {}
+
+    def profile_kernels(model_spec, out, **kwargs):
+        calls["profile"] = {"model_spec": model_spec, "out": out, **kwargs}
+        return SimpleNamespace(complete=True)
+
+    def measure_trace(trace, spec, config, out, **kwargs):
+        calls.setdefault("measure", []).append((trace, spec, config, out, kwargs))
+        return {"throughput_rps": 10.0}
+
+    def fit_tables(options):
+        calls["fit"] = options
+        raise _StopAfterFit
+    monkeypatch.setattr(profiling, "profile_kernels", profile_kernels)
+    monkeypatch.setattr(profiling, "describe_sweep", lambda result: "profiled")
+    monkeypatch.setattr(measure, "measure_trace", measure_trace)
+    monkeypatch.setattr(fit, "fit_tables", fit_tables)
+    monkeypatch.setattr(Campaign, "measure_interleaved", lambda self, capacity: None)
+    config = CampaignConfig(out=tmp_path, device="cuda", model_spec="llama-3-8b", profile_ops="step,overhead",
+                            schedulers=("sarathi",), chunk_size=512, num_requests=200, trials=3, seed=7)
+    with pytest.raises(_StopAfterFit):
+        Campaign(config).run()
+    assert calls["profile"] == {"model_spec": "llama-3-8b", "out": str(tmp_path / "profile"), "device": "cuda",
+                                "ops": "step,overhead", "grid": "quick", "progress": False}
+    [(trace, spec, engine, out, kwargs)] = calls["measure"]     # the saturation run
+    workload = "poisson:rate=10000,n=100,prompt=lognormal:128:0.8,output=lognormal:32:0.8,seed=7"
+    assert kwargs == {"device": "cuda", "trace_source": workload} and out == str(tmp_path / "measured/sarathi/saturation")
+    assert spec.name == "llama-3-8b" and len(trace) == 100
+    assert (engine.scheduler, engine.scheduler_config.chunk_size, engine.scheduler_config.max_num_seqs,
+            engine.block_size, engine.kv_blocks, engine.seed) == ("sarathi", 512, 256, 16, None, 7)
+    options = calls["fit"]
+    assert options.profile == [str(tmp_path / "profile/profile.parquet"),
+                               str(tmp_path / "measured/sarathi/saturation/repeat_0/steps.parquet")]
+    assert (options.model_spec, options.trials, options.seed, options.ops, options.out) == (
+        "llama-3-8b", 3, 7, None, str(tmp_path / "tables"))
+    assert config.kernel_ops() == []     # no GEMMs profiled: no kernel-only tables to calibrate
+
+
+def test_fit_options_default_to_the_fit_flags():
+    """The campaign fits with FitOptions' defaults: they must be what `stepcal fit` does by default."""
+    from dataclasses import fields
+
+    from experiments.cli import build_parser
+    from experiments.fitting import FitOptions
+    args = build_parser().parse_args(["fit", "--profile", "p.parquet", "--out", "t"])
+    options = FitOptions(profile=["p.parquet"], out="t")
+    assert {f.name: getattr(options, f.name) for f in fields(FitOptions)} == {
+        f.name: getattr(args, f.name) for f in fields(FitOptions)}
+
+
+def test_a_failing_stage_says_which_stage_and_command(tmp_path, monkeypatch, capsys):
+    import experiments.profiling as profiling
+
+    def bad_grid(*args, **kwargs):
+        raise InputError("--grid nope: no such grid")
+    monkeypatch.setattr(profiling, "profile_kernels", bad_grid)
+    with pytest.raises(InputError) as failed:
+        Campaign(CampaignConfig(out=tmp_path, grid="nope")).run()
+    assert str(failed.value) == "quickstart: stage 'profile kernels (nope grid)' failed (stepcal profile exited 2)"
+    assert capsys.readouterr().err.splitlines()[1:] == ["stepcal: --grid nope: no such grid"]
+    monkeypatch.setattr(profiling, "profile_kernels", lambda *args, **kwargs: SimpleNamespace(complete=False))
+    monkeypatch.setattr(profiling, "describe_sweep", lambda result: "incomplete")
+    with pytest.raises(InputError, match=r"\(stepcal profile exited 3\)$"):
+        Campaign(CampaignConfig(out=tmp_path)).run()
+
+
+def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monkeypatch):
+    import profiler.engine.measure as measure
+    outs = []
+    monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: outs.append((str(out), workload)))
+    monkeypatch.setattr(measure, "combine_repeats", lambda parts, out: outs.append(("combine", len(parts), str(out))))
+    (tmp_path / "measured" / ".repeats").mkdir(parents=True)
+    config = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2)
+    Campaign(config).measure_interleaved({"a": 10.0, "b": 20.0})
+    parts = [o[0].split(".repeats/")[1] for o in outs[:8]]
+    assert parts == ["a/load_30/0", "a/load_90/0", "b/load_30/0", "b/load_90/0",
+                     "b/load_90/1", "b/load_30/1", "a/load_90/1", "a/load_30/1"]
+    assert outs[0][1] == config.workload(3.0) and outs[3][1] == config.workload(18.0)   # load x capacity
+    assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n)) for s in "ab" for n in ("load_30", "load_90")]
+    assert not (tmp_path / "measured" / ".repeats").exists()
