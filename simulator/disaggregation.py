@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.events import ARRIVAL, EventLoop
+from simulator.events import ARRIVAL, EventLoop, paused_gc
 from simulator.kv_cache import blocks_for
 from simulator.logs import request_log
 from simulator.metrics import distribution, summarize
@@ -140,9 +140,10 @@ class DisaggSimulation:
                                c.step_overhead_ms, c.record_batches)
 
     def run(self) -> SimResult:
-        wall0 = time.perf_counter()
-        self.loop.run()
-        return self._result(time.perf_counter() - wall0)
+        with paused_gc():
+            wall0 = time.perf_counter()
+            self.loop.run()
+            return self._result(time.perf_counter() - wall0)
 
     def _on_arrival(self, i: int, now_s: float) -> None:
         original = self.originals[i]

@@ -44,11 +44,9 @@ class EventLoop:
         return self.arrival_s[i] if i < len(self.arrival_s) else math.inf
 
     def run(self, progress: bool = False) -> None:
-        """Handle every event; `progress` shows a bar over arrivals on stderr (long traces only)."""
-        with paused_gc():
-            self._run(_progress_bar(len(self.arrival_s)) if progress else None)
-
-    def _run(self, bar) -> None:
+        """Handle every event; `progress` shows a bar over arrivals on stderr (long traces only).
+        Callers pause the garbage collector around it (paused_gc)."""
+        bar = _progress_bar(len(self.arrival_s)) if progress else None
         arrivals, heap, on_arrival = self.arrival_s, self.heap, self.on_arrival
         n, pop = len(arrivals), heapq.heappop
         while self.next_arrival < n or heap:
@@ -68,8 +66,8 @@ class EventLoop:
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """The loops allocate no reference cycles, but the cyclic GC would rescan every live Request on
-    each collection, making long traces quadratic: pause it while they run."""
+    """The simulations allocate no reference cycles, but the cyclic GC would rescan every live Request
+    on each collection, making long traces quadratic: pause it while they run and build their logs."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -112,7 +112,7 @@ class Replica:
             duration_ms = self.model.row_ms(row) + self.step_overhead_ms
         else:
             duration_ms = float(self.model.step_ms(batch)) + self.step_overhead_ms
-        self.in_flight = InFlight(self, step, now_s, duration_ms, row=row)
+        self.in_flight = InFlight(self, step, now_s, duration_ms, row)   # positional: this runs every step
         self.loop.push(now_s + duration_ms / 1000.0, STEP_DONE, self.in_flight)
 
     def _start_run(self, step: ScheduledStep, now_s: float, num_steps: int) -> bool:
@@ -156,7 +156,7 @@ class Replica:
     def finish_step(self, now_s: float) -> None:
         run, self.in_flight = self.in_flight, None
         step, batch = run.step, run.step.batch
-        if run.is_run:
+        if run.ends_s is not None:   # a decode run
             num_steps = len(run.durations_ms)
             features = (run.features.head(num_steps) if run.features is not None
                         else StepFeatures.decode_run(batch.kv_lens, num_steps))

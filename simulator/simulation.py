@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.events import EventLoop
+from simulator.events import EventLoop, paused_gc
 from simulator.kv_cache import blocks_for
 from simulator.logs import request_log
 from simulator.metrics import summarize
@@ -77,9 +77,10 @@ class Simulation:
 
     def run(self, progress: bool = False) -> SimResult:
         """Simulate to the end; `progress` shows a bar over arrivals on stderr."""
-        wall0 = time.perf_counter()
-        self.loop.run(progress)
-        return self._result(time.perf_counter() - wall0)
+        with paused_gc():
+            wall0 = time.perf_counter()
+            self.loop.run(progress)
+            return self._result(time.perf_counter() - wall0)
 
     def _on_arrival(self, i: int, now_s: float) -> None:
         index = self.router.pick(self.schedulers)

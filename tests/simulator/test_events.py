@@ -46,13 +46,21 @@ def test_trace_arrivals_come_before_heap_events_at_the_same_time_and_can_push_mo
     assert loop.next_arrival_s() == float("inf")
 
 
-def test_the_loop_pauses_the_garbage_collector_and_restores_it():
+def test_simulations_pause_the_garbage_collector_and_restore_it(monkeypatch):
     import gc
+
+    import simulator.simulation as simulation
+    from simulator.simulation import SimConfig, simulate
+    from simulator.step_model import ConstStepModel
+    from tests.simulator.factories import make_trace
     seen = []
-    loop = EventLoop([0.0], lambda i, now: seen.append(gc.isenabled()))
+    log_builder = simulation.request_log
+    monkeypatch.setattr(simulation, "request_log", lambda requests: seen.append(gc.isenabled()) or log_builder(requests))
+    model = ConstStepModel(1.0)
+    monkeypatch.setattr(model.__class__, "row_ms", lambda self, row: seen.append(gc.isenabled()) or 1.0)
     assert gc.isenabled()
-    loop.run()
-    assert seen == [False] and gc.isenabled()
+    simulate(make_trace([0.0], [4], [2]), model, SimConfig(fast_path=False))
+    assert seen == [False, False, False] and gc.isenabled()   # two steps, then the request log
 
 
 @pytest.mark.parametrize("progress", [False, True])
