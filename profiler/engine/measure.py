@@ -54,22 +54,23 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     from profiler.engine import Engine
     from profiler.fingerprint import hardware_fingerprint
     from profiler.model import build_model, default_dtype
+    from profiler.timing import torch_threads
     from simulator.errors import InputError
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
-    torch.set_num_threads(num_threads)
     dtype = dtype or default_dtype(device)
-    model = build_model(spec, device=device, dtype=dtype, seed=config.seed)
-    warm_up(model)
-    results, probes = [], [speed_probe_ms(model)]
-    for k in range(repeats):
-        result = Engine(model, trace, config).run()
-        probes.append(speed_probe_ms(model))
-        # the machine's speed during this repeat: the probes just before and just after it
-        result.summary["speed_probe_ms"] = (probes[-2] + probes[-1]) / 2
-        results.append(result)
-        if on_repeat is not None:
-            on_repeat(k, result)
+    with torch_threads(num_threads):   # restored after: the campaign runs many of these in one process
+        model = build_model(spec, device=device, dtype=dtype, seed=config.seed)
+        warm_up(model)
+        results, probes = [], [speed_probe_ms(model)]
+        for k in range(repeats):
+            result = Engine(model, trace, config).run()
+            probes.append(speed_probe_ms(model))
+            # the machine's speed during this repeat: the probes just before and just after it
+            result.summary["speed_probe_ms"] = (probes[-2] + probes[-1]) / 2
+            results.append(result)
+            if on_repeat is not None:
+                on_repeat(k, result)
     meta = engine_meta(spec, config, device=device, dtype=dtype, num_threads=num_threads, trace_source=trace_source,
                        repeats=repeats, fingerprint=hardware_fingerprint(device, num_threads))
     return write_measured_run(out, trace, results, meta)

@@ -7,16 +7,23 @@ from simulator.measured_run import noise_floor
 
 
 def test_measure_writes_repeats_meta_and_noise(tmp_path, capsys):
+    import torch
+
+    from profiler.timing import torch_threads
     out = tmp_path / "m"
-    code = main(["measure", "--model-spec", "tiny", "--trace", "poisson:rate=50,n=12,prompt=uniform:4:40,output=uniform:1:8",
-                 "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(out)])
+    with torch_threads(2):     # measure runs with its --threads (1) and leaves the caller's count as it was
+        code = main(["measure", "--model-spec", "tiny", "--trace",
+                     "poisson:rate=50,n=12,prompt=uniform:4:40,output=uniform:1:8",
+                     "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(out)])
+        assert torch.get_num_threads() == 2
     assert code == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["scheduler"] == "continuous" and meta["num_threads"] == 1 and meta["model_spec"]["name"] == "tiny"
     assert meta["fingerprint"]["torch_version"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_finished"] == 12 and "noise_floor" in summary
-    assert summary["noise_floor"]["ttft_ms"]["p50"] >= 0
+    repeats = [json.loads((out / f"repeat_{k}" / "summary.json").read_text()) for k in (0, 1)]
+    assert summary["noise_floor"] == noise_floor(repeats)
     trace = pd.read_parquet(out / "trace.parquet")
     for k in (0, 1):
         req = pd.read_parquet(out / f"repeat_{k}" / "requests.parquet")

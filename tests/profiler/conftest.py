@@ -4,8 +4,6 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
-    import torch
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    from profiler.timing import torch_threads
+    with torch_threads(1):
+        yield
