@@ -4,7 +4,10 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from costmodel.compose import Axes, compose_terms, op_grids
+from costmodel.compose import Axes, compose_terms, moe_target, op_grids
+from costmodel.compose_attention import attention_targets
+from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
+from costmodel.coverage import coverage_notes
 from costmodel.fitting import FitResult
 from costmodel.tables import write_meta
 from costmodel.terms import AdditiveStep
@@ -15,41 +18,42 @@ from simulator.model_spec import ModelSpec, Parallelism
 
 def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
                  parallelism: Parallelism, axes: Axes | None = None,
-                 extra_meta: dict | None = None) -> dict:
+                 extra_meta: dict | None = None, composition: Composition = DEFAULT_COMPOSITION) -> dict:
     """Write the terms, ops.parquet and the regressors into `directory`; return the meta dict
-    (written as meta.json too; the caller may rewrite it with the MLflow run id)."""
+    (written as meta.json too; the caller may rewrite it with the MLflow run id).
+
+    Without a model spec, per-operator regressors are written alone (mode "operators"):
+    `stepcal predict` uses them; composing T_step needs the model's layers and widths."""
     import joblib
     axes = axes or Axes.default()
     directory = Path(directory)
-    terms, ops = [], None
+    terms = []
     has_ops = any(t != "step" for t in result.targets)
-    if has_ops:
-        if spec is None:
-            raise InputError("per-operator profiles need --model-spec to compose T_step "
-                             "(layers, hidden size, heads)")
-        ops = op_grids(result, spec, parallelism, axes)
-        terms = compose_terms(result, spec, parallelism, axes, ops)
+    if has_ops and spec is not None:
+        ops = op_grids(result, spec, parallelism, axes, composition)
+        terms = compose_terms(result, spec, parallelism, axes, ops, composition)
         if len(ops):
             atomic_write_parquet(ops, directory / "ops.parquet")
     step = result.targets.get("step")
     if step is not None:
         terms.append(AdditiveStep.from_estimator(step.estimator))
-    if not terms:
+    if not terms and not has_ops:
         raise InputError("nothing to build T_step from: the profiles hold no GEMM, attention, "
                          "overhead or whole-step rows")
     entries = {t.name: t.write(directory) for t in terms}
     # Measured whole steps already hold every cost; composed terms are the fallback.
     t_step_terms = ["step"] if step is not None else [t.name for t in terms]
+    mode = "step" if step is not None else ("composed" if terms else "operators")
     (directory / "models").mkdir(parents=True, exist_ok=True)
     for target, fit in result.targets.items():
         joblib.dump(fit.estimator, directory / "models" / f"{_safe(target)}.joblib", compress=3)
-    composed = ({"linear", "lm_head", "decode_attn", "prefill_attn", "overhead"}
-                | ({"all_reduce"} if parallelism.tp > 1 else set()))
-    notes = _coverage_notes(result, spec, parallelism) if (has_ops and step is None) else []
+    notes = coverage_notes(result, spec, parallelism, composition) if mode == "composed" else []
+    if mode == "operators":
+        notes = ["per-operator regressors only: fit again with --model-spec to compose T_step"]
     meta = {
-        "mode": "step" if step is not None else "composed",
+        "mode": mode,
         "t_step_terms": t_step_terms,
-        "missing_terms": sorted(composed - set(entries)) if step is None else [],
+        "missing_terms": sorted(expected_terms(spec, parallelism) - set(entries)) if mode == "composed" else [],
         "terms": entries,
         "axes": {name: getattr(axes, name).tolist() for name in axes.__dataclass_fields__},
         "training_data_hash": result.data_hash,
@@ -67,6 +71,8 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "seed": result.config.seed,
         "model_spec": spec.to_dict() if spec else None,
         "tp": parallelism.tp,
+        "ep": parallelism.ep,
+        "composition": _composition_meta(result, spec, parallelism, composition) if mode == "composed" else None,
         "num_layers": spec.num_layers if spec else None,
         "mlflow_run_id": None,
         "provenance": {
@@ -83,17 +89,42 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     return meta
 
 
-def _coverage_notes(result: FitResult, spec: ModelSpec, parallelism: Parallelism) -> list[str]:
-    """Where composition asks a regressor about shapes outside its data, say so."""
-    notes = []
-    gemm = result.records[result.records["op"] == "gemm"]
-    if len(gemm):
-        n_max, k_max = gemm["n"].max(), gemm["k"].max()
-        for name, (n, k) in spec.gemm_shapes(parallelism).items():
-            if n > n_max or k > k_max:
-                notes.append(f"{name} GEMM (n={n:g}, k={k:g}) lies beyond the profiled shapes "
-                             f"(n <= {n_max:g}, k <= {k_max:g}): its time is extrapolated")
-    return notes
+def expected_terms(spec: ModelSpec, parallelism: Parallelism) -> set[str]:
+    """The terms a composed T_step of this model should have."""
+    terms = {"linear", "lm_head", "decode_attn", "prefill_attn", "overhead"}
+    if parallelism.tp > 1:
+        terms.add("all_reduce")
+    if spec.is_moe:
+        terms.add("moe")
+        if parallelism.ep > 1:
+            terms.add("all_to_all")
+    return terms
+
+
+def composed_ops(spec: ModelSpec, parallelism: Parallelism) -> str:
+    """The record ops composing this model's T_step reads (what `fit` keeps by default): a whole
+    directory of kernel tables also holds other models' kinds (MLA for a GQA model, say)."""
+    ops = ["gemm", "elementwise", *attention_targets(spec), "overhead", "step"]
+    if parallelism.tp > 1:
+        ops.append("all_reduce")
+    if spec.is_moe:
+        ops.append("moe")
+    return ",".join(ops)
+
+
+def _composition_meta(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
+                      composition: Composition) -> dict:
+    """Which regressor each model part came from, and what was assumed rather than measured."""
+    decode, prefill = attention_targets(spec)
+    meta = {"attention": spec.attention, "decode_target": decode, "prefill_target": prefill}
+    if spec.is_moe:
+        target = moe_target(result, spec, composition)
+        meta.update(moe_target=target, moe_distribution=target and target.split(":", 1)[1],
+                    moe_tp=parallelism.moe_tp, ep=parallelism.ep)
+        if parallelism.ep > 1:
+            meta["all_to_all"] = {"source": "link bandwidth (no measured all-to-all data)",
+                                  "link_gbps": composition.ep_link_gbps, "latency_us": composition.ep_latency_us}
+    return meta
 
 
 def _safe(target: str) -> str:

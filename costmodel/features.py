@@ -3,7 +3,8 @@ the size axis that the extrapolation split cuts along.
 
 A target is a group of records one regressor learns: all GEMMs together (their shape is in the
 features), each small per-token operator on its own, attention prefill, attention decode,
-whole steps, host overhead, and any other imported op by name.
+MLA prefill and decode, a mixture-of-experts layer's experts per routing distribution, whole
+steps, host overhead, and any other imported op by name.
 """
 from __future__ import annotations
 
@@ -14,6 +15,21 @@ import pandas as pd
 
 from simulator.batch import FEATURE_NAMES
 from simulator.model_spec import DTYPE_BYTES
+
+# Bytes per element of every dtype a record may carry: the model spec's, plus the quantised
+# weights of imported kernel tables (block-scaled fp8, weight-only int4).
+FEATURE_DTYPE_BYTES = {**DTYPE_BYTES, "fp8_block": 1, "int4": 0.5}
+
+# Multi-head latent attention as in the MLA tables, which are DeepSeek-V3's shape: each token
+# caches one compressed KV latent of 512 plus a 64-wide RoPE key, shared by all heads; decode
+# scores against latent + RoPE and sums values in latent space (weights absorbed), while prefill
+# expands the latent to per-head keys of 128 + 64 and values of 128.
+MLA_LATENT = 512
+MLA_ROPE_DIM = 64
+MLA_QK_HEAD_DIM = 128 + MLA_ROPE_DIM
+MLA_V_HEAD_DIM = 128
+# Gate, up and down projections: the GEMMs each routed token runs through its expert.
+MOE_GEMMS = 3
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,14 @@ KINDS = {
     "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
     # A tensor-parallel all-reduce of num_tokens x width elements over tp GPUs.
     "all_reduce": TargetKind(("tp",), ("message_bytes", "ring_bytes"), "message_bytes"),
+    # One MoE layer's experts on one GPU, one target per routing distribution ('moe:balanced').
+    "moe": TargetKind(("num_tokens", "width", "expert_ffn_size", "num_experts", "experts_per_token",
+                       "tp", "ep"), ("flops", "weight_bytes"), "num_tokens"),
+    "mla_decode": TargetKind(("num_decode", "decode_kv_sum", "decode_kv_max", "num_heads"),
+                             ("flops", "bytes", "query_bytes", "blocks"), "decode_kv_max"),
+    "mla_prefill": TargetKind(("num_seqs", "prefill_tokens", "prefill_attn_work", "kv_sum",
+                               "num_heads"), ("flops", "bytes", "blocks", "seq_len"), "seq_len",
+                              ("tile_work",)),
 }
 
 
@@ -49,6 +73,8 @@ def target_of(op: str, name) -> str:
         return f"elementwise:{name}"
     if op == "all_reduce" and isinstance(name, str) and name:
         return f"all_reduce:{name}"       # one target per implementation (e.g. CUDA graph or eager)
+    if op == "moe" and isinstance(name, str) and name:
+        return f"moe:{name}"              # one target per routing distribution (balanced, power law)
     return str(op)
 
 
@@ -87,8 +113,9 @@ class Design:
 def design(target: str, records: pd.DataFrame, kind: TargetKind | None = None) -> Design:
     kind = kind or kind_for(target, records)
     base = {c: records[c].to_numpy(dtype=np.float64) for c in kind.columns}
-    if "tp" in base:
-        base["tp"] = np.nan_to_num(base["tp"], nan=1.0)   # no tensor parallelism: one GPU
+    for degree in ("tp", "ep"):
+        if degree in base:   # no tensor or expert parallelism: one GPU
+            base[degree] = np.nan_to_num(base[degree], nan=1.0)
     derived = _derived(kind_of(target), records, base)
     names = list(kind.columns) + list(kind.extra) + [p for p in kind.physics
                                                      if p not in kind.columns]
@@ -101,7 +128,7 @@ def design(target: str, records: pd.DataFrame, kind: TargetKind | None = None) -
 
 
 def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
-    dtype_bytes = np.array([DTYPE_BYTES.get(d, 2) if isinstance(d, str) else 2
+    dtype_bytes = np.array([FEATURE_DTYPE_BYTES.get(d, 2) if isinstance(d, str) else 2
                             for d in records["dtype"]], dtype=np.float64)
     if kind == "gemm":
         m, n, k = base["m"], base["n"], base["k"]
@@ -126,18 +153,69 @@ def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
                 "bytes": 2 * kv_sum * kv_heads * hd * dtype_bytes,
                 "blocks": kv_heads * (np.ceil(base["decode_kv_max"] / 256) * base["num_decode"])}
     if kind == "attn_prefill":
-        tokens, work, kv_sum, seqs = (base["prefill_tokens"], base["prefill_attn_work"],
-                                      base["kv_sum"], base["num_seqs"])
+        tokens, work, kv_sum = base["prefill_tokens"], base["prefill_attn_work"], base["kv_sum"]
         heads, kv_heads, hd = base["num_heads"], base["num_kv_heads"], base["head_dim"]
-        q_per_seq = tokens / np.maximum(seqs, 1)
-        q_tiles = np.ceil(q_per_seq / 128)
-        # tile_work: 128x128 score tiles a causal FlashAttention kernel computes, whole tiles on
-        # the diagonal included (what it costs, where flops counts only the useful half).
-        kv_tiles = np.ceil(kv_sum / np.maximum(seqs, 1) / 128)
-        tile_work = seqs * heads * (q_tiles * kv_tiles + q_tiles * (q_tiles + 1) / 2)
-        # blocks: 128-query tiles per head and sequence, the unit a FlashAttention kernel schedules.
-        return {"tile_work": tile_work, "flops": 4 * work * heads * hd,
-                "bytes": (2 * tokens * heads + 2 * (tokens + kv_sum) * kv_heads) * hd * dtype_bytes,
-                "blocks": seqs * heads * q_tiles,
-                "seq_len": (tokens + kv_sum) / np.maximum(seqs, 1)}
+        return {**_prefill_tiles(base), "flops": 4 * work * heads * hd,
+                "bytes": (2 * tokens * heads + 2 * (tokens + kv_sum) * kv_heads) * hd * dtype_bytes}
+    if kind == "moe":
+        return _moe_features(base, dtype_bytes)
+    if kind == "mla_decode":
+        return _mla_decode_features(base, dtype_bytes)
+    if kind == "mla_prefill":
+        return _mla_prefill_features(base, dtype_bytes)
     return {}
+
+
+def _prefill_tiles(base: dict) -> dict:
+    """What a causal FlashAttention prefill schedules: tiles, blocks and the mean sequence length."""
+    tokens, kv_sum, seqs, heads = (base["prefill_tokens"], base["kv_sum"], base["num_seqs"],
+                                   base["num_heads"])
+    q_tiles = np.ceil(tokens / np.maximum(seqs, 1) / 128)
+    # tile_work: 128x128 score tiles a causal FlashAttention kernel computes, whole tiles on
+    # the diagonal included (what it costs, where flops counts only the useful half).
+    kv_tiles = np.ceil(kv_sum / np.maximum(seqs, 1) / 128)
+    tile_work = seqs * heads * (q_tiles * kv_tiles + q_tiles * (q_tiles + 1) / 2)
+    # blocks: 128-query tiles per head and sequence, the unit a FlashAttention kernel schedules.
+    return {"tile_work": tile_work, "blocks": seqs * heads * q_tiles,
+            "seq_len": (tokens + kv_sum) / np.maximum(seqs, 1)}
+
+
+def _moe_features(base: dict, dtype_bytes: np.ndarray) -> dict:
+    """One GPU's share of a MoE layer: FLOPs of the routed tokens' GEMMs and the weights it reads."""
+    tokens, width, ffn = base["num_tokens"], base["width"], base["expert_ffn_size"]
+    experts, top_k, tp, ep = (base["num_experts"], base["experts_per_token"], base["tp"],
+                              base["ep"])
+    # Each routed token runs gate, up and down over width x ffn/tp; a GPU gets 1/ep of them.
+    flops = 2 * MOE_GEMMS * tokens * top_k * width * ffn / (tp * ep)
+    # An expert's weights are read once if any token picks it: with top-k of E picked uniformly,
+    # T tokens hit E (1 - (1 - k/E)^T) distinct experts on average, 1/ep of them on this GPU.
+    miss = np.clip(1 - top_k / np.maximum(experts, 1), 0, 1)
+    local_experts_hit = experts * (1 - miss ** tokens) / ep
+    weight_bytes = local_experts_hit * MOE_GEMMS * width * ffn / tp * dtype_bytes
+    return {"flops": flops, "weight_bytes": weight_bytes}
+
+
+def _mla_decode_features(base: dict, dtype_bytes: np.ndarray) -> dict:
+    kv_sum, heads, seqs = base["decode_kv_sum"], base["num_heads"], base["num_decode"]
+    latent_width = MLA_LATENT + MLA_ROPE_DIM
+    # Scores over latent + RoPE, then values summed in latent space, per head and cached token;
+    # the compressed cache is read once per sequence, shared by all heads.
+    # query_bytes: every head of every sequence brings a latent-space query and takes back a
+    # latent output. With heads sharing one cache they act as the query rows of an MQA kernel,
+    # which is why short caches still cost with many sequences and heads (1024 x 128 heads at
+    # one cached token take twice the time of 1024 x 64 on H100).
+    # blocks: a sequence's 256-token splits of its one latent "KV head", as for attn_decode.
+    return {"flops": 2 * kv_sum * heads * (latent_width + MLA_LATENT),
+            "bytes": kv_sum * latent_width * dtype_bytes,
+            "query_bytes": seqs * heads * (latent_width + MLA_LATENT) * dtype_bytes,
+            "blocks": np.ceil(base["decode_kv_max"] / 256) * seqs}
+
+
+def _mla_prefill_features(base: dict, dtype_bytes: np.ndarray) -> dict:
+    tokens, work, kv_sum, heads = (base["prefill_tokens"], base["prefill_attn_work"],
+                                   base["kv_sum"], base["num_heads"])
+    head_width = MLA_QK_HEAD_DIM + MLA_V_HEAD_DIM
+    # The latent is expanded to per-head keys and values first, so every head reads its own:
+    # queries and outputs of the new tokens, keys and values of every attended token.
+    return {**_prefill_tiles(base), "flops": 2 * work * heads * head_width,
+            "bytes": (tokens + (tokens + kv_sum)) * heads * head_width * dtype_bytes}

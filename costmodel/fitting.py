@@ -57,10 +57,11 @@ class FitResult:
     skipped: dict[str, str] = field(default_factory=dict)   # target -> why
 
 
-def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: str | None = None,
+def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: str | dict | None = None,
                    tp: int | None = None, ops: str | None = None) -> pd.DataFrame:
-    """The rows of one configuration: one device, one dtype, one tensor-parallel degree for steps;
-    with `ops` (comma-separated), only those ops."""
+    """The rows of one configuration: one device, one dtype (or one per op: a dict op -> dtype,
+    "*" for the rest), one tensor-parallel degree for steps; with `ops` (comma-separated), only
+    those ops."""
     out = records
     if ops:
         wanted = [o.strip() for o in ops.split(",") if o.strip()]
@@ -78,11 +79,7 @@ def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: s
     elif len(devices) > 1:
         raise InputError(f"the input mixes devices {devices}; choose one with --device")
     if dtype is not None and out["dtype"].notna().any():
-        have = sorted(out["dtype"].dropna().unique())
-        keep = out["dtype"].isna() | (out["dtype"] == dtype)
-        if not (out["dtype"] == dtype).any():
-            raise InputError(f"--dtype {dtype!r}: no rows; dtypes in the input: {have}")
-        out = out[keep]
+        out = _select_dtype(out, dtype)
     steps = out["op"].isin(["step", "overhead"]) & out["tp"].notna()
     if steps.any():
         have = sorted(int(v) for v in out.loc[steps, "tp"].unique())
@@ -91,6 +88,25 @@ def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: s
             raise InputError(f"--tp {tp}: no whole-step rows at that degree; the input has {have}")
         out = out[~steps | (out["tp"] == wanted)]
     return out.reset_index(drop=True)
+
+
+def dtypes_for(spec) -> dict[str, str]:
+    """The dtype of each op's rows a model needs: weights' for GEMMs and experts, the KV cache's
+    (the compute dtype) for attention, collectives and the rest."""
+    compute = spec.kv_dtype or spec.dtype
+    return {"gemm": spec.dtype, "moe": spec.dtype, "*": compute}
+
+
+def _select_dtype(out: pd.DataFrame, dtype: str | dict) -> pd.DataFrame:
+    """Rows without a dtype, and rows of the wanted one; other dtypes are dropped (a model's
+    missing terms are listed in meta.json), but not every row."""
+    wanted = dtype if isinstance(dtype, dict) else {"*": dtype}
+    matches = out["dtype"] == out["op"].map(lambda op: wanted.get(op, wanted["*"]))
+    if not matches.any():
+        have = sorted(out["dtype"].dropna().unique())
+        what = f"--dtype {dtype!r}" if not isinstance(dtype, dict) else f"the model's dtypes {wanted}"
+        raise InputError(f"{what}: no rows; dtypes in the input: {have}")
+    return out[out["dtype"].isna() | matches]
 
 
 def build_estimator(choice: Choice, physics_index, seed: int):

@@ -18,7 +18,8 @@ from simulator.errors import InputError
 
 OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_decode",
                         "decode_kv_sum", "decode_kv_max", "prefill_tokens", "prefill_attn_work",
-                        "kv_sum", "num_heads", "num_kv_heads", "head_dim", "width", "tp")
+                        "kv_sum", "num_heads", "num_kv_heads", "head_dim", "width", "tp", "num_experts",
+                        "experts_per_token", "expert_ffn_size", "ep")
 
 
 def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFrame:

@@ -14,15 +14,23 @@ from simulator.batch import FEATURE_NAMES
 from simulator.errors import InputError
 
 # op: gemm, attn_prefill, attn_decode, step, overhead, elementwise (Vidur's small per-layer ops),
-# or an imported op name. name: the sub-operation (qkv_proj, input_layernorm, ...).
+# moe, mla_prefill, mla_decode, or an imported op name. name: the sub-operation (qkv_proj,
+# input_layernorm, ...; for moe the routing distribution).
+# A mixture-of-experts layer's shape: experts, experts each token is routed to (top-k), one
+# expert's full FFN width (before any tensor-parallel split) and the expert-parallel degree;
+# its tokens, hidden width and tensor-parallel degree reuse num_tokens, width and tp.
+MOE_COLUMNS = ("num_experts", "experts_per_token", "expert_ffn_size", "ep")
 SHAPE_COLUMNS = ("m", "n", "k") + FEATURE_NAMES + ("num_heads", "num_kv_heads", "head_dim",
-                                                   "width", "tp")
+                                                   "width", "tp") + MOE_COLUMNS
 TEXT_COLUMNS = ("source", "file", "op", "name", "dtype", "device")
 TIME_COLUMNS = ("time_ms", "time_ms_p10", "time_ms_p90")
 RECORD_COLUMNS = TEXT_COLUMNS + ("row",) + SHAPE_COLUMNS + TIME_COLUMNS
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
-                 "float": "float32", "fp8": "fp8", "float8": "fp8", "float8_e4m3fn": "fp8"}
+                 "float": "float32", "fp8": "fp8", "float8": "fp8", "float8_e4m3fn": "fp8",
+                 # Weight-only int4 (AIConfigurator's int4_wo, vLLM's Marlin w4a16): what the
+                 # weights take in memory is what sets a kernel's bytes; activations stay 16-bit.
+                 "int4_wo": "int4", "w4a16": "int4"}
 
 
 def normalise_dtype(value) -> str | None:
@@ -80,8 +88,20 @@ def check_positive(frame: pd.DataFrame, columns, *, path: str) -> None:
                              f"got {frame[col].iloc[i]!r}")
 
 
+def check_text(frame: pd.DataFrame, column: str, *, path: str) -> None:
+    """A label column (e.g. a routing distribution) must hold a non-empty string in every row."""
+    for i, value in enumerate(frame[column]):
+        if not isinstance(value, str) or not value.strip():
+            raise InputError(f"{path}: row {i}: column {column!r} must be a non-empty label, "
+                             f"got {value!r}")
+
+
 def data_hash(frame: pd.DataFrame) -> str:
-    """A content hash of the rows that train a model (order-independent of files' paths)."""
-    cols = [c for c in RECORD_COLUMNS if c not in ("file", "row")]
+    """A content hash of the rows that train a model (order-independent of files' paths).
+
+    The MoE shape columns count only where some row has them: records without any hash as they
+    did before those columns existed, so tables fitted then keep their training data hash."""
+    cols = [c for c in RECORD_COLUMNS if c not in ("file", "row")
+            and not (c in MOE_COLUMNS and (c not in frame.columns or frame[c].isna().all()))]
     body = pd.util.hash_pandas_object(frame[cols].reset_index(drop=True), index=False)
     return hashlib.sha256(np.sort(body.to_numpy()).tobytes()).hexdigest()[:16]

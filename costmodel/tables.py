@@ -96,6 +96,9 @@ def load_step_model(path: str | Path) -> TableStepModel:
     """The StepTimeModel of a T_step table directory (what `simulate --step-model DIR` uses)."""
     path = Path(path)
     meta = read_meta(path)
+    if meta.get("mode") == "operators":
+        raise InputError(f"{path}: per-operator regressors only (fitted without --model-spec): no T_step to "
+                         f"simulate with; fit again with --model-spec")
     terms = []
     for name in meta.get("t_step_terms", []):
         entry = meta["terms"][name]

@@ -258,6 +258,8 @@ TERM_KINDS: dict[str, type[Term]] = {
     "linear": FeatureCurve,          # layers x per-layer GEMMs and small ops, by num_tokens
     "lm_head": FeatureCurve,         # by num_seqs
     "all_reduce": FeatureCurve,      # tensor parallelism's collectives, by num_tokens
+    "moe": FeatureCurve,             # MoE layers x routed experts, by num_tokens
+    "all_to_all": FeatureCurve,      # expert parallelism's dispatch and combine, by num_tokens
     "overhead": FeatureCurve,        # host overhead, by num_seqs
     "decode_attn": DecodeAttention,
     "prefill_attn": PrefillAttention,

@@ -17,6 +17,10 @@ class FitOptions:
     device: str | None = None
     ops: str | None = None
     tp: int | None = None
+    ep: int = 1
+    moe_distribution: str | None = None
+    ep_link_gbps: float = 450.0
+    ep_latency_us: float = 10.0
     regressor: str = "tuned"
     trials: int = 12
     timeout_s: float | None = None
@@ -33,8 +37,9 @@ def fit_tables(args: FitOptions) -> None:
     """Fit every target, write the T_step table directory args.out, track it in MLflow, print the errors."""
     from pathlib import Path
 
-    from costmodel.build import build_tables
-    from costmodel.fitting import FitConfig, fit_all, select_records
+    from costmodel.build import build_tables, composed_ops
+    from costmodel.compose_comm import Composition
+    from costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
     from costmodel.importers import load_profiles
     from costmodel.records import normalise_dtype
     from simulator.errors import InputError
@@ -43,13 +48,18 @@ def fit_tables(args: FitOptions) -> None:
 
     if args.trials < 1:
         raise InputError(f"--trials must be at least 1, got {args.trials}")
-    if args.tp is not None and args.tp < 1:
-        raise InputError(f"--tp must be at least 1, got {args.tp}")
+    for flag, value in (("--tp", args.tp), ("--ep", args.ep)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
+    parallelism = Parallelism(tp=args.tp or 1, ep=args.ep)
+    composition = Composition(args.moe_distribution, args.ep_link_gbps, args.ep_latency_us)
     started = time.perf_counter()
     spec = load_model_spec(args.model_spec) if args.model_spec else None
-    dtype = normalise_dtype(args.dtype) if args.dtype else (normalise_dtype(spec.dtype) if spec else None)
+    dtype = normalise_dtype(args.dtype) if args.dtype else (dtypes_for(spec) if spec else None)
+    # With a model, only the ops its T_step is composed of (unless --ops says otherwise).
+    ops = args.ops or (composed_ops(spec, parallelism) if spec else None)
     records = select_records(load_profiles(args.profile, args.format), device=args.device,
-                             dtype=dtype, tp=args.tp, ops=args.ops)
+                             dtype=dtype, tp=args.tp, ops=ops)
     holdout = None
     if args.holdout:
         holdout = select_records(load_profiles([args.holdout], args.format), device=args.device,
@@ -59,9 +69,8 @@ def fit_tables(args: FitOptions) -> None:
     result = fit_all(records, config, holdout,
                      progress=lambda t, n: print(f"fitting {t} ({n} rows)", flush=True))
     out = Path(args.out)
-    tp = args.tp or 1
     with atomic_output_dir(out) as staging:
-        meta = build_tables(result, staging, spec=spec, parallelism=Parallelism(tp=tp),
+        meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
                             extra_meta={"inputs": [str(p) for p in args.profile],
                                         "holdout": args.holdout})
         plot = _plot(result, staging)
@@ -82,7 +91,7 @@ def _track(args, result, out, meta, plot):
     run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=args.experiment,
                        register=args.register, plot_path=plot,
                        artifact_root=None if args.tracking_uri else out / "mlartifacts",
-                       params={"model_spec": args.model_spec, "tp": args.tp or 1,
+                       params={"model_spec": args.model_spec, "tp": args.tp or 1, "ep": args.ep,
                                "dtype": args.dtype, "device": args.device,
                                "inputs": " ".join(args.profile)[:500]})
     meta = {**meta, "mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
@@ -93,13 +102,16 @@ def _track(args, result, out, meta, plot):
 
 
 def _report(result, meta, out, wall_s) -> None:
-    print(f"wrote {out} ({meta['mode']} T_step: {' + '.join(meta['t_step_terms'])}) in {wall_s:.1f} s")
+    terms = " + ".join(meta["t_step_terms"]) or "none"
+    print(f"wrote {out} ({meta['mode']} T_step: {terms}) in {wall_s:.1f} s")
     for target, fit in result.targets.items():
         errs = "  ".join(f"{split} MAPE {e['mape']:.2f}% (P90 {e['p90_ape']:.1f}%)"
                          for split, e in fit.errors.items())
         print(f"  {target:<36} {fit.choice.family:<8} {fit.n_rows:>6} rows  {errs}")
     for split, e in result.errors.items():
         print(f"  overall {split}: MAPE {e['mape']:.2f}%  P90 {e['p90_ape']:.1f}%  max {e['max_ape']:.1f}%")
+    for note in meta.get("notes", []):
+        print(f"  note: {note}")
     if meta.get("missing_terms"):
         print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
     if meta.get("mlflow_run_id"):

@@ -8,14 +8,15 @@ from pathlib import Path
 
 from simulator.errors import InputError
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "moe")
 
 
-def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str = ",".join(OPS),
+def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str | None = None,
                     grid: str = "quick", dtype: str | None = None, threads: int = 1, max_minutes: float | None = None,
                     shard: str = "0/1", seed: int = 0, retry_failed: bool = False, progress: bool = True):
-    """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result."""
-    from profiler.grid import load_grid, parse_shard
+    """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result.
+    `ops` None: every op the model has (moe for mixture-of-experts models only)."""
+    from profiler.grid import load_grid, ops_for, parse_shard
     from simulator.model_spec import load_model_spec
 
     if not model_spec:
@@ -26,9 +27,10 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
         raise InputError(f"--threads: must be at least 1, got {threads}")
     if max_minutes is not None and max_minutes <= 0:
         raise InputError(f"--max-minutes: must be positive, got {max_minutes:g}")
-    op_names = parse_ops(ops)
+    op_names = parse_ops(ops) if ops else None
     shard_part = parse_shard(shard)
     spec = load_model_spec(model_spec)
+    op_names = op_names or ops_for(spec, OPS)
     dtype = resolve_dtype(dtype, device)
     points = load_grid(grid, spec).for_ops(op_names)
     if not points.points:

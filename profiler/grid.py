@@ -4,20 +4,24 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
 
     timing = {max_point_s = 0.5, rounds = 2}      # TimingPolicy fields (rounds: passes pooled)
     limits = {max_tokens = 16384, max_kv_tokens = 262144}
-    [gemm]          m = [1, 2, 4, ...]; names = ["qkv_proj", ...]   (default: every projection)
+    [gemm]          m = [1, 2, 4, ...]; names = ["qkv_proj", ...]   (default: every projection
+                    of the model, ModelSpec.gemm_shapes(): router and shared experts included)
     [attn_prefill]  num_seqs, q, s, patterns = ["uniform", "ragged"]; cases = [{q_lens, kv_lens}]
     [attn_decode]   num_seqs, s, patterns = ["uniform", "log_uniform", "one_long"]; cases = [...]
     [step]          batches = [{num_prefill, q, s, num_decode, decode_s, decode_pattern}]; cases = [...]
     [overhead]      num_seqs, s; cases = [...]
+    [moe]           num_tokens = [1, 2, 4, ...]; distributions = ["balanced", "power_law_1.01"]
+                    (mixture-of-experts specs only: one MoE layer's routed experts)
 
-Patterns make heterogeneous batches from (b, q, s) deterministically, so a grid names the same
-points on every host. Each point has a stable key; re-running a sweep skips keys already done.
+Patterns make heterogeneous batches from (b, q, s), and routing distributions the tokens each
+expert receives, deterministically, so a grid names the same points on every host. Each point
+has a stable key; re-running a sweep skips keys already done.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 
@@ -27,8 +31,8 @@ from simulator.errors import InputError
 from simulator.io import read_config_file
 from simulator.model_spec import ModelSpec
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead")
-GEMM_NAMES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "moe")
+MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has
 DECODE_PATTERNS = ("uniform", "log_uniform", "one_long")
 PREFILL_PATTERNS = ("uniform", "ragged")
 SECTION_KEYS = {
@@ -37,16 +41,19 @@ SECTION_KEYS = {
     "attn_decode": {"num_seqs", "s", "patterns", "cases"},
     "step": {"batches", "cases"},
     "overhead": {"num_seqs", "s", "cases"},
+    "moe": {"num_tokens", "distributions"},
 }
+POWER_LAW = "power_law_"            # a routing distribution "power_law_<alpha>"
 STEP_BATCH_KEYS = {"num_prefill", "q", "s", "num_decode", "decode_s", "decode_pattern"}
 
 
 @dataclass(frozen=True)
 class Point:
-    """One measurement: a GEMM (m, n, k) or a batch of (q_i, s_i) for attention / step / overhead."""
+    """One measurement: a GEMM (m, n, k), a batch of (q_i, s_i) for attention / step / overhead, or
+    the routed experts of one MoE layer over m tokens (name: the routing distribution)."""
     op: str
-    name: str                                  # projection, or the pattern the batch came from
-    m: int | None = None
+    name: str                                  # projection, batch pattern or routing distribution
+    m: int | None = None                       # a GEMM's rows; a MoE layer's tokens
     n: int | None = None
     k: int | None = None
     q_lens: tuple[int, ...] | None = None
@@ -57,18 +64,18 @@ class Point:
         """Readable prefix plus a hash of the full shape (lists can be long)."""
         shape = {"m": self.m, "n": self.n, "k": self.k, "q_lens": self.q_lens, "kv_lens": self.kv_lens}
         digest = hashlib.sha1(json.dumps([self.op, self.name, shape]).encode()).hexdigest()[:12]
-        if self.op == "gemm":
-            return f"gemm/{self.name}/m{self.m}/{digest}"
+        if self.q_lens is None:
+            return f"{self.op}/{self.name}/m{self.m}/{digest}"
         return f"{self.op}/{self.name}/b{len(self.q_lens)}/{digest}"
 
     @property
     def num_tokens(self) -> int:
-        return self.m if self.op == "gemm" else int(sum(self.q_lens))
+        return self.m if self.q_lens is None else int(sum(self.q_lens))
 
     @property
     def kv_tokens(self) -> int:
         """Tokens held in caches during the point (new ones included)."""
-        if self.op == "gemm":
+        if self.q_lens is None:
             return 0
         return int(sum(self.q_lens) + sum(self.kv_lens))
 
@@ -79,9 +86,15 @@ class Grid:
     points: tuple[Point, ...]
     timing: dict
     source: dict                    # the mapping it was built from (for meta.json)
+    unavailable: dict = field(default_factory=dict)   # op -> why the model has no such op
 
     def for_ops(self, ops) -> Grid:
-        return Grid(self.name, tuple(p for p in self.points if p.op in ops), self.timing, self.source)
+        """The points of `ops`; asking for an op the model does not have is an InputError."""
+        missing = [op for op in ops if op in self.unavailable]
+        if missing:
+            raise InputError(f"--ops {missing[0]}: {self.unavailable[missing[0]]}")
+        return Grid(self.name, tuple(p for p in self.points if p.op in ops), self.timing, self.source,
+                    self.unavailable)
 
     def shard(self, index: int, count: int) -> tuple[Point, ...]:
         """The index-th of count disjoint parts, by key hash (stable when the grid grows)."""
@@ -136,6 +149,10 @@ QUICK = {
          "decode_pattern": "one_long"},
     ]},
     "overhead": {"num_seqs": [1, 8, 32, 128, 256], "s": [512]},
+    # Mixture-of-experts specs only. AIConfigurator's vLLM tables hold balanced, power_law_1.01
+    # and power_law_1.2 (full takes all three), and every num_tokens of full's list.
+    "moe": {"num_tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+            "distributions": ["balanced", "power_law_1.01"]},
 }
 
 _FULL_M = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
@@ -160,6 +177,7 @@ FULL = {
           for p in (1, 2) for q in (256, 1024) for d in (16, 64, 128)),
     ]},
     "overhead": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "s": [512, 4096]},
+    "moe": {"num_tokens": _FULL_M, "distributions": ["balanced", "power_law_1.01", "power_law_1.2"]},
 }
 
 BUILT_IN = {"quick": QUICK, "full": FULL}
@@ -197,7 +215,21 @@ def expand_grid(name: str, source: dict, spec: ModelSpec, where: str = "grid") -
             if p.num_tokens <= limits["max_tokens"] and p.kv_tokens <= limits["max_kv_tokens"]]
     unique = list(dict.fromkeys(kept))
     timing = dict(source.get("timing", {}))
-    return Grid(name, tuple(unique), timing, source)
+    return Grid(name, tuple(unique), timing, source, unavailable_ops(spec))
+
+
+def unavailable_ops(spec: ModelSpec) -> dict[str, str]:
+    """Ops this model does not have, with the reason (for a one-line error when asked for)."""
+    if spec.is_moe:
+        return {}
+    return {op: f"model spec {spec.name!r} has no experts (num_experts is 0); op {op} times a "
+                f"mixture-of-experts layer" for op in MOE_OPS}
+
+
+def ops_for(spec: ModelSpec, ops=OPS) -> tuple[str, ...]:
+    """The ops of `ops` this model has (a default op list for any spec)."""
+    unavailable = unavailable_ops(spec)
+    return tuple(op for op in ops if op not in unavailable)
 
 
 def _check_keys(section, allowed: set, where: str) -> None:
@@ -228,8 +260,8 @@ def _names(section: dict, key: str, known, default, where: str) -> list[str]:
 
 
 def _expand_gemm(section: dict, spec: ModelSpec, where: str) -> list[Point]:
-    shapes = spec.gemm_shapes()
-    names = _names(section, "names", GEMM_NAMES, GEMM_NAMES, where)
+    shapes = spec.gemm_shapes()        # a dense model's five, in the order grids always had
+    names = _names(section, "names", tuple(shapes), tuple(shapes), where)
     return [Point("gemm", name, m=m, n=shapes[name][0], k=shapes[name][1])
             for name in names for m in _ints(section, "m", where)]
 
@@ -309,8 +341,21 @@ def _cases(section: dict, op: str, where: str) -> list[Point]:
     return points
 
 
+def _expand_moe(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    """Routed experts over num_tokens tokens, per distribution (none for a dense model)."""
+    distributions = section.get("distributions", ["balanced"])
+    if not isinstance(distributions, list) or not distributions:
+        raise InputError(f"{where}: distributions must be a non-empty list")
+    for name in distributions:
+        power_law_alpha(name, where)                   # validated for any model
+    num_tokens = _ints(section, "num_tokens", where)
+    if not spec.is_moe:
+        return []
+    return [Point("moe", name, m=t) for name in distributions for t in num_tokens]
+
+
 _EXPANDERS = {"gemm": _expand_gemm, "attn_prefill": _expand_prefill, "attn_decode": _expand_decode,
-              "step": _expand_step, "overhead": _expand_overhead}
+              "step": _expand_step, "overhead": _expand_overhead, "moe": _expand_moe}
 
 
 # --- heterogeneous batches -----------------------------------------------------------------
@@ -351,3 +396,84 @@ def prefill_batch(pattern: str, num_seqs: int, q_len: int, kv_len: int) -> tuple
         q[0], s[0] = q_len, kv_len                 # the largest chunk is always there
         return tuple(int(x) for x in np.clip(q, 1, q_len)), tuple(int(x) for x in s)
     raise ValueError(f"unknown prefill pattern {pattern!r}")
+
+
+# --- routing distributions -----------------------------------------------------------------
+
+def power_law_alpha(distribution, where: str = "moe") -> float | None:
+    """None for "balanced", alpha for "power_law_<alpha>" (alpha > 0); else an InputError."""
+    if distribution == "balanced":
+        return None
+    if isinstance(distribution, str) and distribution.startswith(POWER_LAW):
+        try:
+            alpha = float(distribution[len(POWER_LAW):])
+        except ValueError:
+            alpha = None
+        if alpha is not None and np.isfinite(alpha) and alpha > 0:
+            return alpha
+    raise InputError(f"{where}: unknown distribution {distribution!r}; known: balanced, "
+                     f"{POWER_LAW}<alpha> with alpha > 0 (e.g. power_law_1.01)")
+
+
+def expert_loads(distribution: str, num_tokens: int, num_experts: int, top_k: int) -> np.ndarray:
+    """Token slots each expert receives when num_tokens tokens pick top_k experts each: int64
+    [num_experts], summing to num_tokens * top_k, none above num_tokens (a token picks an expert
+    at most once).
+
+    balanced: as equal as integers allow. power_law_<alpha>: loads drawn from a power law of
+    exponent alpha, scaled to the slot count, as AIConfigurator's MoE tables are: on
+    [1, 0.8 num_tokens] when there are more slots than experts, else on [0.01, 2]. Seeded by the
+    point (distribution and shape), so every host times the same loads."""
+    slots = num_tokens * top_k
+    alpha = power_law_alpha(distribution)
+    if alpha is None:
+        loads = np.full(num_experts, slots // num_experts, dtype=np.int64)
+        loads[:slots % num_experts] += 1
+        return loads
+    low, high = (1.0, 0.8 * num_tokens) if slots > num_experts else (0.01, 2.0)
+    rng = _rng("moe", distribution, num_tokens, num_experts, top_k)
+    draws = _power_law_draws(rng, num_experts, alpha, low, high)
+    return _cap_loads(_round_to_total(draws / draws.sum() * slots, slots), num_tokens)
+
+
+def routed_expert_ids(distribution: str, num_tokens: int, num_experts: int, top_k: int) -> np.ndarray:
+    """The experts of each token, [num_tokens, top_k], with expert_loads' loads.
+
+    Slots are dealt expert by expert (most loaded first) down the columns: token t takes slots
+    t, t + T, t + 2T, ... An expert's run of at most T consecutive slots then falls on distinct
+    tokens, so no token gets an expert twice."""
+    loads = expert_loads(distribution, num_tokens, num_experts, top_k)
+    order = np.argsort(-loads, kind="stable")
+    slots = np.repeat(order, loads[order])
+    return slots.reshape(top_k, num_tokens).T.copy()
+
+
+def _power_law_draws(rng: np.random.Generator, size: int, alpha: float, low: float, high: float) -> np.ndarray:
+    """Inverse-CDF draws of a power law x^-alpha truncated to [low, high]."""
+    u = rng.uniform(size=size)
+    if abs(alpha - 1.0) < 1e-9:                        # the density 1/x: log-uniform
+        return low * (high / low) ** u
+    a = 1.0 - alpha
+    return (low ** a + u * (high ** a - low ** a)) ** (1.0 / a)
+
+
+def _round_to_total(values: np.ndarray, total: int) -> np.ndarray:
+    """Integers summing to total, each the floor or ceiling of its value (largest remainders up)."""
+    floors = np.floor(values).astype(np.int64)
+    short = total - int(floors.sum())
+    floors[np.argsort(-(values - floors), kind="stable")[:short]] += 1
+    return floors
+
+
+def _cap_loads(loads: np.ndarray, cap: int) -> np.ndarray:
+    """No load above cap: the excess goes to the most loaded experts still below it (the skew
+    stays where it was)."""
+    excess = int(np.maximum(loads - cap, 0).sum())
+    loads = np.minimum(loads, cap)
+    for expert in np.argsort(-loads, kind="stable"):
+        if excess == 0:
+            break
+        extra = min(cap - int(loads[expert]), excess)
+        loads[expert] += extra
+        excess -= extra
+    return loads

@@ -4,7 +4,9 @@ The profiler times it (op `step`) and the engine serves requests with it, so bot
 same code. One step: request i brings q_i new tokens at positions s_i .. s_i+q_i-1 over the s_i
 tokens already in its cache. The GEMMs run over all new tokens of the batch at once; attention
 runs per sequence (causal within the new chunk, full over the cache) with new K/V appended in
-place; the LM head runs only for the rows that emit a token.
+place; the LM head runs only for the rows that emit a token. In a mixture-of-experts model the
+layers after the first num_dense_layers route each token to its top-k experts (profiler.moe);
+MLA attention is not implemented.
 
 Weights are random (from a seed): the timings and the engine's scheduling do not depend on
 what the model says, only on its shapes.
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
+from profiler.moe import MoEFFN, RoutedExperts
 from simulator.errors import InputError
 from simulator.model_spec import ModelSpec
 
@@ -231,12 +234,16 @@ class DecoderLayer(nn.Module):
         self.index = index
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.q_size, spec.kv_size
-        self.ffn_size = spec.ffn_size
         kw = {"dtype": dtype, "device": device, "bias": False}
         self.input_norm = RMSNorm(spec.hidden_size, dtype=dtype, device=device)
         self.qkv_proj = nn.Linear(spec.hidden_size, spec.q_size + 2 * spec.kv_size, **kw)
         self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, **kw)
         self.post_attn_norm = RMSNorm(spec.hidden_size, dtype=dtype, device=device)
+        self._build_ffn(spec, kw)
+
+    def _build_ffn(self, spec: ModelSpec, kw: dict) -> None:
+        """The dense SwiGLU FFN (a MoE layer builds its experts instead)."""
+        self.ffn_size = spec.ffn_size
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.ffn_size, **kw)
         self.down_proj = nn.Linear(spec.ffn_size, spec.hidden_size, **kw)
 
@@ -253,21 +260,42 @@ class DecoderLayer(nn.Module):
             cache.v[self.index, :, kv_len:kv_len + q_len] = v[row:row + q_len].transpose(0, 1)
         attn = attend(q, self.index, inputs).reshape(num_tokens, self.q_size)
         x = x + self.o_proj(attn)
-        gate, up = self.gate_up_proj(self.post_attn_norm(x)).split(self.ffn_size, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return x + self.ffn(self.post_attn_norm(x))
+
+    def ffn(self, h: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(h).split(self.ffn_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class MoEDecoderLayer(DecoderLayer):
+    """A decoder layer whose FFN is a mixture of experts (profiler.moe)."""
+
+    def _build_ffn(self, spec: ModelSpec, kw: dict) -> None:
+        self.moe = MoEFFN(spec, dtype=kw["dtype"], device=kw["device"])
+
+    def ffn(self, h: Tensor) -> Tensor:
+        return self.moe(h)
+
+
+def layer_class(spec: ModelSpec, index: int) -> type[DecoderLayer]:
+    """Layers after the first num_dense_layers of a mixture-of-experts model route to experts."""
+    return MoEDecoderLayer if spec.is_moe and index >= spec.num_dense_layers else DecoderLayer
 
 
 class LlamaModel(nn.Module):
-    """A Llama-style decoder for any ModelSpec, with random weights drawn from `seed`."""
+    """A Llama-style decoder for any GQA ModelSpec, dense or mixture-of-experts, with random
+    weights drawn from `seed`."""
 
     def __init__(self, spec: ModelSpec, *, dtype: torch.dtype | str = torch.float32,
                  device: torch.device | str = "cpu", seed: int = 0, rope_theta: float = 10000.0) -> None:
         super().__init__()
+        if spec.is_mla:
+            raise InputError(f"the torch model implements GQA attention only; {spec.name} uses MLA")
         dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
         device = torch.device(device)
         self.spec, self.dtype, self.device = spec, dtype, device
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(layer_class(spec, i)(spec, i, dtype=dtype, device=device)
                                     for i in range(spec.num_layers))
         self.final_norm = RMSNorm(spec.hidden_size, dtype=dtype, device=device)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, dtype=dtype, device=device)
@@ -285,6 +313,8 @@ class LlamaModel(nn.Module):
                 module.weight.normal_(0.0, 1.0 / math.sqrt(module.in_features), generator=gen)
             elif isinstance(module, nn.Embedding):
                 module.weight.normal_(0.0, 1.0, generator=gen)
+            elif isinstance(module, RoutedExperts):
+                module.init_weights(gen)
 
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,

@@ -7,6 +7,9 @@
   every sequence emits a token (the LM head runs for all b rows).
 - overhead: the host-side input building of a step (`prepare_step`, token tensors from Python
   ints included), for b sequences.
+- moe: `profiler.moe.routed_experts` of one MoE layer (no router, no shared experts: what a
+  fused-experts kernel computes) for m tokens routed as the point's distribution says
+  (profiler.grid.routed_expert_ids), with the model's experts, top-k and widths.
 
 Inputs are rotated through several buffer sets when `rotate_bytes` asks for it (on CUDA, about
 twice the L2 size) so that a small shape is not timed from a warm cache.
@@ -20,8 +23,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from profiler.grid import Point
+from profiler.grid import Point, routed_expert_ids
 from profiler.model import KVCache, LlamaModel, attend, prepare_step, torch_dtype
+from profiler.moe import routed_experts
 from simulator.model_spec import ModelSpec
 
 MAX_BUFFER_SETS = 8
@@ -86,6 +90,8 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
     if point.op == "gemm":
         set_bytes = (point.m * point.k + point.n * point.k) * nbytes
         return num_buffer_sets(set_bytes, ctx.rotate_bytes) * set_bytes + 2 * point.m * point.n * nbytes
+    if point.op == "moe":
+        return _moe_bytes(point, ctx)
     tokens, kv_tokens = point.num_tokens, point.kv_tokens
     if point.op in ("attn_prefill", "attn_decode", "overhead"):
         set_bytes = kv_tokens * 2 * spec.kv_size * nbytes + tokens * spec.q_size * nbytes
@@ -94,9 +100,35 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
         return sets * set_bytes + 2 * tokens * spec.q_size * nbytes + masks
     weights = 0 if ctx.model_built else spec.num_params * nbytes
     kv = kv_tokens * 2 * spec.num_layers * spec.kv_size * nbytes
-    activations = tokens * (4 * spec.hidden_size + 3 * spec.ffn_size + spec.q_size + 2 * spec.kv_size) * nbytes
+    activations = tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
     masks = sum(q * (s + q) for q, s in zip(point.q_lens, point.kv_lens) if q > 1 and s > 0)
     return weights + kv + 2 * activations + len(point.q_lens) * spec.vocab_size * 4 + masks
+
+
+def ffn_activation_width(spec: ModelSpec) -> int:
+    """Elements per token an FFN holds at once: a dense SwiGLU's gate, up and product, or a MoE
+    layer's router scores, top-k gathered inputs, gates, ups, products and outputs, plus the
+    shared experts' SwiGLU; the larger where a model has both kinds of layer."""
+    widths = [3 * spec.ffn_size] if spec.num_ffn_dense_layers else []
+    if spec.is_moe:
+        shared = 3 * spec.num_shared_experts * spec.expert_ffn_size
+        routed = spec.experts_per_token * (2 * spec.hidden_size + 3 * spec.expert_ffn_size)
+        widths.append(spec.num_experts + routed + spec.hidden_size + shared)
+    return max(widths)
+
+
+def _moe_set_bytes(spec: ModelSpec, num_tokens: int, nbytes: int) -> int:
+    """One buffer set of the moe op: the tokens' inputs and every expert's weights."""
+    return (num_tokens * spec.hidden_size + 3 * spec.num_experts * spec.hidden_size * spec.expert_ffn_size) * nbytes
+
+
+def _moe_bytes(point: Point, ctx: OpContext) -> int:
+    spec, nbytes, tokens = ctx.spec, ctx.dtype_bytes, point.m
+    set_bytes = _moe_set_bytes(spec, tokens, nbytes)
+    slots = tokens * spec.experts_per_token
+    # Per slot: gathered input, gate and up, product, expert output; int64 ids, order, rows.
+    work = slots * ((2 * spec.hidden_size + 3 * spec.expert_ffn_size) * nbytes + 3 * 8)
+    return num_buffer_sets(set_bytes, ctx.rotate_bytes) * set_bytes + work + tokens * spec.hidden_size * nbytes
 
 
 def _gemm(point: Point, ctx: OpContext) -> Kernel:
@@ -175,6 +207,25 @@ def _overhead(point: Point, ctx: OpContext) -> Kernel:
     return Kernel(run, host_side=True)
 
 
+def _moe(point: Point, ctx: OpContext) -> Kernel:
+    """One MoE layer's routed experts over the point's tokens and routing."""
+    spec, gen, dev, dt = ctx.spec, ctx.generator(point), ctx.device, ctx.torch_dtype
+    experts, hidden, ffn, top_k = spec.num_experts, spec.hidden_size, spec.expert_ffn_size, spec.experts_per_token
+    sets = num_buffer_sets(_moe_set_bytes(spec, point.m, ctx.dtype_bytes), ctx.rotate_bytes)
+    xs = [_randn((point.m, hidden), gen, dev, dt) for _ in range(sets)]
+    gate_ups = [_randn((experts, 2 * ffn, hidden), gen, dev, dt, scale=hidden ** -0.5) for _ in range(sets)]
+    downs = [_randn((experts, hidden, ffn), gen, dev, dt, scale=ffn ** -0.5) for _ in range(sets)]
+    ids = torch.from_numpy(routed_expert_ids(point.name, point.m, experts, top_k)).to(dev)
+    # Equal weights: the kernel's work does not depend on their values.
+    weights = torch.full((point.m, top_k), 1.0 / top_k, dtype=dt, device=dev)
+
+    def run(i: int) -> None:
+        routed_experts(xs[i % sets], ids, weights, gate_ups[i % sets], downs[i % sets])
+
+    # Not graph-safe: the host reads how many tokens each expert got, as the model does.
+    return Kernel(run)
+
+
 def _randn(shape, gen: torch.Generator, device, dtype, scale: float = 1.0) -> torch.Tensor:
     """Seeded normals. On CUDA they are drawn on the device (an 8B LM head is a gigabyte),
     seeded from the CPU generator so that a point's inputs do not depend on earlier points."""
@@ -185,4 +236,4 @@ def _randn(shape, gen: torch.Generator, device, dtype, scale: float = 1.0) -> to
 
 
 BUILDERS = {"gemm": _gemm, "attn_prefill": _attention, "attn_decode": _attention,
-            "step": _step, "overhead": _overhead}
+            "step": _step, "overhead": _overhead, "moe": _moe}

@@ -30,7 +30,8 @@ EXTRA_COLUMNS = ("inner_repeats",   # calls per timed sample (tiny kernels repea
                  "fingerprint_id")  # short hash of the hardware fingerprint in meta.json
 COLUMNS = PROFILE_COLUMNS + EXTRA_COLUMNS
 INT_COLUMNS = ("m", "n", "k", "num_seqs", "num_tokens", "num_decode", "decode_kv_sum", "decode_kv_max",
-               "prefill_tokens", "kv_sum", "num_heads", "num_kv_heads", "head_dim", "repeats",
+               "prefill_tokens", "kv_sum", "num_heads", "num_kv_heads", "head_dim", "width", "expert_ffn_size",
+               "num_experts", "experts_per_token", "tp", "ep", "repeats",
                "num_threads", "schema_version", "inner_repeats", "rounds")
 FLOAT_COLUMNS = ("prefill_attn_work", "time_ms", "time_ms_p10", "time_ms_p90", "rel_precision")
 LIST_COLUMNS = ("q_lens", "kv_lens", "samples_ms")

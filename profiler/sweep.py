@@ -261,8 +261,19 @@ def shape_columns(point: Point, spec: ModelSpec) -> dict:
            "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim}
     if point.op == "gemm":
         return {**row, "m": point.m, "n": point.n, "k": point.k, "num_tokens": point.m}
+    if point.op == "moe":
+        return {**row, "num_tokens": point.m, **moe_shape_columns(spec)}
     return {**row, "q_lens": list(point.q_lens), "kv_lens": list(point.kv_lens),
             **batch_row(point.q_lens, point.kv_lens)}
+
+
+def moe_shape_columns(spec: ModelSpec) -> dict:
+    """The expert shape of a moe row, named as costmodel.records names it; the profiler times the
+    whole layer on one device (tp = ep = 1). The profile table keeps these columns once
+    profiler.store lists them; until then the importer reads them from meta.json's model spec."""
+    return {"width": spec.hidden_size, "expert_ffn_size": spec.expert_ffn_size,
+            "num_experts": spec.num_experts, "experts_per_token": spec.experts_per_token,
+            "tp": 1, "ep": 1}
 
 
 def timing_columns(m: Measurement) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.errors import InputError
-from simulator.model_spec import ModelSpec
+from simulator.model_spec import ModelSpec, Parallelism
 from simulator.request import Request
 
 
@@ -13,15 +13,20 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def kv_blocks_from_memory(spec: ModelSpec, block_size: int, device_memory_gb: float,
-                          utilization: float = 0.9, activation_reserve_gb: float = 0.0) -> int:
-    """Blocks that fit in device memory × utilisation after the weights (as vLLM sizes its cache)."""
+                          utilization: float = 0.9, activation_reserve_gb: float = 0.0,
+                          parallelism: Parallelism | None = None) -> int:
+    """Blocks that fit in one GPU's memory × utilisation after its share of the weights (as vLLM
+    sizes its cache; every GPU of an instance holds the same blocks, each its share of them)."""
     if not 0 < utilization <= 1:
         raise InputError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
-    budget = device_memory_gb * 2**30 * utilization - spec.weight_bytes - activation_reserve_gb * 2**30
-    num_blocks = int(budget // (spec.kv_bytes_per_token * block_size))
+    parallelism = parallelism or Parallelism()
+    weights = spec.weight_bytes_per_gpu(parallelism)
+    budget = device_memory_gb * 2**30 * utilization - weights - activation_reserve_gb * 2**30
+    num_blocks = int(budget // (spec.kv_bytes_per_token_per_gpu(parallelism) * block_size))
     if num_blocks <= 0:
-        raise InputError(f"--device-memory-gb {device_memory_gb}: the weights of {spec.name} "
-                         f"({spec.weight_bytes / 2**30:.1f} GiB) leave no room for a KV cache")
+        split = f" at tp {parallelism.tp}, ep {parallelism.ep}" if parallelism != Parallelism() else ""
+        raise InputError(f"--device-memory-gb {device_memory_gb}: the weights of {spec.name}{split} "
+                         f"({weights / 2**30:.1f} GiB per GPU) leave no room for a KV cache")
     return num_blocks
 
 

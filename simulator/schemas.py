@@ -15,6 +15,8 @@ PROFILE_COLUMNS = (
     ("point_key", "op", "name")            # name: sub-operation, e.g. "qkv_proj" for op "gemm"
     + PROFILE_SHAPE_COLUMNS
     + ("num_heads", "num_kv_heads", "head_dim")  # attention geometry, for featurising
+    # mixture-of-experts geometry of op "moe" (width: hidden size; tp, ep: the layer's split)
+    + ("width", "expert_ffn_size", "num_experts", "experts_per_token", "tp", "ep")
     + PROFILE_TIMING_COLUMNS
     + ("status", "error")                  # status "ok" or "failed"; error: the reason
     + ("device", "device_name", "dtype", "model_spec", "num_threads", "torch_version",

@@ -9,6 +9,9 @@ from simulator.batch import FEATURE_NAMES, batch_row
 from simulator.errors import InputError
 
 STEP_LIKE_OPS = ("attn_prefill", "attn_decode", "step", "overhead")
+# A moe row's expert shape: record column -> the ModelSpec field it comes from.
+MOE_SPEC_FIELDS = ("width", "expert_ffn_size", "num_experts", "experts_per_token")
+MOE_ONE_DEVICE = ("tp", "ep")        # the profiler times a whole MoE layer on one device
 
 
 def import_profile(frame: pd.DataFrame, path: str) -> pd.DataFrame:
@@ -21,6 +24,7 @@ def import_profile(frame: pd.DataFrame, path: str) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     check_times(frame, "time_ms", path=path, rows=rows)
     frame = _fill_batch_features(frame, path, rows)
+    frame = _fill_moe_shapes(frame, path)
     _check_op_shapes(frame, path, rows)
     cols = {c: frame[c] for c in frame.columns}
     cols["row"] = rows
@@ -90,6 +94,26 @@ def _fill_batch_features(frame: pd.DataFrame, path: str, rows) -> pd.DataFrame:
     return frame
 
 
+def _fill_moe_shapes(frame: pd.DataFrame, path: str) -> pd.DataFrame:
+    """moe rows need their expert shape (profile columns since schema 1 gained them); tp and ep
+    default to 1: the profiler times a whole MoE layer on one device."""
+    if "op" not in frame.columns:
+        return frame
+    moe = (frame["op"].astype(str) == "moe").to_numpy()
+    if not moe.any():
+        return frame
+    missing = [c for c in MOE_SPEC_FIELDS if c not in frame.columns or frame.loc[moe, c].isna().any()]
+    if missing:
+        raise InputError(f"{path}: moe rows lack column(s) {', '.join(missing)} (profile it again with this "
+                         f"version of stepcal)")
+    frame = frame.copy()
+    for col in MOE_ONE_DEVICE:
+        if col not in frame.columns:
+            frame[col] = np.nan
+        frame.loc[moe, col] = frame.loc[moe, col].fillna(1)
+    return frame
+
+
 def _check_op_shapes(frame: pd.DataFrame, path: str, rows) -> None:
     ops = frame["op"].astype(str)
     gemm = frame[ops == "gemm"]
@@ -104,6 +128,9 @@ def _check_op_shapes(frame: pd.DataFrame, path: str, rows) -> None:
     steps = frame[ops.isin(["step", "overhead"])]
     if len(steps):
         _positive(steps, ("num_seqs",), path, rows)
+    moe = frame[ops == "moe"]
+    if len(moe):
+        _positive(moe, ("num_tokens", *MOE_SPEC_FIELDS, *MOE_ONE_DEVICE), path, rows)
 
 
 def _positive(part: pd.DataFrame, columns, path, rows) -> None:

@@ -85,9 +85,9 @@ class Campaign:
         return self.headline(capacity, validations)
 
     def profile(self) -> None:
-        from experiments.profiling import OPS, describe_sweep, profile_kernels
+        from experiments.profiling import describe_sweep, profile_kernels
         c = self.c
-        result = profile_kernels(c.model_spec, str(c.out / "profile"), device=c.device, ops=c.profile_ops or ",".join(OPS),
+        result = profile_kernels(c.model_spec, str(c.out / "profile"), device=c.device, ops=c.profile_ops,
                                  grid=c.grid, progress=False)
         print(describe_sweep(result), file=sys.stderr)
         if not result.complete:

@@ -35,7 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for generated workloads (default 0)")
     p.add_argument("--step-model", required=True, help=STEP_MODEL_HELP)
     p.add_argument("--model-spec", default=None,
-                   help="model preset or file: KV bytes per token for --disaggregated, and --device-memory-gb")
+                   help="model preset, ModelSpec file or Hugging Face config.json: KV bytes per token for --disaggregated, and --device-memory-gb")
     add_scheduler_flags(p)
     g = p.add_argument_group("deployment")
     g.add_argument("--replicas", type=int, default=None,

@@ -19,8 +19,9 @@ def register(subparsers) -> None:
                    choices=["auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise"],
                    help="input format (auto: detect from the columns)")
     p.add_argument("--model-spec", default=None, metavar="NAME",
-                   help="preset or JSON/TOML file; needed to compose T_step from per-operator "
-                        "profiles (not for whole-step data)")
+                   help="preset, JSON/TOML ModelSpec, or a Hugging Face config.json (or its directory); "
+                        "needed to compose T_step from per-operator profiles (without it they are fitted "
+                        "for `stepcal predict` only)")
     p.add_argument("--dtype", default=None,
                    help="keep rows of this dtype (default: the model spec's dtype)")
     p.add_argument("--device", default=None,
@@ -30,6 +31,18 @@ def register(subparsers) -> None:
                         "tables composed from kernels alone, without whole-step rows)")
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (default: 1, or the smallest in whole-step data)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert parallelism of a mixture-of-experts model: experts spread over --ep of "
+                        "the --tp GPUs (must divide --tp)")
+    p.add_argument("--moe-distribution", default=None,
+                   help="routing of tokens to experts the MoE term assumes: balanced, or a skewed one the "
+                        "profiles hold (AIConfigurator: power_law_1.01, power_law_1.2); default: balanced "
+                        "where the profiles have it, else the least skewed (meta.json says which)")
+    p.add_argument("--ep-link-gbps", type=float, default=450.0,
+                   help="link bandwidth per GPU and direction of --ep's all-to-all, GB/s (no measured "
+                        "all-to-all data is read; 450: NVLink 4)")
+    p.add_argument("--ep-latency-us", type=float, default=10.0,
+                   help="fixed latency of each all-to-all (an assumption; stated in meta.json)")
     p.add_argument("--regressor", default="tuned", choices=["rf", "tuned"],
                    help="rf: a random forest per target; tuned: an Optuna search over forest, "
                         "extra trees, boosting and the physics-informed model")

@@ -14,8 +14,9 @@ DEFAULT_BLOCK_SIZE = 16
 STEP_MODEL_HELP = "const:MS, linear:A,B,C or a T_step table directory"
 
 
-def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
-    """Scheduler and KV-cache flags, shared by simulate, measure, capacity and import."""
+def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = True) -> None:
+    """Scheduler and KV-cache flags, shared by simulate, measure, capacity and import; --tp and --ep
+    (KV sizing of a multi-GPU instance) where `parallelism`."""
     g = parser.add_argument_group("scheduler and KV cache")
     g.add_argument("--scheduler", default="vllm", choices=SCHEDULER_NAMES,
                    help="serving policy (default: vllm)")
@@ -33,8 +34,17 @@ def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
                    help="derive --kv-blocks from this device memory and --model-spec")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory for "
                    "weights + KV cache when deriving --kv-blocks (default 0.9)")
+    if parallelism:
+        _add_parallelism_flags(g)
     g.add_argument("--skip-oversize", action="store_true",
                    help="drop requests larger than the whole KV cache instead of failing")
+
+
+def _add_parallelism_flags(g) -> None:
+    g.add_argument("--tp", type=int, default=1, help="GPUs per model instance (tensor parallelism) when "
+                   "deriving --kv-blocks: each GPU holds its share of the weights and KV heads (default 1)")
+    g.add_argument("--ep", type=int, default=1, help="expert parallelism of a mixture-of-experts model when "
+                   "deriving --kv-blocks: experts spread over --ep of the --tp GPUs (default 1)")
 
 
 def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -67,12 +77,25 @@ def kv_blocks_from_args(args) -> int | None:
     from simulator.errors import InputError
     from simulator.kv_cache import kv_blocks_from_memory
     from simulator.model_spec import load_model_spec
+    parallelism = parallelism_from_args(args)
     if args.kv_blocks is not None or args.device_memory_gb is None:
         return args.kv_blocks
     if not args.model_spec:
         raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
     spec = load_model_spec(args.model_spec)
-    return kv_blocks_from_memory(spec, args.block_size, args.device_memory_gb, args.gpu_memory_utilization)
+    return kv_blocks_from_memory(spec, args.block_size, args.device_memory_gb, args.gpu_memory_utilization,
+                                 parallelism=parallelism)
+
+
+def parallelism_from_args(args):
+    """Parallelism from --tp / --ep: an InputError naming the flag for a bad value."""
+    from simulator.errors import InputError
+    from simulator.model_spec import Parallelism
+    tp, ep = getattr(args, "tp", 1) or 1, getattr(args, "ep", 1) or 1
+    for flag, value in (("--tp", tp), ("--ep", ep)):
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
+    return Parallelism(tp=tp, ep=ep)
 
 
 

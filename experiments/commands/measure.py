@@ -18,7 +18,7 @@ example:
 
 def register(subparsers) -> None:
     p = add_command(subparsers, "measure", "serve a trace for real on the torch engine", HELP, run)
-    p.add_argument("--model-spec", default="tiny", help="model preset or file (default tiny)")
+    p.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny; MoE: tiny-moe)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bf16 on CUDA)")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     p.add_argument("--rate", type=float, default=None, help="rescale arrivals to this mean rate (req/s)")
     p.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
     p.add_argument("--duration", type=float, default=None, help="keep only requests arriving in the first S seconds")
-    add_scheduler_flags(p)
+    add_scheduler_flags(p, parallelism=False)   # the torch engine runs on one device
     p.add_argument("--clock", default="virtual", choices=["virtual", "wall"],
                    help="virtual: run every step for real but skip idle gaps (default); wall: real time")
     p.add_argument("--repeats", type=int, default=1, help="serve the workload R times (R >= 2 gives the noise floor)")

@@ -38,10 +38,12 @@ def register(subparsers) -> None:
         "profile", help="profile GEMM, attention, step and overhead times on this device",
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-spec", metavar="NAME|FILE",
-                        help="a preset (tiny, llama-3-8b, ...) or a JSON / TOML ModelSpec file")
+                        help="a preset (tiny, tiny-moe, llama-3-8b, mixtral-8x7b, ...), a JSON / TOML ModelSpec file, "
+                             "or a Hugging Face config.json (or its directory)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N) [default: cpu]")
-    parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"comma-separated ops to sweep [default: {','.join(OPS)}]")
+    parser.add_argument("--ops", default=None,
+                        help=f"comma-separated ops to sweep, of {','.join(OPS)} [default: every op the model has: "
+                             f"moe for mixture-of-experts models only]")
     parser.add_argument("--grid", default="quick", metavar="quick|full|FILE",
                         help="built-in grid or a JSON / TOML grid file [default: quick]")
     parser.add_argument("--dtype", default=None,

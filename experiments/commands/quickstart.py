@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("another device or model (the defaults are the CPU quickstart)")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    g.add_argument("--model-spec", default="tiny", help="model preset or file (default tiny)")
+    g.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny)")
     g.add_argument("--prompt", default="lognormal:128:0.8", help="prompt length distribution (default lognormal:128:0.8)")
     g.add_argument("--output", default="lognormal:32:0.8", help="output length distribution (default lognormal:32:0.8)")
     g.add_argument("--chunk-size", type=int, default=64, help="sarathi's prefill chunk, in tokens (default 64)")

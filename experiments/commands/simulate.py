@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
     p.add_argument("--step-model", required=True, help="const:MS, linear:A,B,C (A + B·num_tokens + "
                    "C·Σ(s_i+q_i) ms) or a T_step table directory from `stepcal fit`")
-    p.add_argument("--model-spec", default=None, help="model preset or file (needed for --device-memory-gb)")
+    p.add_argument("--model-spec", default=None, help="model preset, ModelSpec file or Hugging Face config.json (needed for --device-memory-gb)")
     add_scheduler_flags(p)
     g = p.add_argument_group("replicas and workload")
     g.add_argument("--replicas", type=int, default=1, help="number of replicas (default 1)")

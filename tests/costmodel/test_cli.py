@@ -92,6 +92,25 @@ def test_export_vidur_csv_json(fitted_tables, tmp_path):
     assert set(data["tables"]) >= {"linear", "decode_attn", "ops"}
 
 
+def test_operator_profiles_fit_and_predict_without_a_model_spec(tmp_path, capsys, profile_file):
+    """Per-operator regressors need no model; composing T_step does, and simulate says so."""
+    out = tmp_path / "ops_only"
+    assert main(["fit", "--profile", str(profile_file), "--no-mlflow", "--regressor", "rf", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["mode"] == "operators" and meta["t_step_terms"] == [] and meta["terms"] == {}
+    assert "gemm" in meta["targets"] and (out / "models" / "gemm.joblib").exists()
+    assert main(["predict", "--tables", str(out), "--input", str(profile_file), "--out", str(tmp_path / "p.csv")]) == 0
+    predicted = pd.read_csv(tmp_path / "p.csv")
+    fitted = predicted[predicted["op"].isin(meta["targets"])]    # overhead: too few rows to fit
+    assert set(fitted["op"]) == {"gemm", "attn_prefill", "attn_decode"} and (fitted["predicted_ms"] > 0).all()
+    assert fitted["ape_percent"].median() < 50
+    capsys.readouterr()
+    assert main(["simulate", "--trace", "poisson:rate=5,n=5,prompt=fixed:8,output=fixed:2",
+                 "--step-model", str(out), "--out", str(tmp_path / "sim")]) == 2
+    err = capsys.readouterr().err
+    assert "per-operator regressors only" in err and len(err.strip().splitlines()) == 1
+
+
 def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
     bad = tmp_path / "bad.csv"
     pd.DataFrame({"op": ["gemm"], "time_ms": [-1.0], "m": [1], "n": [2], "k": [3]}).to_csv(bad, index=False)
@@ -100,10 +119,6 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
     assert err.startswith("stepcal: ") and "row 0" in err and "'time_ms'" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
-    assert main(["fit", "--profile", str(profile_file), "--no-mlflow", "--regressor", "rf",
-                 "--out", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == ("stepcal: per-operator profiles need --model-spec to compose "
-                                       "T_step (layers, hidden size, heads)\n")
     assert main(["predict", "--tables", str(tmp_path), "--input", str(profile_file),
                  "--out", str(tmp_path / "p.csv")]) == 2
     assert capsys.readouterr().err == f"stepcal: {tmp_path}: not a T_step table directory (no meta.json)\n"

@@ -106,10 +106,10 @@ def test_unknown_terms_and_mislabelled_grids_are_refused(tmp_path):
     with pytest.raises(InputError, match=r"decode_attn.parquet: term 'decode_attn' has axes "
                                          r"\['num_decode', 'kv_mean'\], meta.json lists"):
         load_step_model(tmp_path)
-    meta["t_step_terms"] = ["moe"]
-    meta["terms"]["moe"] = {**meta["terms"]["overhead"]}
+    meta["t_step_terms"] = ["speculation"]
+    meta["terms"]["speculation"] = {**meta["terms"]["overhead"]}
     (tmp_path / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(InputError, match=f"unknown term 'moe'; known: {', '.join(TERM_KINDS)}"):
+    with pytest.raises(InputError, match=f"unknown term 'speculation'; known: {', '.join(TERM_KINDS)}"):
         load_step_model(tmp_path)
 
 

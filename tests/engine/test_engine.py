@@ -46,6 +46,18 @@ def test_tokens_and_logits_do_not_depend_on_batching_chunking_or_preemption(mode
             torch.testing.assert_close(run.last_logits[rid], logits, atol=2e-4, rtol=1e-4, msg=name)
 
 
+def test_moe_model_tokens_and_logits_do_not_depend_on_batching_or_chunking(trace):
+    moe_model = build_model(PRESETS["tiny-moe"], seed=3)
+    alone = serve(moe_model, trace, "static", max_num_seqs=1)
+    variants = {"batched": serve(moe_model, trace, "continuous"),
+                "chunked by 7": serve(moe_model, trace, "sarathi", chunk_size=7)}
+    assert (variants["chunked by 7"].steps["num_seqs"] > 1).any()
+    for name, run in variants.items():
+        assert run.tokens == alone.tokens, name
+        for rid, logits in alone.last_logits.items():
+            torch.testing.assert_close(run.last_logits[rid], logits, atol=2e-4, rtol=1e-4, msg=name)
+
+
 def test_logs_are_consistent(model, trace):
     run = serve(model, trace, "sarathi", chunk_size=16)
     req, steps = run.requests, run.steps

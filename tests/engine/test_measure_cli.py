@@ -32,6 +32,18 @@ def test_measure_writes_repeats_meta_and_noise(tmp_path, capsys):
         assert {"host_ms", "device_ms", "q_lens", "kv_lens", "duration_ms"} <= set(steps.columns)
 
 
+def test_measure_serves_a_mixture_of_experts_model(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert main(["measure", "--model-spec", "tiny-moe", "--trace",
+                 "poisson:rate=50,n=10,prompt=uniform:4:40,output=uniform:1:8",
+                 "--scheduler", "sarathi", "--quiet", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["model_spec"]["name"] == "tiny-moe" and meta["model_spec"]["num_experts"] == 8
+    requests = pd.read_parquet(out / "repeat_0" / "requests.parquet")
+    assert len(requests) == 10 and requests["finish_s"].notna().all()
+    assert json.loads((out / "summary.json").read_text())["num_finished"] == 10
+
+
 def test_measure_bad_input_exits_2_without_output(tmp_path, capsys):
     import torch
     out = tmp_path / "m"

@@ -15,17 +15,32 @@ pytestmark = pytest.mark.gpu
 TINY = PRESETS["tiny"]
 
 
-def test_model_on_cuda_matches_chunked_and_batched_runs():
-    model = build_model(TINY, device="cuda", dtype="float32", seed=1)
-    tokens = torch.randint(0, TINY.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
+def test_model_on_cuda_matches_chunked_and_batched_runs(preset):
+    spec = PRESETS[preset]
+    model = build_model(spec, device="cuda", dtype="float32", seed=1)
+    tokens = torch.randint(0, spec.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
     reference = greedy_generate(model, tokens, 6)
     assert greedy_generate(model, tokens, 6, chunk_size=7) == reference
     whole = model.forward_step([tokens], [model.new_cache()], [True])
     cache = model.new_cache()
     model.forward_step([tokens[:25]], [cache], [False])
-    other = model.new_cache()
-    out = model.forward_step([tokens[:3], tokens[25:]], [other, cache], [True, True])
+    out = model.forward_step([tokens[:3], tokens[25:]], [model.new_cache(), cache], [True, True])
     torch.testing.assert_close(out[1], whole[0], atol=1e-3, rtol=1e-3)
+
+
+def test_small_cuda_moe_sweep(tmp_path):
+    spec = PRESETS["tiny-moe"]
+    source = {"timing": {"max_point_s": 0.05},
+              "gemm": {"m": [1, 64], "names": ["router", "shared_gate_up_proj"]},
+              "moe": {"num_tokens": [1, 64, 1024], "distributions": ["balanced", "power_law_1.01"]},
+              "step": {"batches": [{"num_prefill": 1, "q": 32, "num_decode": 3, "decode_s": 64}]}}
+    config = SweepConfig(spec=spec, device="cuda", dtype="bfloat16", ops=("gemm", "moe", "step"),
+                         grid=expand_grid("g", source, spec))
+    result = run_sweep(config, tmp_path, progress=False)
+    assert result.complete and result.num_failed == 0 and result.num_points == 11
+    frame = pd.read_parquet(tmp_path / "profile.parquet")
+    assert (frame["time_ms_p10"] <= frame["time_ms"]).all() and (frame["time_ms"] <= frame["time_ms_p90"]).all()
 
 
 def test_bfloat16_model_on_cuda_runs():

@@ -51,13 +51,17 @@ def test_full_prompt_logits_match_a_plain_causal_reference(model):
 
 
 def test_batched_with_other_sequences_gives_the_same_logits(model):
+    assert_batched_logits_match_alone(model)
+
+
+def assert_batched_logits_match_alone(model):
     a, b, c = prompt(30, 5), prompt(9, 6), prompt(17, 7)
     alone = [last_logits_in_chunks(model, t, len(t)) for t in (a, b, c)]
     # b and c prefilled first; then a's whole prompt batched with a chunk of b and a decode of c.
     caches = [model.new_cache() for _ in range(3)]
     model.forward_step([b[:4], c[:16]], caches[1:], [False, False])
     out = model.forward_step([a, b[4:], c[16:]], caches, [True, True, True])
-    assert out.shape == (3, PRESETS["tiny"].vocab_size)
+    assert out.shape == (3, model.spec.vocab_size)
     for got, want in zip(out, alone):
         torch.testing.assert_close(got, want, **TOL)
 
@@ -71,10 +75,14 @@ def test_emit_selects_rows(model):
 
 
 def test_greedy_decoding_continues_identically_chunked_and_batched(model):
+    assert_greedy_decoding_consistent(model)
+
+
+def assert_greedy_decoding_consistent(model):
+    """Greedy tokens of one prompt alone, chunked, and decoded beside a sequence mid-prefill."""
     tokens = prompt(20, seed=8)
     reference = greedy_generate(model, tokens, 8)
     assert greedy_generate(model, tokens, 8, chunk_size=6) == reference
-    # Decode it batched with a second sequence that is mid-prefill.
     other = prompt(60, seed=9)
     caches = [model.new_cache(), model.new_cache()]
     logits = model.forward_step([tokens, other[:10]], caches, [True, False])

@@ -68,7 +68,8 @@ def test_quick_grid_gemm_time_grows_with_m(quick_profile):
     frame, _ = quick_profile
     for name, group in frame[frame["op"] == "gemm"].groupby("name"):
         times = group.sort_values("m")["time_ms"].to_numpy()
-        assert increasing_within_noise(times), (name, times)
+        # No point-by-point monotonicity here: a few-microsecond GEMM at m=1 came out 70% slower
+        # than at m=2 in one of three runs on a quiet machine (old code too). Trend and ranks only.
         assert times[-1] > 20 * times[0], name
         assert group["m"].rank().corr(group["time_ms"].rank()) > 0.95, name
         shape = group.iloc[0]

@@ -90,7 +90,7 @@ def test_tensor_parallelism_splits_heads_ffn_and_vocabulary():
     # Whole numbers where the split is even (the profiler times these shapes), else fractions.
     assert all(type(n) is int for n, _ in LLAMA3.gemm_shapes(Parallelism(tp=8)).values())
     assert LLAMA3.gemm_shapes(Parallelism(tp=3))["down_proj"] == (4096, 14336 / 3)
-    assert LLAMA3.gemm_shapes() == LLAMA3.gemm_shapes(Parallelism(tp=1, ep=4))   # dense: no experts
+    assert LLAMA3.gemm_shapes(Parallelism(tp=4)) == LLAMA3.gemm_shapes(Parallelism(tp=4, ep=4))   # dense: no experts
 
 
 @pytest.mark.parametrize("field", ["tp", "ep"])

@@ -1,0 +1,126 @@
+"""Benchmark of the cost model on AIConfigurator's MoE and MLA kernel tables (vLLM 0.14.0); prints figures.
+
+For each device, the bf16 MoE experts' kernel (one target per routing distribution) and MLA
+decode and prefill attention (bf16 KV cache): held-out MAPE and P90 APE of ours (`fit_target`,
+Optuna-tuned families incl. the physics-informed model) beside a plain random forest
+(scikit-learn defaults, 100 trees, on the target's raw record columns), both on the SAME splits:
+a random 20% of rows held out (grouped by source row, as costmodel.fitting does) and the
+extrapolation split (fit on the smaller half of the size axis, score on the larger).
+
+`repeat` is the tables' own scatter: the MAPE of one measurement against the other
+measurements of the same kernel shape (the target's record columns), where a table has several
+(the MLA tables time each per-GPU head count under two TP degrees, the H100 MoE table repeats
+some rows). No model of the mean can be expected to beat it by much on held-out rows.
+
+Usage: .venv/bin/python bench/bench_moe_mla.py [--devices h100_sxm a100_sxm] [--trials N] [--seed S]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+AICONFIGURATOR = REPO.parent / "shared" / "data" / "profiles" / "aiconfigurator"
+TABLES = {"moe": "moe/vllm/0.14.0/moe_perf.parquet",
+          "mla_decode": "mla/vllm/0.14.0/generation_mla_perf.parquet",
+          "mla_prefill": "mla/vllm/0.14.0/context_mla_perf.parquet"}
+DTYPE = "bfloat16"
+
+
+def target_rows(device_dir: Path) -> dict[str, pd.DataFrame]:
+    """The bf16 records of every MoE and MLA target of one device, by target name."""
+    from costmodel.features import assign_targets
+    from costmodel.fitting import select_records
+    from costmodel.importers import load_profiles
+    out = {}
+    for table in TABLES.values():
+        records = select_records(load_profiles([device_dir / table]), dtype=DTYPE)
+        targets = assign_targets(records)
+        for target in sorted(targets.unique()):
+            out[target] = records[targets == target].reset_index(drop=True)
+    return out
+
+
+def splits(target: str, rows: pd.DataFrame, seed: int) -> dict[str, np.ndarray]:
+    """The test masks fit_target scores on, rebuilt the same way for the plain forest."""
+    from costmodel.evaluation import extrapolation_split, group_ids, random_split
+    from costmodel.features import design
+    return {"random": random_split(group_ids(rows), 0.2, seed),
+            "extrapolation": extrapolation_split(design(target, rows).size)}
+
+
+def plain_forest(target: str, rows: pd.DataFrame, test: np.ndarray, seed: int) -> np.ndarray:
+    """A default random forest on the raw record columns of the target (no derived features)."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    from costmodel.features import kind_for
+    columns = list(kind_for(target, rows).columns)
+    X = rows[columns].fillna(1.0).to_numpy(dtype=np.float64)
+    y = rows["time_ms"].to_numpy(dtype=np.float64)
+    model = RandomForestRegressor(n_estimators=100, random_state=seed, n_jobs=1)
+    return model.fit(X[~test], y[~test]).predict(X[test])
+
+
+def repeat_mape(target: str, rows: pd.DataFrame) -> float | None:
+    """MAPE of each repeated measurement against the mean of its repeats (None: no repeats)."""
+    from costmodel.evaluation import ape_percent
+    from costmodel.features import kind_for
+    groups = rows.groupby(list(kind_for(target, rows).columns), dropna=False)["time_ms"]
+    count, total = groups.transform("size"), groups.transform("sum")
+    repeated = (count >= 2).to_numpy()
+    if not repeated.any():
+        return None
+    others = ((total - rows["time_ms"]) / (count - 1)).to_numpy()[repeated]
+    return float(ape_percent(rows["time_ms"].to_numpy()[repeated], others).mean())
+
+
+def bench_target(target: str, rows: pd.DataFrame, trials: int, seed: int) -> list[tuple]:
+    """(split, n held out, ours stats, forest stats, family) per split of one target."""
+    from costmodel.evaluation import error_stats
+    from costmodel.fitting import FitConfig, fit_target
+    fit = fit_target(target, rows, FitConfig(regressor="tuned", trials=trials, seed=seed))
+    y = rows["time_ms"].to_numpy(dtype=np.float64)
+    out = []
+    for split, test in splits(target, rows, seed).items():
+        if test is None or split not in fit.errors:
+            continue
+        forest = error_stats(y[test], plain_forest(target, rows, test, seed))
+        out.append((split, int(test.sum()), fit.errors[split], forest, fit.choice.family))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", nargs="+", default=["h100_sxm", "a100_sxm"],
+                        help="AIConfigurator system folders")
+    parser.add_argument("--trials", type=int, default=12, help="Optuna trials per target")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from threadpoolctl import threadpool_limits
+    started = time.perf_counter()
+    print(f"CPU cores: {os.cpu_count()}; Optuna trials per target: {args.trials}; dtype {DTYPE}")
+    print(f"{'device':<10}{'target':<22}{'rows':>6} {'split':<14}{'held':>6}"
+          f"{'ours MAPE':>11}{'ours P90':>10}{'RF MAPE':>10}{'RF P90':>9}{'repeat':>9}  family   fit s")
+    for device in args.devices:
+        for target, rows in target_rows(AICONFIGURATOR / device).items():
+            t0 = time.perf_counter()
+            with threadpool_limits(1):
+                results = bench_target(target, rows, args.trials, args.seed)
+            seconds = time.perf_counter() - t0
+            repeat = repeat_mape(target, rows)
+            repeat_text = f"{repeat:>8.2f}%" if repeat is not None else f"{'-':>9}"
+            for split, held, ours, forest, family in results:
+                print(f"{device:<10}{target:<22}{len(rows):>6} {split:<14}{held:>6}"
+                      f"{ours['mape']:>10.2f}%{ours['p90_ape']:>9.2f}%{forest['mape']:>9.2f}%"
+                      f"{forest['p90_ape']:>8.2f}%{repeat_text}  {family:<8}{seconds:>6.0f}", flush=True)
+    print(f"wall time: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

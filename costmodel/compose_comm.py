@@ -1,0 +1,91 @@
+"""Collective terms of T_step: tensor parallelism's all-reduces (from measured all-reduce data) and
+expert parallelism's all-to-all dispatch and combine (no table of it exists in the inputs we read:
+bytes over a stated link bandwidth plus a stated latency, and meta.json says so)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.grid_predict import predict_grid
+from costmodel.terms import FeatureCurve, Term
+from simulator.errors import InputError
+from simulator.model_spec import ModelSpec, Parallelism
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Choices composition makes that the data do not: how tokens route to experts, and the link
+    expert parallelism's all-to-all runs over. 450 GB/s: NVLink 4, one direction, per H100/H200
+    SXM GPU (900 GB/s both ways, NVIDIA's datasheet); the latency is an assumption, stated."""
+    moe_distribution: str | None = None     # None: balanced where the data have it, else the least skewed
+    ep_link_gbps: float = 450.0
+    ep_latency_us: float = 10.0
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--ep-link-gbps", self.ep_link_gbps), ("--ep-latency-us", self.ep_latency_us)):
+            if not math.isfinite(value) or value < 0 or (flag == "--ep-link-gbps" and value == 0):
+                raise InputError(f"{flag} must be a finite positive number, got {value}")
+
+
+DEFAULT_COMPOSITION = Composition()
+
+
+def collective_terms(result, spec: ModelSpec, parallelism: Parallelism, axes,
+                     composition: Composition) -> list[Term]:
+    terms = []
+    if parallelism.tp > 1 and all_reduce_target(result) is not None:
+        terms.append(_all_reduce_term(result, spec, parallelism, axes))
+    if spec.is_moe and parallelism.ep > 1:
+        terms.append(_all_to_all_term(spec, parallelism, axes, composition))
+    return terms
+
+
+def all_reduce_target(result) -> str | None:
+    """The all-reduce regressor composition uses: a CUDA-graph implementation where profiled
+    (what serving engines replay for decode steps), else the first one."""
+    names = sorted(t for t in result.targets if t.split(":", 1)[0] == "all_reduce")
+    graph = [t for t in names if "graph" in t]
+    return (graph or names or [None])[0]
+
+
+def all_reduces_per_step(spec: ModelSpec, parallelism: Parallelism) -> int:
+    """All-reduces of the hidden state per step: after every layer's attention output projection,
+    and after every FFN whose output is a partial sum over GPUs (dense FFNs, and MoE layers whose
+    experts are split over more than one GPU; with one GPU per expert, combine does it)."""
+    moe_layers = spec.num_moe_layers if parallelism.moe_tp > 1 else 0
+    return spec.num_layers + spec.num_ffn_dense_layers + moe_layers
+
+
+def _all_reduce_term(result, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+    target = all_reduce_target(result)
+    T = axes.num_tokens
+    name = target.split(":", 1)[1] if ":" in target else None
+    mean, spread = predict_grid(result, target, dict(
+        row=np.arange(len(T)), op="all_reduce", name=name, num_tokens=T,
+        tp=np.full(len(T), float(parallelism.tp)),
+        width=np.full(len(T), float(spec.hidden_size))), spec.kv_dtype or spec.dtype)
+    per_step = all_reduces_per_step(spec, parallelism)
+    return FeatureCurve("all_reduce", "num_tokens", T, per_step * mean, per_step * spread,
+                        f"{per_step} all-reduces of num_tokens x hidden over {parallelism.tp} GPUs "
+                        f"({spec.num_layers} after attention, {per_step - spec.num_layers} after FFNs)")
+
+
+def all_to_all_bytes(spec: ModelSpec, parallelism: Parallelism, num_tokens) -> np.ndarray:
+    """Bytes one GPU sends in one dispatch (and again in one combine) of a MoE layer: its 1/ep of
+    the step's tokens, each to experts_per_token experts, (ep-1)/ep of them on other GPUs, as
+    hidden-size activations in the compute dtype."""
+    ep = parallelism.ep
+    per_token = spec.experts_per_token * spec.hidden_size * spec.kv_dtype_bytes * (ep - 1) / ep
+    return np.asarray(num_tokens, dtype=np.float64) / ep * per_token
+
+
+def _all_to_all_term(spec: ModelSpec, parallelism: Parallelism, axes, composition: Composition) -> Term:
+    T = axes.num_tokens
+    seconds = composition.ep_latency_us * 1e-6 + all_to_all_bytes(spec, parallelism, T) / (composition.ep_link_gbps * 1e9)
+    per_step = 2 * spec.num_moe_layers
+    return FeatureCurve("all_to_all", "num_tokens", T, per_step * seconds * 1e3, np.zeros(len(T)),
+                        f"{per_step} all-to-alls ({spec.num_moe_layers} MoE layers x dispatch and combine) "
+                        f"over {parallelism.ep} GPUs: bytes at {composition.ep_link_gbps:g} GB/s + "
+                        f"{composition.ep_latency_us:g} us each, no measured data")
