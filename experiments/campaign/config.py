@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead")
+KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead", "moe")   # moe: mixture-of-experts models only
 
 
 @dataclass
