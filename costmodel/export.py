@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodel.tables import read_meta
+from costmodel.tables import read_meta, term_entry
+from costmodel.terms import GRID_COLUMNS, require_finite_numbers
 from simulator.errors import InputError
 from simulator.io import atomic_write_bytes, atomic_write_json
+from simulator.readers import read_parquet
 
 EXPORT_FORMATS = ("vidur", "csv", "json")
 # Our operator names -> Vidur's (mlp.csv columns time_stats.<op>.<stat>).
@@ -18,6 +20,7 @@ VIDUR_OPS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_p
              "attn_rope": "attn_rope", "post_attention_layernorm": "post_attention_layernorm",
              "mlp_act": "mlp_act", "add": "add"}
 STATS = ("min", "max", "mean", "median", "std")
+OPS_WHAT = "the per-layer operator times of a T_step table directory"
 
 
 def export_tables(table_dir: str | Path, fmt: str, out: Path) -> list[Path]:
@@ -60,7 +63,8 @@ def _vidur(table_dir: Path, meta: dict, out: Path) -> list[Path]:
     model = _model_columns(meta)
     ops_path = table_dir / "ops.parquet"
     if ops_path.exists():
-        ops = pd.read_parquet(ops_path)
+        ops = read_parquet(ops_path, OPS_WHAT, ("op", "num_tokens", "time_ms", "spread_ms"))
+        require_finite_numbers(ops, ops_path, labels=("op",))
         tokens = np.sort(ops["num_tokens"].unique())
         cols: dict = {}
         for ours, theirs in VIDUR_OPS.items():
@@ -92,7 +96,8 @@ def _vidur_attention(table_dir: Path, meta: dict, model: dict) -> pd.DataFrame |
               "attention_backend": "stepcal"}
     decode = table_dir / "decode_attn.parquet"
     if decode.exists():
-        d = pd.read_parquet(decode)
+        d = read_parquet(decode, "the grid of T_step term 'decode_attn'", ("num_decode", "kv_mean") + GRID_COLUMNS)
+        require_finite_numbers(d, decode)
         part = pd.DataFrame({"batch_size": d["num_decode"].astype(np.int64),
                              "kv_cache_size": d["kv_mean"].astype(np.int64),
                              "prefill_chunk_size": 0, "is_prefill": False,
@@ -101,7 +106,9 @@ def _vidur_attention(table_dir: Path, meta: dict, model: dict) -> pd.DataFrame |
         parts.append(part)
     prefill = table_dir / "prefill_attn.parquet"
     if prefill.exists():
-        p = pd.read_parquet(prefill)
+        p = read_parquet(prefill, "the grid of T_step term 'prefill_attn'",
+                         ("prefill_tokens", "prefill_ctx") + GRID_COLUMNS)
+        require_finite_numbers(p, prefill)
         # Vidur times one prompt chunk of q tokens over a cache of s: our single-sequence points.
         s = p["prefill_ctx"] - (p["prefill_tokens"] + 1) / 2
         p = p[s >= 0].assign(kv=s[s >= 0])
@@ -123,21 +130,23 @@ def _vidur_attention(table_dir: Path, meta: dict, model: dict) -> pd.DataFrame |
 
 
 def _term_files(table_dir: Path, meta: dict) -> dict[str, Path]:
-    files = {name: table_dir / entry["file"] for name, entry in meta["terms"].items()}
+    """Each grid's file and what it is (for messages): the terms', and ops.parquet where it was written."""
+    files = {name: (table_dir / term_entry(table_dir, meta, name)["file"], f"the grid of T_step term {name!r}")
+             for name in meta["terms"]}
     if (table_dir / "ops.parquet").exists():
-        files["ops"] = table_dir / "ops.parquet"
+        files["ops"] = (table_dir / "ops.parquet", OPS_WHAT)
     return files
 
 
 def _csv(table_dir: Path, meta: dict, out: Path) -> list[Path]:
-    written = [_write_csv(pd.read_parquet(path), out / f"{name}.csv")
-               for name, path in _term_files(table_dir, meta).items()]
+    written = [_write_csv(read_parquet(path, what), out / f"{name}.csv")
+               for name, (path, what) in _term_files(table_dir, meta).items()]
     atomic_write_json(out / "meta.json", meta)
     return written + [out / "meta.json"]
 
 
 def _json(table_dir: Path, meta: dict, out: Path) -> list[Path]:
-    tables = {name: json.loads(pd.read_parquet(path).to_json(orient="records"))
-              for name, path in _term_files(table_dir, meta).items()}
+    tables = {name: json.loads(read_parquet(path, what).to_json(orient="records"))
+              for name, (path, what) in _term_files(table_dir, meta).items()}
     atomic_write_json(out / "tables.json", {"meta": meta, "tables": tables})
     return [out / "tables.json"]

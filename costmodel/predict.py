@@ -15,6 +15,7 @@ from costmodel.regressors import predict_with_spread
 from costmodel.tables import load_step_model, read_meta
 from simulator.batch import StepFeatures
 from simulator.errors import InputError
+from simulator.readers import one_line
 
 OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_decode",
                         "decode_kv_sum", "decode_kv_max", "prefill_tokens", "prefill_attn_work",
@@ -56,10 +57,18 @@ def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFram
 
 def _load_regressor(table_dir: Path, meta: dict, target: str):
     import joblib
-    entry = meta.get("targets", {}).get(target)
+    targets = meta.get("targets") or {}
+    entry = targets.get(target) if isinstance(targets, dict) else None
     if entry is None:
         return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
+        raise InputError(f"{table_dir / 'meta.json'}: targets.{target}: missing key 'model' (the file name "
+                         f"of the target's regressor)")
     path = table_dir / entry["model"]
-    if not path.exists():
+    if not path.is_file():
         raise InputError(f"{path}: regressor of target {target!r} is missing from the tables")
-    return joblib.load(path)
+    try:
+        return joblib.load(path)
+    except Exception as exc:   # unpickling a damaged file can raise almost anything; all mean "damaged"
+        raise InputError(f"{path}: not a readable regressor of target {target!r} "
+                         f"({type(exc).__name__}: {one_line(exc)})") from None

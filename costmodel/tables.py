@@ -13,16 +13,15 @@ a few multiply-adds per term (costmodel.grid); no scikit-learn.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from costmodel.terms import Term, read_term
+from costmodel.terms import GRID_COLUMNS, Term, read_term
 from simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures
 from simulator.errors import InputError
 from simulator.io import atomic_write_json
+from simulator.readers import read_json, read_parquet, require_keys
 from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
 from simulator.step_model import FeatureStepModel
 
@@ -37,18 +36,36 @@ def write_meta(directory: Path, meta: dict) -> None:
 
 # ---------------------------------------------------------------------------- loading
 
+META_WHAT = "the meta.json of a T_step table directory, written by `stepcal fit`"
+META_KEYS = ("kind", "t_step_terms", "terms")
+TERM_KEYS = ("file", "axes")
+
+
 def read_meta(path: str | Path) -> dict:
     path = Path(path)
     meta_path = path / "meta.json"
     if not meta_path.exists():
         raise InputError(f"{path}: not a T_step table directory (no meta.json)")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except ValueError as exc:
-        raise InputError(f"{meta_path}: cannot parse: {exc}") from None
-    if meta.get("kind") != TABLE_KIND:
-        raise InputError(f"{meta_path}: kind is {meta.get('kind')!r}, expected {TABLE_KIND!r}")
+    meta = read_json(meta_path, META_WHAT, required_keys=("kind",))
+    if meta["kind"] != TABLE_KIND:
+        raise InputError(f"{meta_path}: kind is {meta['kind']!r}, expected {TABLE_KIND!r}")
+    require_keys(meta_path, meta, META_KEYS, META_WHAT)
+    if not isinstance(meta["t_step_terms"], list) or not isinstance(meta["terms"], dict):
+        raise InputError(f"{meta_path}: t_step_terms must be a list and terms an object ({META_WHAT})")
     return meta
+
+
+def term_entry(path: Path, meta: dict, name: str) -> dict:
+    """meta.json's entry of a term, with the keys every term kind reads."""
+    where = path / "meta.json"
+    entry = meta["terms"].get(name) if isinstance(name, str) else None
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: term {name!r} has no entry under 'terms' (an object with file and axes)")
+    require_keys(where, entry, TERM_KEYS, f"the entry of term {name!r} under 'terms'")
+    if not isinstance(entry["file"], str) or not isinstance(entry["axes"], list) \
+            or not all(isinstance(axis, str) for axis in entry["axes"]):
+        raise InputError(f"{where}: term {name!r}: file must be a file name and axes a list of column names")
+    return entry
 
 
 class TableStepModel(FeatureStepModel):
@@ -100,12 +117,11 @@ def load_step_model(path: str | Path) -> TableStepModel:
         raise InputError(f"{path}: per-operator regressors only (fitted without --model-spec): no T_step to "
                          f"simulate with; fit again with --model-spec")
     terms = []
-    for name in meta.get("t_step_terms", []):
-        entry = meta["terms"][name]
+    for name in meta["t_step_terms"]:
+        entry = term_entry(path, meta, name)
         file = path / entry["file"]
-        if not file.exists():
-            raise InputError(f"{file}: missing (listed in {path / 'meta.json'})")
-        terms.append(read_term(name, entry, pd.read_parquet(file), file))
+        frame = read_parquet(file, f"the grid of T_step term {name!r}, listed in meta.json", GRID_COLUMNS)
+        terms.append(read_term(name, entry, frame, file))
     if not terms:
         raise InputError(f"{path / 'meta.json'}: no T_step terms listed")
     return TableStepModel(terms, meta, path)

@@ -273,4 +273,19 @@ def read_term(name: str, entry: dict, frame: pd.DataFrame, path) -> Term:
     if kind is None:
         raise InputError(f"{path}: unknown term {name!r}; known: {', '.join(TERM_KINDS)}")
     require_columns(frame, GRID_COLUMNS, path)
+    require_finite_numbers(frame, path)
     return kind.read(name, entry, frame, path)
+
+
+def require_finite_numbers(frame: pd.DataFrame, path, labels: tuple[str, ...] = ("feature",)) -> None:
+    """Every column but the text `labels` (AdditiveStep's feature names, ops.parquet's op) holds finite
+    numbers: a grid of strings would fail deep in numpy, and a NaN or an infinity would come out of
+    the simulator as a step time."""
+    for column in frame.columns:
+        if column in labels:
+            continue
+        values = frame[column]
+        if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+            raise InputError(f"{path}: column {column!r} must hold numbers, got {values.dtype}")
+        if not np.isfinite(values.to_numpy(dtype=np.float64)).all():
+            raise InputError(f"{path}: column {column!r} holds a NaN or an infinity")

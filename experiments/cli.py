@@ -36,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:       # a usage error (already printed as one line), or --help
+        return int(exc.code or 0)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

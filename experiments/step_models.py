@@ -1,10 +1,10 @@
 """Resolve a --step-model argument: a built-in what-if model or a T_step table directory."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from simulator.errors import InputError
+from simulator.readers import read_json
 from simulator.step_model import HostTerms, HostTermsModel, parse_builtin_step_model
 
 
@@ -27,7 +27,20 @@ def resolve_step_model(spec: str):
         from costmodel.tables import load_step_model  # sklearn-free, but only needed here
         base = load_step_model(path)
     terms = meta.get("host_terms")
-    return HostTermsModel(base, HostTerms.from_dict(terms)) if terms else base
+    return HostTermsModel(base, _host_terms(path / "meta.json", terms)) if terms else base
+
+
+def _host_terms(meta_path: Path, terms) -> HostTerms:
+    """Calibrated host terms as `stepcal calibrate` writes them: an object of finite numbers (ms)."""
+    import math
+    numbers = isinstance(terms, dict) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in terms.values())
+    if not numbers:
+        raise InputError(f"{meta_path}: host_terms must be an object of finite numbers (ms), got {terms!r}")
+    try:
+        return HostTerms.from_dict(terms)
+    except InputError as exc:     # its message does not know the file
+        raise InputError(f"{meta_path}: {exc}") from None
 
 
 def _read_meta(path: Path) -> dict:
@@ -35,10 +48,7 @@ def _read_meta(path: Path) -> dict:
     if not meta.exists():
         raise InputError(f"--step-model {path}: no meta.json (expected a directory written by `stepcal fit` "
                          f"or `stepcal calibrate`)")
-    try:
-        return json.loads(meta.read_text())
-    except ValueError as exc:
-        raise InputError(f"{meta}: not valid JSON ({exc})") from None
+    return read_json(meta, "the meta.json of a step-model directory, written by `stepcal fit` or `stepcal calibrate`")
 
 
 def request_overhead_ms(model) -> float:

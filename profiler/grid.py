@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.io import read_config_file
 from simulator.model_spec import ModelSpec
+from simulator.readers import read_config_file
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "moe")
 MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has
@@ -191,7 +191,7 @@ def load_grid(name_or_path: str, spec: ModelSpec) -> Grid:
     if not path.is_file():
         raise InputError(f"--grid: {name_or_path!r} is neither a built-in grid "
                          f"({', '.join(BUILT_IN)}) nor an existing file")
-    source = read_config_file(path, "grid")
+    source = read_config_file(path, "a profiling grid")
     return expand_grid(str(path), source, spec, where=str(path))
 
 

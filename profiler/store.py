@@ -10,7 +10,6 @@ rows are keyed by `point_key`, and the last row of a key wins, so joining is ide
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import pandas as pd
 
 from simulator.errors import InputError
 from simulator.io import atomic_write_json, atomic_write_parquet
+from simulator.readers import read_json, read_parquet
 from simulator.schemas import PROFILE_COLUMNS
 
 # Columns the profiler adds to the profile table of DESIGN.md.
@@ -147,10 +147,7 @@ def read_meta(path: Path) -> dict | None:
     meta_path = Path(path) / META_FILE
     if not meta_path.exists():
         return None
-    try:
-        return json.loads(meta_path.read_text())
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{meta_path}: cannot read: {exc}") from None
+    return read_json(meta_path, "the meta.json of a profile directory, written by `stepcal profile`")
 
 
 def read_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:
@@ -169,10 +166,7 @@ def read_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:
 
 
 def _read(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:   # any reader error means the same to the user: a bad file
-        raise InputError(f"{path}: cannot read profile rows: {exc}") from None
+    return read_parquet(path, "profile rows written by `stepcal profile`", ("point_key",))
 
 
 def sort_by_keys(frame: pd.DataFrame, order: list[str]) -> pd.DataFrame:

@@ -300,6 +300,8 @@ def _check_meta(pdir: ProfileDir, config: SweepConfig) -> dict:
     meta = pdir.read_meta()
     if meta is not None:
         old = meta.get("identity", {})
+        if not isinstance(old, dict):
+            raise InputError(f"{pdir.meta_path}: identity must be an object (the sweep's settings), got {old!r}")
         diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
         if meta.get("shard", shard) != shard:
             diff.append("shard")

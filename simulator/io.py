@@ -9,18 +9,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def read_config_file(path: Path, what: str) -> dict:
-    """A JSON or TOML file (by suffix) as a dict; unreadable or malformed -> InputError naming it."""
-    from simulator.errors import InputError
-    try:
-        if path.suffix == ".toml":
-            import tomllib
-            return tomllib.loads(path.read_text())
-        return json.loads(path.read_text())
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{path}: cannot parse {what}: {exc}") from None
-
-
 def _umask_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -12,13 +12,14 @@
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.errors import InputError
 from simulator.metrics import PERCENTILES
+from simulator.readers import read_json, read_parquet
+from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 
 META = "meta.json"
 TRACE = "trace.parquet"
@@ -139,26 +140,96 @@ def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: dict) ->
     return summary
 
 
-def read_measured_run(path: str | Path, arg_name: str = "measured run") -> MeasuredRunFiles:
-    """Every file of the layout; InputError (naming arg_name) when one that is required is missing."""
-    import pandas as pd
+@dataclass(frozen=True)
+class Needs:
+    """What a reader of a measured run needs beyond the files being readable: keys of meta.json and of
+    every summary.json, columns of the request and step logs. Replaying a run (validation,
+    calibration) needs REPLAY; reading one back to combine repeats needs nothing more."""
+    meta_keys: tuple[str, ...] = ()
+    summary_keys: tuple[str, ...] = ()
+    request_columns: tuple[str, ...] = ()
+    step_columns: tuple[str, ...] = ()
+    settings: bool = False     # meta.json's scheduler settings checked for type (check_replay_meta)
 
+
+REPLAY = Needs(meta_keys=("kind", "scheduler", "scheduler_config", "block_size", "kv_blocks"),
+               summary_keys=("throughput_rps", "num_preemptions") + METRICS,
+               request_columns=REQUEST_LOG_COLUMNS, step_columns=STEP_LOG_COLUMNS, settings=True)
+
+
+def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: Needs = Needs()) -> MeasuredRunFiles:
+    """Every file of the layout; InputError naming the file (and key or columns) when one that is
+    required is missing, unreadable or lacks what `needs` asks for."""
     from simulator.workload import read_trace
     path = Path(path)
     for name in REQUIRED:
         if not (path / name).exists():
             raise InputError(f"{arg_name} {path}: missing {name} (expected the output of `stepcal measure` "
                              f"or `stepcal import vllm-bench`)")
-    repeats = [Repeat(pd.read_parquet(d / REQUESTS), pd.read_parquet(d / STEPS),
-                      _read_json(d / SUMMARY) if (d / SUMMARY).exists() else None) for d in repeat_dirs(path)]
-    return MeasuredRunFiles(path, _read_json(path / META), read_trace(path / TRACE, "stepcal"),
-                            _read_json(path / SUMMARY), repeats)
+    meta = read_json(path / META, "a measured run's meta.json", needs.meta_keys)
+    if needs.settings:
+        check_replay_meta(path / META, meta)
+    summary = _read_summary(path / SUMMARY, needs)
+    repeats = [Repeat(read_parquet(d / REQUESTS, "a measured run's request log", needs.request_columns),
+                      read_parquet(d / STEPS, "a measured run's step log", needs.step_columns),
+                      _read_summary(d / SUMMARY, needs) if (d / SUMMARY).exists() else None)
+               for d in repeat_dirs(path)]
+    return MeasuredRunFiles(path, meta, read_trace(path / TRACE, "stepcal"), summary, repeats)
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
+def check_replay_meta(where: Path, meta: dict) -> None:
+    """The settings a replay builds its SimConfig from, each of the type it needs."""
+    from simulator.schedulers import SCHEDULERS, SchedulerConfig
+    if meta["kind"] != "measured_run":
+        raise InputError(f"{where}: kind is {meta['kind']!r}, expected 'measured_run'")
+    if not isinstance(meta["scheduler"], str) or meta["scheduler"] not in SCHEDULERS:
+        raise InputError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)}, got {meta['scheduler']!r}")
+    config = meta["scheduler_config"]
+    known = set(SchedulerConfig.__dataclass_fields__)
+    if not isinstance(config, dict) or not set(config) <= known:
+        raise InputError(f"{where}: scheduler_config must be an object with keys among {', '.join(sorted(known))}, "
+                         f"got {config!r}")
+    settings = [("block_size", meta["block_size"]), ("kv_blocks", meta["kv_blocks"])]
+    settings += [(f"scheduler_config.{k}", v) for k, v in config.items()]
+    for key, value in settings:
+        if value is None and key.split(".")[-1] in NULLABLE:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
 
 
-__all__ = ["META", "METRICS", "REQUESTS", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles", "MetricStats",
-           "Repeat", "RunStats", "has_request_log", "noise_floor", "read_measured_run", "repeat_dir", "repeat_dirs",
-           "write_measured_run"]
+# Settings whose null means "no limit" (KV blocks) or "the scheduler's own default" (token budget).
+NULLABLE = ("kv_blocks", "max_num_batched_tokens")
+
+
+def _read_summary(path: Path, needs: Needs) -> dict:
+    summary = read_json(path, "a measured run's summary.json", needs.summary_keys)
+    if needs.summary_keys:    # a replay compares every metric's statistics: each must be numbers or null
+        _check_stats(path, summary, "")
+        noise = summary.get("noise_floor")
+        if noise is not None:
+            if not isinstance(noise, dict):
+                raise InputError(f"{path}: noise_floor must be an object, got {noise!r}")
+            _check_stats(path, noise, "noise_floor.")
+    return summary
+
+
+def _check_stats(path: Path, summary: dict, prefix: str) -> None:
+    for metric in METRICS:
+        values = summary.get(metric)
+        if values is not None and not (isinstance(values, dict) and all(v is None or _is_number(v)
+                                                                          for v in values.values())):
+            raise InputError(f"{path}: {prefix}{metric} must be an object of statistics (numbers or null), "
+                             f"got {values!r}")
+    for key in ("throughput_rps", "num_preemptions"):
+        if summary.get(key) is not None and not _is_number(summary[key]):
+            raise InputError(f"{path}: {prefix}{key} must be a number or null, got {summary[key]!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+__all__ = ["META", "METRICS", "REPLAY", "REQUESTS", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles",
+           "MetricStats", "Needs", "Repeat", "RunStats", "has_request_log", "noise_floor", "read_measured_run",
+           "repeat_dir", "repeat_dirs", "write_measured_run"]

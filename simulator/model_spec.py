@@ -6,7 +6,7 @@ from numbers import Integral
 from pathlib import Path
 
 from simulator.errors import InputError
-from simulator.io import read_config_file
+from simulator.readers import read_document
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "fp8": 1, "float8": 1, "fp8_block": 1, "int8": 1}
@@ -342,7 +342,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     if not path.is_file():
         raise InputError(f"--model-spec: {name_or_path!r} is neither a preset "
                          f"({', '.join(PRESETS)}) nor an existing file or model directory")
-    data = read_config_file(path, "model spec")
+    data = read_document(path, "a model spec")
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model spec is a JSON object of ModelSpec fields or a "
                          f"Hugging Face config.json, got a {type(data).__name__}")
@@ -353,7 +353,8 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     unknown = set(data) - known
     missing = set(REQUIRED_FIELDS) - set(data)
     if unknown or missing:
-        raise InputError(f"{path}: model spec has unknown keys {sorted(unknown)} / "
-                         f"missing keys {sorted(missing)}")
+        problems = ([f"unknown keys {sorted(unknown)}"] if unknown else []) + \
+                   ([f"missing keys {sorted(missing)}"] if missing else [])
+        raise InputError(f"{path}: model spec has {' and '.join(problems)}")
     data.setdefault("name", path.stem)
     return ModelSpec(**data)

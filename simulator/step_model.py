@@ -1,6 +1,7 @@
 """StepTimeModel: a step batch in, milliseconds out; and the built-in what-if models."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -82,6 +83,8 @@ def parse_builtin_step_model(spec: str) -> FeatureStepModel | None:
         values = [float(x) for x in args.split(",")]
     except ValueError:
         raise InputError(f"--step-model {spec!r}: values must be numbers") from None
+    if not all(math.isfinite(v) for v in values):
+        raise InputError(f"--step-model {spec!r}: values must be finite numbers")
     if kind == "const":
         if len(values) != 1 or values[0] <= 0:
             raise InputError(f"--step-model {spec!r}: expected const:MS with MS > 0")

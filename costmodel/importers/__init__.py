@@ -11,6 +11,7 @@ import pandas as pd
 
 from costmodel.importers import aiconfigurator, native, splitwise, vidur
 from simulator.errors import InputError
+from simulator.readers import check_text, one_line, read_parquet
 
 FORMATS = ("auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise")
 _IMPORTERS = {
@@ -63,14 +64,17 @@ def read_table(path: Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file")
+    what = "a profile table: Parquet, CSV, JSON or JSONL"
+    if path.suffix == ".parquet":
+        return read_parquet(path, what)
     try:
-        if path.suffix == ".parquet":
-            return pd.read_parquet(path)
+        with path.open("rb") as f:    # a binary file is named as such, not as a parse error at some line
+            check_text(path, f.read(1 << 16), what)
         if path.suffix in (".json", ".jsonl"):
             return pd.read_json(path, lines=path.suffix == ".jsonl")
         return pd.read_csv(path)
     except (ValueError, OSError, pd.errors.ParserError) as exc:
-        raise InputError(f"{path}: cannot read as a table: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"{path}: cannot read as a table: {one_line(exc)}") from None
 
 
 def _expand(paths) -> list[Path]:

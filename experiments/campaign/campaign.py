@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from experiments.campaign.config import CampaignConfig, load_name
 from experiments.campaign.headline import Headline, HeadlineRow
+from experiments.commands.output_paths import check_output
 from simulator.errors import InputError
 
 T = TypeVar("T")
@@ -58,6 +59,7 @@ class Campaign:
 
     def run(self) -> Headline:
         c, out = self.c, self.c.out
+        check_output(out, staged=False)   # before minutes of profiling, not after
         self.stage(f"profile kernels ({c.grid} grid)", "profile", self.profile)
         capacity = {}
         for s in c.schedulers:
@@ -158,10 +160,10 @@ class Campaign:
 
     def headline(self, capacity: dict, validations: list) -> Headline:
         """Every validation's row, read back from its validation.json; writes OUT/headline.json."""
-        from experiments.validation.compare import ValidationRecord
+        from experiments.validation.compare import read_record
         from simulator.io import atomic_write_bytes
         rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0],
-                               ValidationRecord.from_dict(json.loads((path / "validation.json").read_text())))
+                               read_record(path / "validation.json"))
                 for scheduler, load, model_name, path in validations]
         headline = Headline(capacity, rows, self.c.timings, round(time.perf_counter() - self.t0, 1))
         atomic_write_bytes(self.c.out / "headline.json", json.dumps(headline.to_dict(), indent=2).encode())

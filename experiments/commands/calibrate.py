@@ -1,6 +1,7 @@
 """`stepcal calibrate`: add fitted host terms to a step model, from one measured run."""
 from __future__ import annotations
 
+from experiments.commands import argtypes
 from experiments.commands.flags import add_command, add_measured_run_flags
 
 HELP = """Tables composed from kernel profiles miss what the serving engine adds on the host (scheduling,
@@ -17,12 +18,14 @@ The honest test is split by load: calibrate on the lowest load, validate on the 
 def register(subparsers) -> None:
     p = add_command(subparsers, "calibrate", "fit host terms of a step model from a measured run", HELP, run)
     add_measured_run_flags(p)
-    p.add_argument("--max-simulations", type=int, default=300, help="search budget (default 300)")
+    p.add_argument("--max-simulations", type=argtypes.count(1, 100_000), default=300, help="search budget (default 300)")
     p.add_argument("--out", required=True, help="output step-model directory")
     p.add_argument("--quiet", action="store_true")
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out)
     from experiments.validation.calibration import calibrate_step_model
     from experiments.validation.table import format_pct
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations)

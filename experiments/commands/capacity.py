@@ -1,7 +1,9 @@
 """`stepcal capacity`: the highest request rate a deployment serves within its SLOs."""
 from __future__ import annotations
 
+from experiments.commands import argtypes
 from experiments.commands.flags import STEP_MODEL_HELP, add_command, add_scheduler_flags
+from simulator import bounds
 
 HELP = """Find the highest request rate (the trace's arrivals rescaled to that mean rate) at which the
 share of requests meeting the SLOs (TTFT ≤ --slo-ttft-ms and TPOT ≤ --slo-tpot-ms) is at least
@@ -29,31 +31,31 @@ def register(subparsers) -> None:
     p = add_command(subparsers, "capacity", "find the highest request rate that meets the SLOs", HELP, run)
     p.add_argument("--trace", required=True, help="trace file or generator spec (see `stepcal trace --help`)")
     p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
-    p.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--num-requests", type=argtypes.count(), default=None, help="keep only the first N requests")
+    p.add_argument("--duration", type=argtypes.seconds, default=None,
                    help="keep only requests arriving in the first S seconds (of the trace as given)")
-    p.add_argument("--seed", type=int, default=0, help="seed for generated workloads (default 0)")
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="seed for generated workloads (default 0)")
     p.add_argument("--step-model", required=True, help=STEP_MODEL_HELP)
     p.add_argument("--model-spec", default=None,
                    help="model preset, ModelSpec file or Hugging Face config.json: KV bytes per token for --disaggregated, and --device-memory-gb")
     add_scheduler_flags(p)
     g = p.add_argument_group("deployment")
-    g.add_argument("--replicas", type=int, default=None,
+    g.add_argument("--replicas", type=argtypes.count(1, bounds.MAX_REPLICAS), default=None,
                    help="replicas of the aggregated deployment (default 1; with --disaggregated, P + D)")
     g.add_argument("--router", default="round-robin", choices=["round-robin", "least-tokens"],
                    help="how arrivals are spread over replicas (each pool's own router when disaggregated)")
-    g.add_argument("--step-overhead-ms", type=float, default=0.0, help="host time added to every step")
+    g.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every step")
     g = p.add_argument_group("SLO and search")
-    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO in ms")
-    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO in ms")
-    g.add_argument("--attainment", type=float, default=0.9,
+    g.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None, help="TTFT SLO in ms")
+    g.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None, help="TPOT SLO in ms")
+    g.add_argument("--attainment", type=argtypes.fraction, default=0.9,
                    help="share of requests that must meet the SLOs (default 0.9)")
-    g.add_argument("--tolerance", type=float, default=0.02,
+    g.add_argument("--tolerance", type=argtypes.fraction, default=0.02,
                    help="relative width of the final bracket (default 0.02: the answer is within 2%%)")
-    g.add_argument("--rate-start", type=float, default=None,
+    g.add_argument("--rate-start", type=argtypes.rate, default=None,
                    help="first rate probed, req/s (default: the trace's own mean rate)")
-    g.add_argument("--rate-min", type=float, default=None, help="never probe below this rate (req/s)")
-    g.add_argument("--rate-max", type=float, default=None, help="never probe above this rate (req/s)")
+    g.add_argument("--rate-min", type=argtypes.rate, default=None, help="never probe below this rate (req/s)")
+    g.add_argument("--rate-max", type=argtypes.rate, default=None, help="never probe above this rate (req/s)")
     g = p.add_argument_group("prefill/decode disaggregation")
     g.add_argument("--disaggregated", default=None, metavar="P:D",
                    help="also search P prefill + D decode replicas, against P + D aggregated replicas")
@@ -61,9 +63,9 @@ def register(subparsers) -> None:
                    "(default --step-model)")
     g.add_argument("--decode-step-model", default=None, help="step-time model of the decode pool "
                    "(default --step-model)")
-    g.add_argument("--kv-transfer-alpha-ms", type=float, default=0.5,
+    g.add_argument("--kv-transfer-alpha-ms", type=argtypes.time_ms_or_zero, default=0.5,
                    help="fixed cost of one KV transfer, ms (default 0.5)")
-    g.add_argument("--kv-transfer-gbps", type=float, default=25.0,
+    g.add_argument("--kv-transfer-gbps", type=argtypes.positive, default=25.0,
                    help="KV transfer bandwidth in GB/s (10^9 bytes/s; default 25, a PCIe 4/5 or IB link)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--out", required=True, help="output directory")
@@ -83,6 +85,8 @@ def parse_split(text: str) -> tuple[int, int]:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out)
     from experiments.capacity import (
         RateEvaluator,
         aggregated,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from experiments.commands import argtypes
+
 HELP = "fit step-time regressors to profiles and write T_step tables"
 
 
@@ -29,30 +31,30 @@ def register(subparsers) -> None:
     p.add_argument("--ops", default=None, metavar="LIST",
                    help="fit only records of these ops, comma-separated (e.g. gemm,attn_prefill,attn_decode: "
                         "tables composed from kernels alone, without whole-step rows)")
-    p.add_argument("--tp", type=int, default=None,
+    p.add_argument("--tp", type=argtypes.count(1, 1024), default=None,
                    help="tensor-parallel degree (default: 1, or the smallest in whole-step data)")
-    p.add_argument("--ep", type=int, default=1,
+    p.add_argument("--ep", type=argtypes.count(1, 1024), default=1,
                    help="expert parallelism of a mixture-of-experts model: experts spread over --ep of "
                         "the --tp GPUs (must divide --tp)")
     p.add_argument("--moe-distribution", default=None,
                    help="routing of tokens to experts the MoE term assumes: balanced, or a skewed one the "
                         "profiles hold (AIConfigurator: power_law_1.01, power_law_1.2); default: balanced "
                         "where the profiles have it, else the least skewed (meta.json says which)")
-    p.add_argument("--ep-link-gbps", type=float, default=450.0,
+    p.add_argument("--ep-link-gbps", type=argtypes.positive, default=450.0,
                    help="link bandwidth per GPU and direction of --ep's all-to-all, GB/s (no measured "
                         "all-to-all data is read; 450: NVLink 4)")
-    p.add_argument("--ep-latency-us", type=float, default=10.0,
+    p.add_argument("--ep-latency-us", type=argtypes.non_negative, default=10.0,
                    help="fixed latency of each all-to-all (an assumption; stated in meta.json)")
     p.add_argument("--regressor", default="tuned", choices=["rf", "tuned"],
                    help="rf: a random forest per target; tuned: an Optuna search over forest, "
                         "extra trees, boosting and the physics-informed model")
-    p.add_argument("--trials", type=int, default=12, help="Optuna trials per target (tuned)")
-    p.add_argument("--timeout-s", type=float, default=None,
+    p.add_argument("--trials", type=argtypes.count(1, 100_000), default=12, help="Optuna trials per target (tuned)")
+    p.add_argument("--timeout-s", type=argtypes.positive, default=None,
                    help="wall-clock limit of each target's Optuna study")
     p.add_argument("--storage", default=None,
                    help="Optuna storage: a journal file path or an RDB URL (default: in memory); "
                         "several workers may share one")
-    p.add_argument("--seed", type=int, default=0, help="seed of splits, forests and TPE")
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of splits, forests and TPE")
     p.add_argument("--holdout", default=None, metavar="FILE",
                    help="also report errors on this file's rows (never used for fitting)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///OUT/mlflow.db)")
@@ -65,6 +67,12 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output, check_store_uri
+    check_output(args.out)
+    check_store_uri(args.storage, flag="--storage", bare_kind="file")             # an Optuna journal file
+    if not args.no_mlflow:
+        check_store_uri(args.tracking_uri, flag="--tracking-uri", bare_kind="dir")  # an MLflow file store
+
     from dataclasses import fields
 
     from experiments.fitting import FitOptions, fit_tables

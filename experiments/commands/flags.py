@@ -1,11 +1,14 @@
 """Flags that several commands share, and the settings they turn into.
 
-Loads only argparse: simulator modules are imported inside the functions that build settings, so
-`stepcal --help` stays instant.
+Loads only argparse and the bounds (math): simulator modules are imported inside the functions that
+build settings, so `stepcal --help` stays instant.
 """
 from __future__ import annotations
 
 import argparse
+
+from experiments.commands import argtypes
+from simulator import bounds
 
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
 SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
@@ -20,19 +23,19 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = 
     g = parser.add_argument_group("scheduler and KV cache")
     g.add_argument("--scheduler", default="vllm", choices=SCHEDULER_NAMES,
                    help="serving policy (default: vllm)")
-    g.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+    g.add_argument("--max-num-seqs", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=DEFAULT_MAX_NUM_SEQS,
                    help=f"max sequences per step (default {DEFAULT_MAX_NUM_SEQS})")
-    g.add_argument("--max-batched-tokens", type=int, default=None,
+    g.add_argument("--max-batched-tokens", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=None,
                    help="token budget per step (default 8192; static: unlimited; sarathi: --chunk-size)")
-    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk / token budget of sarathi and slo "
+    g.add_argument("--chunk-size", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=512, help="prefill chunk / token budget of sarathi and slo "
                    "(default 512)")
-    g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+    g.add_argument("--block-size", type=argtypes.count(1, 65_536), default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
-    g.add_argument("--kv-blocks", type=int, default=None, help="KV cache capacity in blocks "
+    g.add_argument("--kv-blocks", type=argtypes.count(1, 2**40), default=None, help="KV cache capacity in blocks "
                    "(default: derived from --device-memory-gb, else unlimited)")
-    g.add_argument("--device-memory-gb", type=float, default=None,
+    g.add_argument("--device-memory-gb", type=argtypes.positive, default=None,
                    help="derive --kv-blocks from this device memory and --model-spec")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory for "
+    g.add_argument("--gpu-memory-utilization", type=argtypes.fraction, default=0.9, help="share of device memory for "
                    "weights + KV cache when deriving --kv-blocks (default 0.9)")
     if parallelism:
         _add_parallelism_flags(g)
@@ -41,9 +44,9 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = 
 
 
 def _add_parallelism_flags(g) -> None:
-    g.add_argument("--tp", type=int, default=1, help="GPUs per model instance (tensor parallelism) when "
+    g.add_argument("--tp", type=argtypes.count(1, 1024), default=1, help="GPUs per model instance (tensor parallelism) when "
                    "deriving --kv-blocks: each GPU holds its share of the weights and KV heads (default 1)")
-    g.add_argument("--ep", type=int, default=1, help="expert parallelism of a mixture-of-experts model when "
+    g.add_argument("--ep", type=argtypes.count(1, 1024), default=1, help="expert parallelism of a mixture-of-experts model when "
                    "deriving --kv-blocks: experts spread over --ep of the --tp GPUs (default 1)")
 
 

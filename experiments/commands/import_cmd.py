@@ -47,6 +47,8 @@ def _usage(parser):
 
 
 def run_vllm_bench(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out)
     from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
     from experiments.commands.output import format_summary, print_warnings
     from experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run

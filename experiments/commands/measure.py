@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from experiments.commands import argtypes
 from experiments.commands.flags import add_command, add_scheduler_flags
 
 HELP = """Serve a trace for real: the simulator's scheduler drives the torch Llama-style model (random
@@ -19,26 +20,28 @@ example:
 def register(subparsers) -> None:
     p = add_command(subparsers, "measure", "serve a trace for real on the torch engine", HELP, run)
     p.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny; MoE: tiny-moe)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bf16 on CUDA)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU (default 1)")
+    p.add_argument("--threads", type=argtypes.count(1, 1024), default=1, help="torch threads on the CPU (default 1)")
     p.add_argument("--trace", required=True, help="trace file or generator spec (see `stepcal trace --help`)")
     p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
-    p.add_argument("--rate", type=float, default=None, help="rescale arrivals to this mean rate (req/s)")
-    p.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
-    p.add_argument("--duration", type=float, default=None, help="keep only requests arriving in the first S seconds")
+    p.add_argument("--rate", type=argtypes.rate, default=None, help="rescale arrivals to this mean rate (req/s)")
+    p.add_argument("--num-requests", type=argtypes.count(), default=None, help="keep only the first N requests")
+    p.add_argument("--duration", type=argtypes.seconds, default=None, help="keep only requests arriving in the first S seconds")
     add_scheduler_flags(p, parallelism=False)   # the torch engine runs on one device
     p.add_argument("--clock", default="virtual", choices=["virtual", "wall"],
                    help="virtual: run every step for real but skip idle gaps (default); wall: real time")
-    p.add_argument("--repeats", type=int, default=1, help="serve the workload R times (R >= 2 gives the noise floor)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights, prompt tokens and generated workloads")
-    p.add_argument("--slo-ttft-ms", type=float, default=None)
-    p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--repeats", type=argtypes.count(1, 1000), default=1, help="serve the workload R times (R >= 2 gives the noise floor)")
+    p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights, prompt tokens and generated workloads")
+    p.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None)
+    p.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None)
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--out", required=True, help="output directory")
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out)
     from experiments.commands.output import format_summary, print_warnings
     from profiler.engine.measure import measure_trace
     from simulator.errors import InputError

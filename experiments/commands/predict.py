@@ -22,18 +22,17 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    out = check_output(args.out, kind="file", suffixes=(".parquet", ".csv"))
+
     from pathlib import Path
 
     from costmodel.importers import load_file
     from costmodel.predict import predict_records
-    from simulator.errors import InputError
     from simulator.io import atomic_write_bytes, atomic_write_parquet
 
-    out = Path(args.out)
-    if out.suffix not in (".parquet", ".csv"):
-        raise InputError(f"--out {out}: must end in .parquet or .csv")
     table = predict_records(args.tables, load_file(Path(args.input), args.format))
-    if out.suffix == ".parquet":
+    if out.suffix.lower() == ".parquet":
         atomic_write_parquet(table, out)
     else:
         atomic_write_bytes(out, table.to_csv(index=False).encode())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from experiments.commands import argtypes
 from experiments.profiling import OPS
 
 EXIT_INCOMPLETE = 3
@@ -40,7 +41,7 @@ def register(subparsers) -> None:
     parser.add_argument("--model-spec", metavar="NAME|FILE",
                         help="a preset (tiny, tiny-moe, llama-3-8b, mixtral-8x7b, ...), a JSON / TOML ModelSpec file, "
                              "or a Hugging Face config.json (or its directory)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N) [default: cpu]")
+    parser.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda (cuda:N) [default: cpu]")
     parser.add_argument("--ops", default=None,
                         help=f"comma-separated ops to sweep, of {','.join(OPS)} [default: every op the model has: "
                              f"moe for mixture-of-experts models only]")
@@ -48,13 +49,13 @@ def register(subparsers) -> None:
                         help="built-in grid or a JSON / TOML grid file [default: quick]")
     parser.add_argument("--dtype", default=None,
                         help="float32, bfloat16 or float16 [default: float32 on cpu, bfloat16 on cuda]")
-    parser.add_argument("--threads", type=int, default=1, metavar="N",
+    parser.add_argument("--threads", type=argtypes.count(1, 1024), default=1, metavar="N",
                         help="torch CPU threads, fixed and recorded [default: 1]")
-    parser.add_argument("--max-minutes", type=float, default=None, metavar="M",
+    parser.add_argument("--max-minutes", type=argtypes.positive, default=None, metavar="M",
                         help="stop cleanly after M minutes (exit 3); the next run resumes")
     parser.add_argument("--shard", default="0/1", metavar="i/n",
                         help="run the i-th (from 0) of n disjoint parts of the grid [default: 0/1]")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and inputs [default: 0]")
+    parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights and inputs [default: 0]")
     parser.add_argument("--retry-failed", action="store_true", help="measure failed points again")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", metavar="DIR", help="output directory (resumed if it exists)")
@@ -72,6 +73,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    if args.out:    # a missing --out is refused by profile_kernels
+        check_output(args.out, staged=False)   # filled point by point, to resume
     from experiments.profiling import describe_sweep, profile_kernels
     result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
                              dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
@@ -81,6 +85,8 @@ def run(args) -> int:
 
 
 def run_merge(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out, staged=False)
     from profiler.merge import merge_profiles
     result = merge_profiles(args.inputs, args.out)
     print(f"{args.out}/profile.parquet: {result.num_rows} points from {len(args.inputs)} "

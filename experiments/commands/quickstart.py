@@ -1,7 +1,9 @@
 """`stepcal quickstart`: the whole pipeline on the CPU with the tiny model, in a few minutes."""
 from __future__ import annotations
 
-from experiments.commands.flags import add_command
+from experiments.commands import argtypes
+from experiments.commands.flags import SCHEDULER_NAMES, add_command
+from simulator import bounds
 
 HELP = """Run the whole pipeline on a small built-in default, on this machine's CPU with the `tiny` model:
 
@@ -24,17 +26,18 @@ command does, so its output directory can be inspected or rerun on its own."""
 def register(subparsers) -> None:
     p = add_command(subparsers, "quickstart", "run the whole pipeline on a small built-in default (CPU, tiny)", HELP, run)
     p.add_argument("--out", default="runs/quickstart", help="output directory (default runs/quickstart)")
-    p.add_argument("--schedulers", default="continuous,sarathi", help="comma-separated (default continuous,sarathi)")
-    p.add_argument("--num-requests", type=int, default=200, help="requests per measured run (default 200)")
-    p.add_argument("--repeats", type=int, default=2, help="measured repeats per run (default 2: the noise floor)")
-    p.add_argument("--trials", type=int, default=4, help="Optuna trials per fitted target (default 4)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedulers", type=argtypes.names(SCHEDULER_NAMES), default=("continuous", "sarathi"),
+                   help=f"comma-separated, of {','.join(SCHEDULER_NAMES)} (default continuous,sarathi)")
+    p.add_argument("--num-requests", type=argtypes.count(), default=200, help="requests per measured run (default 200)")
+    p.add_argument("--repeats", type=argtypes.count(1, 1000), default=2, help="measured repeats per run (default 2: the noise floor)")
+    p.add_argument("--trials", type=argtypes.count(1, 100_000), default=4, help="Optuna trials per fitted target (default 4)")
+    p.add_argument("--seed", type=argtypes.seed, default=0)
     g = p.add_argument_group("another device or model (the defaults are the CPU quickstart)")
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    g.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda[:N] (default cpu)")
     g.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny)")
     g.add_argument("--prompt", default="lognormal:128:0.8", help="prompt length distribution (default lognormal:128:0.8)")
     g.add_argument("--output", default="lognormal:32:0.8", help="output length distribution (default lognormal:32:0.8)")
-    g.add_argument("--chunk-size", type=int, default=64, help="sarathi's prefill chunk, in tokens (default 64)")
+    g.add_argument("--chunk-size", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=64, help="sarathi's prefill chunk, in tokens (default 64)")
     g.add_argument("--grid", default="quick", help="profile grid: quick, full or a file (default quick)")
     g.add_argument("--profile-ops", default=None,
                    help="profile only these ops, e.g. step,overhead (default: every op of the grid)")
@@ -43,9 +46,12 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from experiments.commands.output_paths import check_output
+    check_output(args.out, staged=False)   # the stages fill OUT as they go
+
     from experiments.campaign import Campaign, CampaignConfig, format_headline
     from simulator.errors import InputError
-    schedulers = tuple(s for s in args.schedulers.split(",") if s)
+    schedulers = args.schedulers
     if not schedulers or args.num_requests < 20 or args.repeats < 1 or args.trials < 1:
         raise InputError("quickstart: needs at least one scheduler, --num-requests >= 20, --repeats >= 1, --trials >= 1")
     if args.chunk_size < 1:

@@ -29,6 +29,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output, check_store_uri
+    check_output(args.out)
+    check_store_uri(args.tracking_uri, flag="--tracking-uri", bare_kind="dir")   # the artifacts go there
     from experiments.report.build import build_report, describe_report, log_report_to_mlflow, mlflow_client
     from simulator.errors import InputError
     if args.tracking_uri and not args.mlflow_run_id:

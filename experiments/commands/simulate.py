@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import sys
 
+from experiments.commands import argtypes
 from experiments.commands.flags import add_command, add_scheduler_flags
+from simulator import bounds
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
@@ -29,17 +31,17 @@ def register(subparsers) -> None:
     p.add_argument("--model-spec", default=None, help="model preset, ModelSpec file or Hugging Face config.json (needed for --device-memory-gb)")
     add_scheduler_flags(p)
     g = p.add_argument_group("replicas and workload")
-    g.add_argument("--replicas", type=int, default=1, help="number of replicas (default 1)")
+    g.add_argument("--replicas", type=argtypes.count(1, bounds.MAX_REPLICAS), default=1, help="number of replicas (default 1)")
     g.add_argument("--router", default="round-robin", choices=["round-robin", "least-tokens"],
                    help="how arrivals are spread over replicas")
-    g.add_argument("--step-overhead-ms", type=float, default=0.0, help="host time added to every step")
-    g.add_argument("--rate", type=float, default=None, help="rescale the trace's arrivals to this mean rate (req/s)")
-    g.add_argument("--num-requests", type=int, default=None, help="keep only the first N requests")
-    g.add_argument("--duration", type=float, default=None, help="keep only requests arriving in the first S seconds")
-    g.add_argument("--seed", type=int, default=0, help="seed for generated workloads (default 0)")
+    g.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every step")
+    g.add_argument("--rate", type=argtypes.rate, default=None, help="rescale the trace's arrivals to this mean rate (req/s)")
+    g.add_argument("--num-requests", type=argtypes.count(), default=None, help="keep only the first N requests")
+    g.add_argument("--duration", type=argtypes.seconds, default=None, help="keep only requests arriving in the first S seconds")
+    g.add_argument("--seed", type=argtypes.seed, default=0, help="seed for generated workloads (default 0)")
     g = p.add_argument_group("metrics and output")
-    g.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for attainment and goodput")
-    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for attainment and goodput")
+    g.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None, help="TTFT SLO for attainment and goodput")
+    g.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None, help="TPOT SLO for attainment and goodput")
     g.add_argument("--step-batches", choices=["auto", "on", "off"], default="auto",
                    help="keep each step's request_ids / q_lens / kv_lens in steps.parquet; auto: only for traces "
                         f"of up to {BATCHES_AUTO_LIMIT:,} requests, whose logs stay small (default auto)")
@@ -54,6 +56,8 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out)
     from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
     from experiments.commands.output import format_summary, print_warnings
     from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model

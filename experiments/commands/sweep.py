@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from experiments.commands import argtypes
 from experiments.commands.flags import add_command
 
 HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models) from a
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("config", help="sweep config (TOML)")
     p.add_argument("--backend", default="local", choices=["local", "ray"],
                    help="local: a process pool on this machine; ray: one Ray task per simulation (default local)")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
                    help="local: processes (1 runs in this process); ray without --ray-address: CPUs of the "
                         "local cluster started for the run (default 1)")
     p.add_argument("--ray-address", default=None,
@@ -56,6 +57,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out, staged=False)   # filled point by point, to resume
     from experiments.sweep import load_sweep_config, run_sweep
     from experiments.sweep.pareto import point_label
 

@@ -28,6 +28,8 @@ def _usage(parser) -> int:
 
 
 def run_export(args) -> int:
+    from experiments.commands.output_paths import check_output
+    check_output(args.out)
     from pathlib import Path
 
     from costmodel.export import export_tables

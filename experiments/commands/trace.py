@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from experiments.commands import argtypes
+
 FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # simulator.workload.TRACE_FORMATS, kept
                                                       # here so --help loads no numpy
+SUFFIXES = (".csv", ".parquet")                       # simulator.workload.writer.TRACE_SUFFIXES, likewise
 
 TRACE_HELP = """\
 TRACE is a trace file or a generator spec.
@@ -62,16 +65,19 @@ def _add_action(actions, name: str, summary: str, description: str) -> argparse.
 def _add_workload_flags(parser) -> None:
     parser.add_argument("--trace-format", choices=FORMATS, default=None,
                         help="force the format of a trace file (default: detect)")
-    parser.add_argument("--rate", type=float, default=None, metavar="RPS",
+    parser.add_argument("--rate", type=argtypes.rate, default=None, metavar="RPS",
                         help="mean request rate: rescales a file, overrides a spec's rate=")
-    parser.add_argument("--num-requests", type=int, default=None, metavar="N",
+    parser.add_argument("--num-requests", type=argtypes.count(), default=None, metavar="N",
                         help="keep the first N requests (sizes a spec that has no n= / duration=)")
-    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--duration", type=argtypes.seconds, default=None, metavar="SECONDS",
                         help="keep requests arriving within SECONDS of the first")
-    parser.add_argument("--seed", type=int, default=0, help="seed for a spec without seed= (default 0)")
+    parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed for a spec without seed= (default 0)")
 
 
 def run(args) -> int:
+    from experiments.commands.output_paths import check_output
+    if args.trace_command == "generate":
+        check_output(args.out, kind="file", suffixes=SUFFIXES)
     from experiments.commands.output import print_warnings
     from simulator.workload import load_workload, trace_stats, write_trace
 

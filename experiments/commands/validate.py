@@ -1,6 +1,7 @@
 """`stepcal validate`: how far is the simulator from a measured run of the same workload?"""
 from __future__ import annotations
 
+from experiments.commands import argtypes
 from experiments.commands.flags import add_command, add_measured_run_flags
 
 HELP = """Replay a measured run (from `stepcal measure`) in the simulator with the same trace, scheduler
@@ -15,12 +16,19 @@ log) and OUT/step_predictions.parquet (each measured step: features, measured_ms
 def register(subparsers) -> None:
     p = add_command(subparsers, "validate", "compare the simulator with a measured run", HELP, run)
     add_measured_run_flags(p)
-    p.add_argument("--step-overhead-ms", type=float, default=0.0, help="host time added to every simulated step")
+    p.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every simulated step")
     p.add_argument("--out", default=None, help="output directory (default: MEASURED/validation)")
     p.add_argument("--quiet", action="store_true")
 
 
 def run(args) -> int:
+    from pathlib import Path
+
+    from experiments.commands.output_paths import check_output
+    if args.out:
+        check_output(args.out)
+    elif Path(args.measured).is_dir():    # otherwise the measured-run reader says what is wrong with it
+        check_output(Path(args.measured) / "validation", flag="--out (default MEASURED/validation)")
     from experiments.validation.validate import validate_run
     validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms)
     if not args.quiet:

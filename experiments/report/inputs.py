@@ -1,13 +1,14 @@
 """The directories a report reads: validation directories and T_step table directories."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.validation.compare import ValidationRecord
+from costmodel.tables import TABLE_KIND
+from experiments.validation.compare import ValidationRecord, read_record
 from simulator.errors import InputError
 from simulator.measured_run import REQUESTS, has_request_log, repeat_dirs
+from simulator.readers import read_json, read_parquet
 
 
 @dataclass
@@ -30,35 +31,46 @@ class TablesInput:
     notes: list[str] = field(default_factory=list)
 
 
+# What `stepcal validate` writes (validation.md, for people, is not read back).
+VALIDATION_FILES = ("validation.json", "simulated_requests.parquet", "step_predictions.parquet")
+LATENCY_COLUMNS = ("request_id", "finish_s", "ttft_ms", "tpot_ms", "e2e_ms")
+# Directories whose meta.json makes them a step model a report can describe: fitted tables, and a
+# built-in model calibrated by `stepcal calibrate`.
+STEP_MODEL_KINDS = (TABLE_KIND, "builtin")
+
+
 def load_input(path: str | Path) -> ValidationInput | TablesInput:
     path = Path(path)
     if not path.is_dir():
-        raise InputError(f"report: {path}: not a directory")
+        raise InputError(f"{path}: not a directory (expected a validation or a T_step table directory)")
     if (path / "validation.json").exists():
         return load_validation(path)
     if (path / "meta.json").exists():
         return load_tables(path)
-    raise InputError(f"report: {path}: neither a validation directory (validation.json) "
+    raise InputError(f"{path}: neither a validation directory (validation.json) "
                      f"nor a T_step table directory (meta.json)")
 
 
 def load_validation(path: Path) -> ValidationInput:
-    data = _read_json(path / "validation.json")
-    if not isinstance(data.get("metrics"), dict):
-        raise InputError(f"report: {path / 'validation.json'}: no 'metrics' (is it from `stepcal validate`?)")
-    record = ValidationRecord.from_dict(data)
+    record = read_record(path / "validation.json")
+    for name in VALIDATION_FILES:
+        if not (path / name).exists():
+            raise InputError(f"{path}: missing {name} (a validation directory holds "
+                             f"{', '.join(VALIDATION_FILES)}, as `stepcal validate` writes them)")
+    simulated = read_parquet(path / "simulated_requests.parquet", "a validation's simulated request log",
+                             LATENCY_COLUMNS)
+    steps = read_parquet(path / "step_predictions.parquet", "a validation's step predictions",
+                         ("measured_ms", "predicted_ms"))
     notes = []
-    simulated = _read_parquet(path / "simulated_requests.parquet", notes)
-    steps = _read_parquet(path / "step_predictions.parquet", notes)
     measured_dir = _measured_dir(path, record.measured_run)
     measured = None
-    if measured_dir is None:
+    if measured_dir is None:     # the run may have been moved or deleted since: the report goes on without it
         notes.append(f"measured run {record.measured_run!r} not found: CDFs show the simulated run only")
     else:
         import pandas as pd
         # every repeat's requests pooled: validation compares with the repeats' mean statistics
-        repeats = [_read_parquet(d / REQUESTS, notes) for d in repeat_dirs(measured_dir)]
-        repeats = [r for r in repeats if r is not None]
+        repeats = [read_parquet(d / REQUESTS, "a measured run's request log", LATENCY_COLUMNS)
+                   for d in repeat_dirs(measured_dir)]
         measured = pd.concat(repeats, ignore_index=True) if repeats else None
     return ValidationInput(path, record, simulated, measured, steps, notes)
 
@@ -66,36 +78,22 @@ def load_validation(path: Path) -> ValidationInput:
 def _measured_dir(validation_dir: Path, measured_run: str | None) -> Path | None:
     """validation.json names the measured run as it was given on the command line, which may be
     relative to another working directory; `validate`'s default output sits inside the run."""
-    for candidate in (Path(measured_run) if measured_run else None, validation_dir.parent):
+    for candidate in (Path(measured_run) if isinstance(measured_run, str) else None, validation_dir.parent):
         if candidate is not None and has_request_log(candidate):
             return candidate
     return None
 
 
 def load_tables(path: Path) -> TablesInput:
-    meta = _read_json(path / "meta.json")
-    notes, model = [], None
-    try:
-        from experiments.step_models import resolve_step_model
-        model = resolve_step_model(str(path))
-    except Exception as exc:   # tables from another version, or a loader still being written: report, go on
-        notes.append(f"could not load the tables as a step model ({type(exc).__name__}: {exc}); no heatmap")
-    return TablesInput(path, meta, model, notes)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"report: {path}: cannot read JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"report: {path}: expected a JSON object")
-    return data
-
-
-def _read_parquet(path: Path, notes: list[str]):
-    import pandas as pd
-    if not path.exists():
-        notes.append(f"{path.name} missing")
-        return None
-    return pd.read_parquet(path)
+    """A step-model directory; its kind is checked here so that another directory with a meta.json
+    (a measured run, a profile) is refused by name rather than reported as tables without a heatmap."""
+    meta = read_json(path / "meta.json", "the meta.json of a T_step table directory")
+    if meta.get("kind") not in STEP_MODEL_KINDS:
+        raise InputError(f"{path}: neither a validation directory (no validation.json) nor a T_step table "
+                         f"directory (meta.json has kind {meta.get('kind')!r}, expected one of "
+                         f"{', '.join(STEP_MODEL_KINDS)})")
+    if meta.get("mode") == "operators":
+        return TablesInput(path, meta, None, ["could not load the tables as a step model: per-operator "
+                                              "regressors only (fitted without --model-spec); no heatmap"])
+    from experiments.step_models import resolve_step_model
+    return TablesInput(path, meta, resolve_step_model(str(path)), [])

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.errors import InputError
+from simulator.readers import read_toml
 
 TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
             "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos"}
@@ -86,14 +87,8 @@ class SweepConfig:
 
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
-    import tomllib  # Python 3.11+; imported here so that the rest of stepcal still runs on 3.10
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the sweep config: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "a sweep config (TOML)")
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise InputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(TOP_KEYS))}")

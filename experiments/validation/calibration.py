@@ -144,7 +144,6 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
     naming the model)."""
-    import json
     import shutil
     import tempfile
 
@@ -152,6 +151,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     from experiments.validation.measured import load_measured_run
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
+    from simulator.readers import read_json
 
     run = load_measured_run(measured)
     model = resolve_step_model(step_model)
@@ -164,7 +164,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
                 shutil.copytree(source, Path(tmp) / "t")
                 for item in (Path(tmp) / "t").iterdir():
                     shutil.move(str(item), staging / item.name)
-            meta = json.loads((staging / "meta.json").read_text())
+            meta = read_json(staging / "meta.json", "the meta.json of a step-model directory")
         else:
             meta = {"kind": "builtin", "step_model": step_model}
         meta["host_terms"] = result.terms.to_dict()

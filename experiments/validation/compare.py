@@ -7,11 +7,14 @@ it when the measured run has repeats.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from experiments.validation.errors import ErrorCell, relative_error, stat_error
 from experiments.validation.measured import MeasuredRun
 from experiments.validation.steps import StepLevelError
+from simulator.errors import InputError
 from simulator.measured_run import METRICS, STATS, MetricStats, RunStats
+from simulator.readers import read_json
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,51 @@ class ValidationRecord:
             "step_model": self.step_model,
             "step_matched": None if self.step_matched is None else self.step_matched.to_dict(),
         })
+
+
+# What every validation.json has held; the later additions (num_repeats, step_matched, ...) are optional.
+RECORD_KEYS = ("measured_run", "num_requests", "num_finished_both", "metrics", "throughput_rps", "step_level")
+RECORD_WHAT = "the validation.json of `stepcal validate`"
+
+
+def read_record(path: str | Path) -> ValidationRecord:
+    """A validation.json read back (reports, the campaign's headline); InputError naming the file and
+    the key for anything ValidationRecord.from_dict cannot take."""
+    path = Path(path)
+    data = read_json(path, RECORD_WHAT, RECORD_KEYS)
+    metrics = data["metrics"]
+    if not isinstance(metrics, dict) or not metrics:
+        raise InputError(f"{path}: metrics must be an object of metrics ({RECORD_WHAT}), got {metrics!r}")
+    for metric, stats in metrics.items():
+        if not isinstance(stats, dict):
+            raise InputError(f"{path}: metrics.{metric} must be an object of statistics, got {stats!r}")
+        for stat, cell in stats.items():
+            _check_numbers(path, f"metrics.{metric}.{stat}", cell, nullable=False)
+    _check_numbers(path, "throughput_rps", data["throughput_rps"], nullable=True)
+    level = data["step_level"]
+    if isinstance(level, dict):      # its noise_floor is an object of its own
+        _check_numbers(path, "step_level.noise_floor", level.get("noise_floor"), nullable=True)
+        level = {k: v for k, v in level.items() if k != "noise_floor"}
+    _check_numbers(path, "step_level", level, nullable=True)
+    for key in ("num_preemptions", "step_matched"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise InputError(f"{path}: {key} must be an object, got {data[key]!r}")
+    matched = data.get("step_matched")
+    if matched and not (_number_or_null(matched.get("scale")) and isinstance(matched.get("metrics"), dict)):
+        raise InputError(f"{path}: step_matched must hold scale and metrics, got {matched!r}")
+    return ValidationRecord.from_dict(data)
+
+
+def _check_numbers(path: Path, key: str, value, nullable: bool) -> None:
+    """`value` is an object of numbers or nulls (or null itself where allowed)."""
+    if value is None and nullable:
+        return
+    if not isinstance(value, dict) or not all(_number_or_null(v) for v in value.values()):
+        raise InputError(f"{path}: {key} must be an object of numbers or null, got {value!r}")
+
+
+def _number_or_null(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def compare(run: MeasuredRun, simulated_requests, simulated: RunStats, step_level: StepLevelError,

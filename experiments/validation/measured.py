@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.measured_run import METRICS, STATS, MetricStats, RunStats, read_measured_run
+from simulator.measured_run import METRICS, REPLAY, STATS, MetricStats, RunStats, read_measured_run
 
 
 @dataclass
@@ -25,7 +25,7 @@ class MeasuredRun:
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
     import pandas as pd
-    files = read_measured_run(path, arg_name="--measured")
+    files = read_measured_run(path, arg_name="--measured", needs=REPLAY)
     top = RunStats.from_summary(files.summary)
     summaries = [r.summary for r in files.repeats if r.summary is not None]
     stats = top

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simulator.bounds import MAX_TOKENS_PER_REQUEST
 from simulator.errors import InputError
 
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
@@ -75,6 +76,7 @@ def read_vllm_bench(path: str | Path) -> VllmBench:
     itls = [np.zeros(0) if failed[i] else _time_list(path, f"itls[{i}]", v) for i, v in enumerate(data["itls"])]
     totals = {k: data[k] for k in TOTALS_KEYS if k in data}
     arrival, source, warnings = _arrivals(path, data, n)
+    warnings = warnings + _sparse_gap_warnings(output, itls, failed)
     return VllmBench(path, arrival, source, prompt, output, ttft, itls, failed, totals, warnings)
 
 
@@ -92,9 +94,23 @@ def _load_json(path: Path) -> dict:
 
 def _int_list(path: Path, key: str, values: list, minimum: int) -> np.ndarray:
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < minimum:
-            raise InputError(f"{path}: {key!r}[{i}] must be an integer >= {minimum}, got {v!r}")
+        whole = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v == int(v)
+        if not whole or not minimum <= v <= MAX_TOKENS_PER_REQUEST:
+            raise InputError(f"{path}: {key!r}[{i}] must be an integer from {minimum} to "
+                             f"{MAX_TOKENS_PER_REQUEST:,}, got {v!r}")
     return np.asarray(values, dtype=np.int64)
+
+
+def _sparse_gap_warnings(output: np.ndarray, itls: list, failed: np.ndarray) -> list[str]:
+    """Requests with far fewer inter-token gaps than tokens: streamed in chunks, or cut short.
+    Their TPOT (summed gaps over output - 1) is only right if the gaps cover the whole decode."""
+    sparse = [i for i, gaps in enumerate(itls) if not failed[i] and output[i] > 2 and len(gaps) < (output[i] - 1) / 2]
+    if not sparse:
+        return []
+    i = sparse[0]
+    return [f"{len(sparse)} request(s) have fewer than half as many inter-token gaps as output tokens "
+            f"(e.g. index {i}: {len(itls[i])} gaps for {output[i]} tokens); their TPOT assumes the gaps "
+            f"span the whole decode"]
 
 
 def _time_list(path: Path, key: str, values, allow_none: np.ndarray | None = None) -> np.ndarray:
@@ -175,10 +191,22 @@ def bench_trace(bench: VllmBench):
                              request_id=np.arange(len(bench), dtype=np.int64), source=str(bench.path))
 
 
+def _check_kv_capacity(bench: VllmBench, block_size: int, kv_blocks: int | None) -> None:
+    """The deployment served every request, so its KV cache held the largest one whole; a smaller
+    --kv-blocks describes another deployment (and its replay could never finish that request)."""
+    if kv_blocks is None:
+        return
+    largest = int((bench.num_prompt_tokens + bench.num_output_tokens).max())
+    if largest > kv_blocks * block_size:
+        raise InputError(f"--kv-blocks {kv_blocks} x --block-size {block_size} holds {kv_blocks * block_size} "
+                         f"tokens, fewer than the largest request of {bench.path} ({largest} tokens)")
+
+
 def write_vllm_bench_run(bench: VllmBench, out: str | Path, *, model_spec, scheduler: str, scheduler_config,
                          block_size: int, kv_blocks: int | None) -> dict:
     """The bench as a one-repeat measured run (simulator.measured_run's layout, with an empty step log);
     returns its summary."""
+    _check_kv_capacity(bench, block_size, kv_blocks)
     from simulator.measured_run import Repeat, write_measured_run
     from simulator.metrics import clean_json, summarize
     from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.errors import InputError
+from simulator.readers import check_text, one_line, read_parquet
 from simulator.trace import REQUIRED_COLUMNS, Trace
 from simulator.workload import validate
 from simulator.workload.validate import Where
@@ -34,9 +35,13 @@ def read_trace(path: str | Path, fmt: str | None = None) -> Trace:
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not a trace file")
     kind = _file_kind(path, fmt)
+    if kind != "parquet":
+        _check_text_head(path)
     table = {"csv": _read_csv, "parquet": _read_parquet, "jsonl": _read_jsonl}[kind](path)
     where = Where(str(path), kind)
     fmt = fmt or _detect_format(where, table.columns)
+    if table.empty:     # a header alone: the readers shift arrivals by their minimum, which has none
+        raise InputError(f"{path}: the trace has no requests")
     return _READERS[fmt](where, table)
 
 
@@ -62,6 +67,13 @@ def _detect_format(where: Where, columns) -> str:
                      f"({', '.join(TRACE_FORMATS)})")
 
 
+def _check_text_head(path: Path) -> None:
+    """A binary file given as a CSV or JSONL trace is refused as such: pandas would report it as a
+    tokenising error at some line, JSONL as a broken line. The head is enough: traces are large."""
+    with path.open("rb") as f:
+        check_text(path, f.read(1 << 16), "a trace: CSV, JSONL or Parquet")
+
+
 # ---- file kinds -> a DataFrame whose index is the 0-based row (or line) label ----
 
 def _read_csv(path: Path):
@@ -72,17 +84,23 @@ def _read_csv(path: Path):
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the file is empty") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable CSV file ({_one_line(exc)})") from None
+        raise InputError(f"{path}: not a readable CSV file ({one_line(exc)})") from None
+    _check_header(path)
     return frame.dropna(how="all")
 
 
+def _check_header(path: Path) -> None:
+    """pandas renames a repeated column to `name.1`: which of the two holds the data is a guess."""
+    import csv
+    with open(path, newline="", encoding="utf-8") as f:
+        header = [c.strip() for c in next(csv.reader(f), [])]
+    repeated = [c for c in dict.fromkeys(header) if header.count(c) > 1]
+    if repeated:
+        raise InputError(f"{path}: column {repeated[0]!r} appears {header.count(repeated[0])} times in the header")
+
+
 def _read_parquet(path: Path):
-    import pandas as pd
-    import pyarrow as pa
-    try:
-        return pd.read_parquet(path)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+    return read_parquet(path, "a trace")
 
 
 def _read_jsonl(path: Path):
@@ -106,10 +124,6 @@ def _read_jsonl(path: Path):
     return pd.DataFrame.from_records(records, index=labels)
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:200]
-
-
 # ---- formats -> Trace ----
 
 def _read_stepcal(where: Where, table) -> Trace:
@@ -126,7 +140,7 @@ def _read_stepcal(where: Where, table) -> Trace:
         optional["priority"] = validate.ints(where, table["priority"], "priority")
     for name in ("slo_ttft_ms", "slo_tpot_ms"):
         if name in table.columns:   # empty means "no SLO for this request": NaN
-            optional[name] = validate.numbers(where, table[name], name, allow_missing=True)
+            optional[name] = validate.positive_or_missing(where, table[name], name)
     hashes = None
     if "prefix_hash_ids" in table.columns:
         hashes = _hash_lists(where, table["prefix_hash_ids"], "prefix_hash_ids")

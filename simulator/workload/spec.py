@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.bounds import MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST
 from simulator.errors import InputError
 from simulator.workload.generators import (
     Empirical,
@@ -106,6 +107,9 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
         arrivals = OnOff(rate, need("on", "seconds on, e.g. on=10"), need("off", "seconds off, e.g. off=30"))
     if "n" not in p and "duration" not in p:
         raise InputError(f"{label} {text!r}: give its size, n=REQUESTS or duration=SECONDS")
+    if "n" not in p and rate * p["duration"] > MAX_REQUESTS:
+        raise InputError(f"{label} {text!r}: rate x duration asks for ~{rate * p['duration']:.3g} requests; "
+                         f"at most {MAX_REQUESTS:,} (simulator.bounds)")
     if "lengths" in p:
         prompt = output = p["lengths"]
     else:
@@ -137,14 +141,14 @@ def _float(value: str, where: str, allow_zero: bool) -> float:
     return number
 
 
-def _int(value: str, where: str, minimum: int) -> int:
+def _int(value: str, where: str, minimum: int, maximum: int = MAX_TOKENS_PER_REQUEST) -> int:
     try:
         number = int(value)
     except ValueError:
         number = None
-    if number is None or number < minimum:
+    if number is None or not minimum <= number <= maximum:
         kind = "a positive integer" if minimum > 0 else "a non-negative integer"
-        raise InputError(f"{where}: must be {kind}, got {value!r}")
+        raise InputError(f"{where}: must be {kind} up to {maximum:,} (simulator.bounds), got {value!r}")
     return number
 
 
@@ -184,6 +188,6 @@ def _empirical_only(value: str, where: str):
 _VALUE_PARSERS = {
     "rate": _positive_float, "cv": _positive_float, "on": _positive_float,
     "off": _non_negative_float, "duration": _positive_float,
-    "n": lambda v, w: _int(v, w, 1), "seed": lambda v, w: _int(v, w, 0),
+    "n": lambda v, w: _int(v, w, 1, MAX_REQUESTS), "seed": lambda v, w: _int(v, w, 0, MAX_SEED),
     "prompt": _distribution, "output": _distribution, "lengths": _empirical_only,
 }

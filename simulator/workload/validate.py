@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
 from simulator.errors import InputError
 
 
@@ -59,8 +60,17 @@ def numbers(where: Where, series, column: str, *, allow_missing: bool = False) -
     return values
 
 
+def positive_or_missing(where: Where, series, column: str) -> np.ndarray:
+    """The column as float64 > 0 where given; empty stays NaN (an SLO a request does not have)."""
+    values = numbers(where, series, column, allow_missing=True)
+    where.reject(series, column, values <= 0, "must be positive (or empty for none)")
+    return values
+
+
 def positive_ints(where: Where, series, column: str) -> np.ndarray:
-    """The column as int64 > 0 (token counts)."""
+    """The column as int64 > 0 (token counts), at most MAX_TOKENS_PER_REQUEST."""
+    too_large = numbers(where, series, column) > MAX_TOKENS_PER_REQUEST
+    where.reject(series, column, too_large, f"must be at most {MAX_TOKENS_PER_REQUEST:,} tokens (simulator.bounds)")
     values = ints(where, series, column)
     where.reject(series, column, values <= 0, "must be positive")
     return values
@@ -70,6 +80,8 @@ def ints(where: Where, series, column: str) -> np.ndarray:
     """The column as int64 (ids, priorities)."""
     values = numbers(where, series, column)
     where.reject(series, column, values != np.round(values), "must be a whole number")
+    # Past 2^53 a float no longer holds every integer, and past 2^63 int64 wraps around.
+    where.reject(series, column, np.abs(values) > 2.0**53, "is too large to be a count or id")
     return values.astype(np.int64)
 
 
@@ -77,6 +89,8 @@ def non_negative(where: Where, series, column: str) -> np.ndarray:
     """The column as float64 >= 0 (arrival times)."""
     values = numbers(where, series, column)
     where.reject(series, column, values < 0, "must not be negative")
+    where.reject(series, column, values > MAX_ARRIVAL_S, f"must be at most {MAX_ARRIVAL_S:g} s (a year; "
+                 f"simulator.bounds): seconds expected, not milliseconds or an epoch")
     return values
 
 

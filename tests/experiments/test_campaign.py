@@ -149,8 +149,8 @@ def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_
 @pytest.mark.parametrize("flags, message", [
     (["--model-spec", "nope"], "--model-spec"),
     (["--prompt", "lognormal:x"], "--prompt / --output"),
-    (["--device", "tpu"], "--device tpu"),
-    (["--chunk-size", "0"], "--chunk-size 0"),
+    (["--device", "tpu"], "--device: unknown device 'tpu'"),
+    (["--chunk-size", "0"], "--chunk-size: the value must be a whole number from 1"),
     (["--num-requests", "5"], "--num-requests >= 20"),
 ])
 def test_quickstart_rejects_bad_flags_in_one_line_before_any_work(tmp_path, capsys, flags, message):

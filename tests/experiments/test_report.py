@@ -32,7 +32,7 @@ def inputs(tmp_path_factory):
     tables = root / "tables"
     tables.mkdir()
     (tables / "meta.json").write_text(json.dumps(
-        {"kind": "not-loadable", "heldout": {"mape": 0.034, "per_op": {"gemm": 0.02}}, "features": ["num_tokens"]}))
+        {"kind": "stepcal.t_step_tables", "mode": "operators", "heldout": {"mape": 0.034, "per_op": {"gemm": 0.02}}, "features": ["num_tokens"]}))
     return root
 
 
@@ -46,7 +46,7 @@ def report(inputs, tmp_path_factory):
 
 def test_report_files_and_self_contained_html(report):
     pngs = sorted(p.name for p in report.glob("*.png"))
-    # engine: CDFs + step scatter; bench: CDFs only (no step log); tables: not loadable; linear: heatmap
+    # engine: CDFs + step scatter; bench: CDFs only (no step log); tables: operators only; linear: heatmap
     assert pngs == ["bench_validation_latency_cdf.png", "engine_validation_latency_cdf.png",
                     "engine_validation_step_time.png", "heatmap_linear_2_0.05_0.001.png"]
     for name in pngs:

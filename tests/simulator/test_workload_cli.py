@@ -65,7 +65,7 @@ def test_generate_converts_a_file_with_rate_and_cut(tmp_path):
     (["trace", "stats", str(FIXTURES / "azure_tiny.csv"), "--trace-format", "vidur"],
      "missing column 'arrived_at'"),
     (["trace", "generate", "poisson:rate=1,n=3,prompt=fixed:1,output=fixed:1", "--out", "x.txt"],
-     r"x\.txt: a trace is written as \.csv or \.parquet"),
+     r"--out x\.txt: must end in \.csv or \.parquet"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, pattern):
     assert cli.main(argv) == 2
