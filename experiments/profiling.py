@@ -47,8 +47,14 @@ def describe_sweep(result) -> str:
     state = "complete" if result.complete else "incomplete (run again to resume)"
     rounds = f" x {result.rounds} rounds" if result.rounds > 1 else ""
     return (f"{result.out}/profile.parquet: {result.num_points} points{rounds}, "
-            f"{result.num_measured} measured now ({result.num_done_before} points done before), "
+            f"{result.num_measured} measured now ({result.num_done_before} points done before{_reused(result)}), "
             f"{result.num_failed} failed; {state}; {result.elapsed_s:.1f} s")
+
+
+def _reused(result) -> str:
+    """Measurements kept from earlier runs beyond whole points (a sweep stopped mid-pass)."""
+    partial = result.num_reused - result.num_done_before * result.rounds
+    return f", {result.num_reused} measurements reused" if partial > 0 else ""
 
 
 def parse_ops(text: str) -> tuple[str, ...]:

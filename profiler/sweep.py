@@ -67,6 +67,7 @@ class SweepResult:
     complete: bool
     elapsed_s: float
     rounds: int = 1
+    num_reused: int = 0      # measurements (point x round) done before this run, whole points or not
 
 
 def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None = None,
@@ -88,7 +89,9 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
 
     points = config.points()
     rounds = config.policy.rounds
-    with ProfileDir(out) as pdir:
+    pdir = ProfileDir(out)
+    _check_meta(pdir, config)      # before the lock and parts/ exist: a refused directory stays as it was
+    with pdir:
         meta = _check_meta(pdir, config)
         fingerprint = hardware_fingerprint(config.device, config.num_threads)
         frame, _ = pdir.read_rows()
@@ -118,8 +121,10 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
                      "num_failed": num_failed})
         pdir.write_meta(meta)
     num_done_before = sum(1 for n in done.values() if n >= rounds)
+    # A resumed sweep may stop mid-pass: points with some rounds done count as measurements reused.
+    num_reused = sum(min(n, rounds) for n in done.values())
     return SweepResult(out, len(points), num_done_before, measured, num_failed,
-                       complete, clock() - started, rounds)
+                       complete, clock() - started, rounds, num_reused)
 
 
 def _previous_rows(frame, retry_failed: bool) -> dict[str, dict]:

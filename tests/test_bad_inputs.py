@@ -168,3 +168,12 @@ def test_sparse_inter_token_gaps_are_a_warning(tmp_path, capsys):
     assert main(["import", "vllm-bench", str(path), "--model-spec", "tiny", "--quiet", "--out", str(tmp_path / "o")]) == 0
     assert "fewer than half as many inter-token gaps as output tokens (e.g. index 0: 3 gaps for 300 tokens)" \
         in capsys.readouterr().err
+
+
+def test_report_does_not_create_an_mlflow_store_to_look_for_a_run(tmp_path):
+    from experiments.report.build import mlflow_client
+    from simulator.errors import InputError
+    store = tmp_path / "new.db"
+    with pytest.raises(InputError, match=f"--tracking-uri sqlite:///{store}: no MLflow store at {store}"):
+        mlflow_client("abc", f"sqlite:///{store}")
+    assert not store.exists()

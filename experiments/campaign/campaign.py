@@ -49,9 +49,8 @@ class Campaign:
         print(f"[{started - self.t0:6.1f} s] {title}", file=sys.stderr, flush=True)
         try:
             result = work()
-        except InputError as exc:     # said as `stepcal COMMAND` would say it, then which stage it was
-            print(f"stepcal: {exc}", file=sys.stderr)
-            raise InputError(f"quickstart: stage '{title}' failed (stepcal {command} exited 2)") from None
+        except InputError as exc:     # one line: which stage, then what `stepcal COMMAND` would have said
+            raise InputError(f"quickstart: stage '{title}' failed (stepcal {command}): {exc}") from None
         except StageExit as exc:
             raise InputError(f"quickstart: stage '{title}' failed (stepcal {command} exited {exc.code})") from None
         self.c.timings[title] = round(time.perf_counter() - started, 1)

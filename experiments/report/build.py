@@ -168,6 +168,7 @@ def heatmap_png(model, title: str) -> bytes:
 def mlflow_client(run_id: str, tracking_uri: str | None = None):
     """A client for an existing MLflow run (checked first, so a wrong id fails before any work)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    _require_existing_store(tracking_uri)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -177,6 +178,15 @@ def mlflow_client(run_id: str, tracking_uri: str | None = None):
         raise InputError(f"--mlflow-run-id {run_id}: no such run at {tracking_uri or 'the default tracking URI'} "
                          f"({str(exc).splitlines()[0]})") from None
     return client
+
+
+def _require_existing_store(tracking_uri: str | None) -> None:
+    """MLflow creates a new, empty SQLite store where the URI points at nothing; a run to log a
+    report into can only be in an existing one, so say so instead of writing an empty database."""
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        path = Path(tracking_uri[len("sqlite:///"):])
+        if not path.is_file():
+            raise InputError(f"--tracking-uri {tracking_uri}: no MLflow store at {path}")
 
 
 def log_report_to_mlflow(client, run_id: str, out: str | Path, files: list[str]) -> None:

@@ -227,8 +227,9 @@ def test_a_failing_stage_says_which_stage_and_command(tmp_path, monkeypatch, cap
     monkeypatch.setattr(profiling, "profile_kernels", bad_grid)
     with pytest.raises(InputError) as failed:
         Campaign(CampaignConfig(out=tmp_path, grid="nope")).run()
-    assert str(failed.value) == "quickstart: stage 'profile kernels (nope grid)' failed (stepcal profile exited 2)"
-    assert capsys.readouterr().err.splitlines()[1:] == ["stepcal: --grid nope: no such grid"]
+    assert str(failed.value) == ("quickstart: stage 'profile kernels (nope grid)' failed (stepcal profile): "
+                                 "--grid nope: no such grid")
+    assert capsys.readouterr().err.splitlines()[1:] == []     # the stage's line only: the error is said once
     monkeypatch.setattr(profiling, "profile_kernels", lambda *args, **kwargs: SimpleNamespace(complete=False))
     monkeypatch.setattr(profiling, "describe_sweep", lambda result: "incomplete")
     with pytest.raises(InputError, match=r"\(stepcal profile exited 3\)$"):

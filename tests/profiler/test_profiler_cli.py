@@ -107,3 +107,22 @@ def test_cli_bad_timing_in_a_grid_file(tmp_path, capsys):
     grid = write_grid(tmp_path / "g.json", {"timing": {"rounds": 0}, "gemm": {"m": [1]}})
     assert main(["profile", "--model-spec", "tiny", "--grid", grid, "--out", str(tmp_path / "p")]) == 2
     assert "[timing]: rounds must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_resume_mid_pass_counts_the_measurements_it_reused(tmp_path):
+    from experiments.profiling import describe_sweep
+    from profiler.sweep import SweepResult
+    # 6 rounds over 20 points, stopped in its 5th pass after 96 measurements: no point is whole yet
+    mid_pass = SweepResult(tmp_path, 20, 0, 24, 0, True, 1.0, rounds=6, num_reused=96)
+    assert "24 measured now (0 points done before, 96 measurements reused)" in describe_sweep(mid_pass)
+    whole = SweepResult(tmp_path, 20, 4, 96, 0, True, 1.0, rounds=6, num_reused=24)
+    assert "(4 points done before)," in describe_sweep(whole)
+
+
+def test_a_refused_directory_is_left_as_it_was(tmp_path, capsys):
+    out = tmp_path / "prof"
+    out.mkdir()
+    (out / "meta.json").write_text('{"identity": [1]}')
+    assert main(["profile", "--model-spec", "tiny", "--ops", "gemm", "--out", str(out)]) == 2
+    assert "identity must be an object" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json"]        # no .lock, no parts/
