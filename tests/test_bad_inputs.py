@@ -177,3 +177,12 @@ def test_report_does_not_create_an_mlflow_store_to_look_for_a_run(tmp_path):
     with pytest.raises(InputError, match=f"--tracking-uri sqlite:///{store}: no MLflow store at {store}"):
         mlflow_client("abc", f"sqlite:///{store}")
     assert not store.exists()
+
+
+def test_a_list_valued_parquet_cell_is_shown_whole(tmp_path, capsys):
+    import pandas as pd
+    path = tmp_path / "t.parquet"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "num_prompt_tokens": [[5, 6], [7]], "num_output_tokens": [3, 4]}).to_parquet(path)
+    code, err, _, new = _run(["simulate", "--trace", str(path), "--step-model", "const:5"], capsys, tmp_path)
+    assert code == 2 and err.count("\n") == 1 and not new
+    assert "column 'num_prompt_tokens' is not a number, got [5, 6]" in err

@@ -34,8 +34,10 @@ class Where:
             raise self.error(series.index[i], column, problem, series.iloc[i] if show_value else None)
 
     def error(self, label: int, column: str, problem: str, value=None) -> InputError:
-        if hasattr(value, "item"):    # a numpy scalar prints as np.int64(-3); show -3
+        if isinstance(value, np.generic):      # a numpy scalar prints as np.int64(-3); show -3
             value = value.item()
+        elif isinstance(value, np.ndarray):    # a list-valued Parquet cell: show all of it
+            value = value.tolist()
         got = "" if value is None else f", got {value!r}"
         return InputError(f"{self.path}: {self.row(label)}: column {column!r} {problem}{got}")
 
@@ -98,7 +100,8 @@ def seconds_since_first(where: Where, series, column: str) -> np.ndarray:
     """Date-time strings (ISO 8601, up to nanoseconds) as float seconds since the earliest one."""
     import pandas as pd
     where.reject(series, column, series.isna().to_numpy(), "is empty", show_value=False)
-    stamps = pd.to_datetime(series, format="ISO8601", errors="coerce")
+    # As text: pandas is to read bare numbers as epochs one day, which would accept them silently.
+    stamps = pd.to_datetime(series.astype(str), format="ISO8601", errors="coerce")
     where.reject(series, column, stamps.isna().to_numpy(), "is not a date-time like 2023-11-16 18:15:46.6805900")
     # Differences in integer nanoseconds first, so the 7th fractional digit survives.
     offsets = stamps - stamps.min()
