@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.batch import FEATURE_NAMES
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 
 # op: gemm, attn_prefill, attn_decode, step, overhead, elementwise (Vidur's small per-layer ops),
 # moe, mla_prefill, mla_decode, or an imported op name. name: the sub-operation (qkv_proj,
@@ -68,7 +68,7 @@ def check_times(frame: pd.DataFrame, column: str, *, path: str, rows=None) -> No
         i = int(np.flatnonzero(bad)[0])
         row = int(rows[i]) if rows is not None else i
         raise InputError(f"{path}: row {row}: column {column!r} must be a finite positive time in ms, "
-                         f"got {frame[column].iloc[i]!r}")
+                         f"got {shown(frame[column].iloc[i])}")
 
 
 def require_columns(frame: pd.DataFrame, columns, *, path: str, what: str) -> None:
@@ -85,7 +85,7 @@ def check_positive(frame: pd.DataFrame, columns, *, path: str) -> None:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"{path}: row {i}: column {col!r} must be a positive number, "
-                             f"got {frame[col].iloc[i]!r}")
+                             f"got {shown(frame[col].iloc[i])}")
 
 
 def check_text(frame: pd.DataFrame, column: str, *, path: str) -> None:
@@ -93,7 +93,7 @@ def check_text(frame: pd.DataFrame, column: str, *, path: str) -> None:
     for i, value in enumerate(frame[column]):
         if not isinstance(value, str) or not value.strip():
             raise InputError(f"{path}: row {i}: column {column!r} must be a non-empty label, "
-                             f"got {value!r}")
+                             f"got {shown(value)}")
 
 
 def data_hash(frame: pd.DataFrame) -> str:

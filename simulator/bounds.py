@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 
 MAX_TOKENS_PER_REQUEST = 10_000_000        # 10M tokens: ten times the longest context windows
 MAX_REQUESTS = 50_000_000                  # one trace; Azure's week-long traces hold ~30M
@@ -25,12 +25,12 @@ def number(value, what: str, *, minimum: float = 0.0, strict: bool = True,
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"{what} must be a number, got {_shown(value)}") from None
+        raise InputError(f"{what} must be a number, got {shown(value)}") from None
     low_ok = x > minimum if strict else x >= minimum
     if not math.isfinite(x) or not low_ok or x > maximum:
         bound = ">" if strict else ">="
         top = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
-        raise InputError(f"{what} must be a finite number {bound} {minimum:g}{top}, got {_shown(value)}")
+        raise InputError(f"{what} must be a finite number {bound} {minimum:g}{top}, got {shown(value)}")
     return x
 
 
@@ -42,12 +42,5 @@ def count(value, what: str, *, minimum: int = 1, maximum: int) -> int:
     except (TypeError, ValueError, OverflowError):
         whole = False
     if not whole or not minimum <= int(x) <= maximum:
-        raise InputError(f"{what} must be a whole number from {minimum} to {maximum:,}, got {_shown(value)}")
+        raise InputError(f"{what} must be a whole number from {minimum} to {maximum:,}, got {shown(value)}")
     return int(x)
-
-
-def _shown(value) -> str:
-    """The value as a user typed it: numpy scalars as plain numbers (no np.float64(...))."""
-    if hasattr(value, "item"):
-        value = value.item()
-    return repr(value)

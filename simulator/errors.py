@@ -3,3 +3,11 @@
 
 class InputError(Exception):
     """Bad user input (a file, a row, a flag). The CLI prints `stepcal: <message>` and exits 2."""
+
+
+def shown(value) -> str:
+    """A value as a person would write it, for messages: numpy scalars as plain numbers (never
+    `np.float64(nan)`), numpy arrays (a list-valued cell) as lists."""
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):     # numpy scalar or array
+        value = value.tolist()
+    return repr(value)

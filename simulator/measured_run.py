@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 from simulator.metrics import PERCENTILES
 from simulator.readers import read_json, read_parquet
 from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
@@ -195,7 +195,7 @@ def check_replay_meta(where: Path, meta: dict) -> None:
         if value is None and key.split(".")[-1] in NULLABLE:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{where}: {key} must be a positive integer, got {value!r}")
+            raise InputError(f"{where}: {key} must be a positive integer, got {shown(value)}")
 
 
 # Settings whose null means "no limit" (KV blocks) or "the scheduler's own default" (token budget).

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral
 from pathlib import Path
 
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 from simulator.readers import read_document
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
@@ -27,7 +27,7 @@ class Parallelism:
         for name in ("tp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, Integral) or isinstance(value, bool) or value <= 0:
-                raise InputError(f"parallelism: {name} must be a positive integer, got {value!r}")
+                raise InputError(f"parallelism: {name} must be a positive integer, got {shown(value)}")
             object.__setattr__(self, name, int(value))   # numpy integers too, stored as int
         if self.tp % self.ep:
             # ep > tp would need data-parallel attention, which is not modelled.
@@ -111,7 +111,7 @@ class ModelSpec:
             value, least = getattr(self, name), int(name in REQUIRED_FIELDS)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 what = "a positive" if least else "a non-negative"
-                raise InputError(f"model spec {self.name!r}: {name} must be {what} integer, got {value!r}")
+                raise InputError(f"model spec {self.name!r}: {name} must be {what} integer, got {shown(value)}")
         if self.num_heads % self.num_kv_heads:
             raise InputError(f"model spec {self.name!r}: num_heads ({self.num_heads}) must be a multiple "
                              f"of num_kv_heads ({self.num_kv_heads})")

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 
 REQUIRED_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
 OPTIONAL_COLUMNS = ("priority", "slo_ttft_ms", "slo_tpot_ms")   # per-request columns a trace may carry
@@ -87,9 +87,9 @@ def _check_positive_ints(source: str, name: str, col: np.ndarray) -> None:
     if col.dtype.kind == "f":
         bad = ~np.isfinite(col) | (col != np.round(col))
         if bad.any():
-            raise InputError(f"{source}: row {_first(bad)}: {name} must be a positive integer, got {col[_first(bad)]!r}")
+            raise InputError(f"{source}: row {_first(bad)}: {name} must be a positive integer, got {shown(col[_first(bad)])}")
     elif col.dtype.kind not in "iu":
         raise InputError(f"{source}: {name} must hold integers, found {col.dtype}")
     if (col <= 0).any():
         row = _first(col <= 0)
-        raise InputError(f"{source}: row {row}: {name} must be a positive integer, got {col[row]!r}")
+        raise InputError(f"{source}: row {row}: {name} must be a positive integer, got {shown(col[row])}")

@@ -124,6 +124,7 @@ def _assert_one_clear_line(code, err, elapsed, new_files, needle):
     assert code == 2, err
     assert err.startswith("stepcal") and err.count("\n") == 1 and "Traceback" not in err, err
     assert needle in err, err
+    assert "np.float" not in err and "np.int" not in err, err      # values as a person writes them
     assert not new_files, new_files
     assert elapsed < 5, elapsed
 
@@ -186,3 +187,15 @@ def test_a_list_valued_parquet_cell_is_shown_whole(tmp_path, capsys):
     code, err, _, new = _run(["simulate", "--trace", str(path), "--step-model", "const:5"], capsys, tmp_path)
     assert code == 2 and err.count("\n") == 1 and not new
     assert "column 'num_prompt_tokens' is not a number, got [5, 6]" in err
+
+
+@pytest.mark.parametrize("column, value, needle", [
+    ("time_ms", "nan", "column 'time_ms' must be a finite positive time in ms, got nan"),
+    ("m", "-4", "column 'm' must be a positive number, got -4"),
+])
+def test_bad_profile_cells_show_plain_values(tmp_path, capsys, column, value, needle):
+    row = {"op": "gemm", "time_ms": "0.5", "m": "4", "n": "8", "k": "8", column: value}
+    profile = tmp_path / "p.csv"
+    profile.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    code, err, elapsed, new = _run(["fit", "--profile", str(profile), "--no-mlflow"], capsys, tmp_path)
+    _assert_one_clear_line(code, err, elapsed, new - {profile}, needle)

@@ -6,7 +6,7 @@ import pandas as pd
 
 from costmodel.records import check_positive, check_times, make_records, require_columns
 from simulator.batch import FEATURE_NAMES, batch_row
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 
 STEP_LIKE_OPS = ("attn_prefill", "attn_decode", "step", "overhead")
 # A moe row's expert shape: record column -> the ModelSpec field it comes from.
@@ -59,7 +59,7 @@ def _ok_rows(frame: pd.DataFrame, path: str) -> np.ndarray:
     if unknown.any():
         i = int(np.flatnonzero(unknown.to_numpy())[0])
         raise InputError(f"{path}: row {i}: column 'status' must be 'ok' or 'failed', "
-                         f"got {frame['status'].iloc[i]!r}")
+                         f"got {shown(frame['status'].iloc[i])}")
     return (status == "ok").to_numpy()
 
 
@@ -144,5 +144,5 @@ def _positive(part: pd.DataFrame, columns, path, rows) -> None:
             if bad.any():
                 i = part.index[int(np.flatnonzero(bad)[0])]
                 raise InputError(f"{path}: row {int(rows[i])}: column {col!r} must be a positive "
-                                 f"number, got {part[col].loc[i]!r}") from None
+                                 f"number, got {shown(part[col].loc[i])}") from None
         raise

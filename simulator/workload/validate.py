@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,7 @@ class Where:
             raise self.error(series.index[i], column, problem, series.iloc[i] if show_value else None)
 
     def error(self, label: int, column: str, problem: str, value=None) -> InputError:
-        if isinstance(value, np.generic):      # a numpy scalar prints as np.int64(-3); show -3
-            value = value.item()
-        elif isinstance(value, np.ndarray):    # a list-valued Parquet cell: show all of it
-            value = value.tolist()
-        got = "" if value is None else f", got {value!r}"
+        got = "" if value is None else f", got {shown(value)}"   # -3, not np.int64(-3); lists whole
         return InputError(f"{self.path}: {self.row(label)}: column {column!r} {problem}{got}")
 
 
