@@ -4,7 +4,8 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from costmodel.compose import Axes, compose_terms, moe_target, op_grids
+from costmodel.axes import measured_values
+from costmodel.compose import Axes, compose_terms, data_axes, moe_target, op_grids
 from costmodel.compose_attention import attention_targets
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from costmodel.coverage import coverage_notes
@@ -23,13 +24,18 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     (written as meta.json too; the caller may rewrite it with the MLflow run id).
 
     Without a model spec, per-operator regressors are written alone (mode "operators"):
-    `stepcal predict` uses them; composing T_step needs the model's layers and widths."""
+    `stepcal predict` uses them; composing T_step needs the model's layers and widths.
+
+    `axes`: the knots of the terms' grids; by default costmodel.axes.DATA_RULE's, from the data
+    (Axes.default() gives the fixed log grid tables had before)."""
     import joblib
-    axes = axes or Axes.default()
     directory = Path(directory)
     terms = []
     has_ops = any(t != "step" for t in result.targets)
-    if has_ops and spec is not None:
+    composing = has_ops and spec is not None
+    if axes is None:
+        axes = data_axes(result, spec, parallelism, composition) if composing else Axes.default()
+    if composing:
         ops = op_grids(result, spec, parallelism, axes, composition)
         terms = compose_terms(result, spec, parallelism, axes, ops, composition)
         if len(ops):
@@ -55,7 +61,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "t_step_terms": t_step_terms,
         "missing_terms": sorted(expected_terms(spec, parallelism) - set(entries)) if mode == "composed" else [],
         "terms": entries,
-        "axes": {name: getattr(axes, name).tolist() for name in axes.__dataclass_fields__},
+        "axes": axes.to_meta(measured_values(result.records)),
         "training_data_hash": result.data_hash,
         "held_out_errors": {"overall": result.errors,
                             **{t: f.errors for t, f in result.targets.items()}},

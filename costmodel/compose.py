@@ -4,17 +4,18 @@ T_step(batch) = Σ over layers of (dense GEMMs and small per-token ops at Σq to
 model's kind) + the experts of mixture-of-experts layers + LM head + overhead, and the collectives
 of tensor and expert parallelism. Each term is evaluated on a grid (costmodel.tables looks it up);
 grid points past the profiled range take the regressor's own extrapolation (linear in FLOPs and
-bytes for the physics-informed family). Attention terms: costmodel.compose_attention;
+bytes for the physics-informed family). The grids' knots: costmodel.axes (data_axes() builds them
+from the data the regressors were fitted to). Attention terms: costmodel.compose_attention;
 collectives: costmodel.compose_comm.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
-from costmodel import grid
+from costmodel.axes import Axes, measured_values, refine_steps
 from costmodel.compose_attention import attention_terms
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, collective_terms
 from costmodel.fitting import FitResult
@@ -28,21 +29,6 @@ from simulator.model_spec import ModelSpec, Parallelism
 PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 OPS_COLUMNS = ["op", "num_tokens", "time_ms", "spread_ms", "layers"]
 EXPERTS_OP = "moe_experts"
-
-
-@dataclass(frozen=True)
-class Axes:
-    num_tokens: np.ndarray
-    num_seqs: np.ndarray
-    kv_mean: np.ndarray
-    prefill_tokens: np.ndarray
-    prefill_ctx: np.ndarray
-
-    @classmethod
-    def default(cls) -> Axes:
-        return cls(num_tokens=grid.axis(1, 65536, 72), num_seqs=grid.axis(1, 4096, 40),
-                   kv_mean=grid.axis(1, 131072, 36), prefill_tokens=grid.axis(1, 65536, 36),
-                   prefill_ctx=grid.axis(1, 131072, 36))
 
 
 def _elementwise_width(name: str, spec: ModelSpec, parallelism: Parallelism) -> float:
@@ -61,7 +47,12 @@ def op_grids(result: FitResult, spec: ModelSpec, parallelism: Parallelism, axes:
              composition: Composition = DEFAULT_COMPOSITION) -> pd.DataFrame:
     """Per-layer time of each operator over num_tokens (the layout Vidur's mlp.csv takes), with
     the number of layers that run it per step (`layers`: 1 for the embedding)."""
-    T = axes.num_tokens
+    return _ops_at(result, spec, parallelism, axes.num_tokens, composition)
+
+
+def _ops_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
+            composition: Composition, with_spread: bool = True) -> pd.DataFrame:
+    """op_grids() at the token counts T: one block of len(T) rows per operator, in T's order."""
     parts = []
     if "gemm" in result.targets:
         counts = spec.gemm_layer_counts()
@@ -70,7 +61,7 @@ def op_grids(result: FitResult, spec: ModelSpec, parallelism: Parallelism, axes:
                 continue
             mean, spread = predict_grid(result, "gemm", dict(
                 row=np.arange(len(T)), op="gemm", m=T, n=np.full(len(T), n), k=np.full(len(T), k)),
-                spec.dtype)
+                spec.dtype, with_spread=with_spread)
             parts.append(_op_frame(name, T, mean, spread, counts[name]))
     for name in ("emb",) + PER_LAYER_ELEMENTWISE:
         target = f"elementwise:{name}"
@@ -78,9 +69,10 @@ def op_grids(result: FitResult, spec: ModelSpec, parallelism: Parallelism, axes:
             mean, spread = predict_grid(result, target, dict(
                 row=np.arange(len(T)), op="elementwise", name=name, num_tokens=T,
                 tp=np.full(len(T), float(parallelism.tp)),
-                width=np.full(len(T), _elementwise_width(name, spec, parallelism))), spec.kv_dtype or spec.dtype)
+                width=np.full(len(T), _elementwise_width(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
+                with_spread=with_spread)
             parts.append(_op_frame(name, T, mean, spread, 1 if name == "emb" else spec.num_layers))
-    experts = _experts_ops(result, spec, parallelism, axes, composition)
+    experts = _experts_ops(result, spec, parallelism, T, composition, with_spread)
     if experts is not None:
         parts.append(experts)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=OPS_COLUMNS)
@@ -112,20 +104,20 @@ def _skew(distribution: str) -> float:
         return float("inf")
 
 
-def _experts_ops(result, spec: ModelSpec, parallelism: Parallelism, axes: Axes,
-                 composition: Composition) -> pd.DataFrame | None:
-    """One MoE layer's routed experts (one fused kernel) over num_tokens, on one GPU."""
+def _experts_ops(result, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
+                 composition: Composition, with_spread: bool = True) -> pd.DataFrame | None:
+    """One MoE layer's routed experts (one fused kernel) over num_tokens T, on one GPU."""
     target = moe_target(result, spec, composition)
     if target is None:
         return None
-    T = axes.num_tokens
     n = len(T)
     mean, spread = predict_grid(result, target, dict(
         row=np.arange(n), op="moe", name=target.split(":", 1)[1], num_tokens=T,
         width=np.full(n, float(spec.hidden_size)), expert_ffn_size=np.full(n, float(spec.expert_ffn_size)),
         num_experts=np.full(n, float(spec.num_experts)),
         experts_per_token=np.full(n, float(spec.experts_per_token)),
-        tp=np.full(n, float(parallelism.moe_tp)), ep=np.full(n, float(parallelism.ep))), spec.dtype)
+        tp=np.full(n, float(parallelism.moe_tp)), ep=np.full(n, float(parallelism.ep))), spec.dtype,
+        with_spread=with_spread)
     return _op_frame(EXPERTS_OP, T, mean, spread, spec.num_moe_layers)
 
 
@@ -159,21 +151,75 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
     terms += attention_terms(result, spec, parallelism, axes)
     terms += collective_terms(result, spec, parallelism, axes, composition)
     if "overhead" in result.targets:
-        B = axes.num_seqs
-        mean, spread = predict_grid(result, "overhead", dict(
-            row=np.arange(len(B)), op="overhead", num_seqs=B, num_tokens=B), spec.dtype)
-        terms.append(FeatureCurve("overhead", "num_seqs", B, mean, spread,
+        mean, spread = _overhead_at(result, spec, axes.num_seqs)
+        terms.append(FeatureCurve("overhead", "num_seqs", axes.num_seqs, mean, spread,
                                   "host overhead per step by batch size"))
     return terms
 
 
+def _overhead_at(result: FitResult, spec: ModelSpec, B: np.ndarray, with_spread: bool = True):
+    return predict_grid(result, "overhead", dict(
+        row=np.arange(len(B)), op="overhead", num_seqs=B, num_tokens=B), spec.dtype, with_spread=with_spread)
+
+
 def lm_head_ops(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
                 axes: Axes) -> pd.DataFrame:
+    return _lm_head_at(result, spec, parallelism, axes.num_seqs)
+
+
+def _lm_head_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, B: np.ndarray,
+                with_spread: bool = True) -> pd.DataFrame:
     if "gemm" not in result.targets:
         return pd.DataFrame(columns=["op", "num_tokens", "time_ms", "spread_ms"])
-    B = axes.num_seqs
     n, k = spec.gemm_shapes(parallelism)["lm_head"]
     mean, spread = predict_grid(result, "gemm", dict(
         row=np.arange(len(B)), op="gemm", m=B, n=np.full(len(B), n), k=np.full(len(B), k)),
-        spec.dtype)
+        spec.dtype, with_spread=with_spread)
     return pd.DataFrame({"op": "lm_head", "num_tokens": B, "time_ms": mean, "spread_ms": spread})
+
+
+# ---------------------------------------------------------------------------- the grids' knots
+
+def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
+                       composition: Composition = DEFAULT_COMPOSITION) -> dict[str, np.ndarray]:
+    """The per-token terms (linear, moe) at token counts T straight from the regressors: what
+    their tables hold at their knots, in ms per step."""
+    T = np.asarray(T, dtype=np.float64)
+    ops = _ops_at(result, spec, parallelism, T, composition, with_spread=False) if len(T) else []
+    if not len(ops):
+        return {}
+    # One row per operator, in T's order (_ops_at's layout), weighted by the layers that run it.
+    per_op = (ops["time_ms"] * ops["layers"]).to_numpy(dtype=np.float64).reshape(-1, len(T))
+    experts = (ops["op"] == EXPERTS_OP).to_numpy()[::len(T)]
+    parts = {"linear": per_op[~experts], "moe": per_op[experts]}
+    return {name: rows.sum(axis=0) for name, rows in parts.items() if len(rows)}
+
+
+def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
+                     B: np.ndarray) -> dict[str, np.ndarray]:
+    """The per-sequence terms (lm_head, overhead) at batch sizes B straight from the regressors."""
+    B = np.asarray(B, dtype=np.float64)
+    out = {}
+    lm = _lm_head_at(result, spec, parallelism, B, with_spread=False)
+    if len(lm):
+        out["lm_head"] = lm["time_ms"].to_numpy(dtype=np.float64)
+    if "overhead" in result.targets:
+        out["overhead"] = _overhead_at(result, spec, B, with_spread=False)[0]
+    return out
+
+
+def data_axes(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
+              composition: Composition = DEFAULT_COMPOSITION) -> Axes:
+    """The knots of every term's grid by costmodel.axes.DATA_RULE: the data's own values and a
+    knot each side of every step the composed 1-D terms take between them."""
+    measured = measured_values(result.records)
+    axes = Axes.from_data(measured)
+
+    def rows(terms: dict[str, np.ndarray], n: int) -> np.ndarray:
+        return np.stack(list(terms.values())) if terms else np.zeros((1, n))
+
+    num_tokens = refine_steps(axes.num_tokens, measured["num_tokens"], lambda T: rows(
+        per_token_terms_ms(result, spec, parallelism, T, composition), len(T)))
+    num_seqs = refine_steps(axes.num_seqs, measured["num_seqs"], lambda B: rows(
+        per_seq_terms_ms(result, spec, parallelism, B), len(B)))
+    return replace(axes, num_tokens=num_tokens, num_seqs=num_seqs)

@@ -35,14 +35,14 @@ def _heads(spec: ModelSpec, parallelism: Parallelism, n: int) -> dict:
 
 
 def _decode_term(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
-    b, kv = np.meshgrid(axes.num_seqs, axes.kv_mean, indexing="ij")
+    b, kv = np.meshgrid(axes.num_decode, axes.kv_mean, indexing="ij")
     b, kv = b.ravel(), kv.ravel()
     zeros = np.zeros(len(b))
     mean, spread = predict_grid(result, target, dict(
         row=np.arange(len(b)), op=target, num_seqs=b, num_tokens=b, num_decode=b,
         decode_kv_sum=b * kv, decode_kv_max=kv, prefill_tokens=zeros, prefill_attn_work=zeros,
         kv_sum=b * kv, **_heads(spec, parallelism, len(b))), spec.kv_dtype or spec.dtype)
-    return _layers_grid(DecodeAttention, "decode_attn", (axes.num_seqs, axes.kv_mean), mean, spread, spec,
+    return _layers_grid(DecodeAttention, "decode_attn", (axes.num_decode, axes.kv_mean), mean, spread, spec,
                         "decode attention by batch and mean KV length")
 
 

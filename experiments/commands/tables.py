@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from experiments.commands import argtypes
+
 HELP = "work with T_step table directories"
+# costmodel.export.DEFAULT_HBM_GBPS (not imported here: `stepcal --help` stays instant).
+DEFAULT_HBM_GBPS = 2039.0
 
 
 def register(subparsers) -> None:
@@ -12,12 +16,22 @@ def register(subparsers) -> None:
     e = sub.add_parser(
         "export", help="export tables to other formats",
         description="Export a T_step table directory: vidur (mlp.csv and attention.csv in the "
-                    "layout Vidur's profiling data takes, per layer, in ms), csv (one CSV per "
-                    "grid, plus meta.json) or json (one tables.json).",
+                    "layout Vidur's profiling data takes, per layer, in ms, at the points Vidur's "
+                    "profilers time, evaluated from the fitted regressors), csv (one CSV per "
+                    "grid, plus meta.json) or json (one tables.json). The vidur format refuses "
+                    "tables without attention data: Vidur cannot run without attention.csv.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     e.add_argument("tables", metavar="DIR", help="a directory written by `stepcal fit`")
     e.add_argument("--format", required=True, choices=["vidur", "csv", "json"])
     e.add_argument("--out", required=True, metavar="DIR2", help="output directory")
+    e.add_argument("--vidur-model", default=None, metavar="NAME",
+                   help="vidur: write the filter keys of this Vidur model config (e.g. meta-llama/Llama-2-7b-hf, "
+                        "codellama/CodeLlama-34b-Instruct-hf, Qwen/Qwen-72B); refused when the tables' model "
+                        "has another shape. Default: the keys of the Vidur profile the tables were fitted from, "
+                        "else of the model spec in Vidur's convention")
+    e.add_argument("--hbm-gbps", type=argtypes.positive, default=DEFAULT_HBM_GBPS,
+                   help="vidur: device memory bandwidth in GB/s of the attn_kv_cache_save estimate (K and V of "
+                        "the new tokens written at this speed; no input times it); 2039: A100-SXM4-80GB")
     e.set_defaults(func=run_export)
     p.set_defaults(func=lambda args: _usage(p))
 
@@ -36,6 +50,8 @@ def run_export(args) -> int:
     from simulator.io import atomic_output_dir
 
     with atomic_output_dir(Path(args.out)) as staging:
-        written = export_tables(args.tables, args.format, staging)
-    print(f"wrote {', '.join(str(Path(args.out) / p.name) for p in written)}")
+        export = export_tables(args.tables, args.format, staging, vidur_model=args.vidur_model,
+                               hbm_gbps=args.hbm_gbps)
+    notes = "".join(f"; {note}" for note in export.notes)
+    print(f"wrote {', '.join(str(Path(args.out) / p.name) for p in export.files)}{notes}")
     return 0

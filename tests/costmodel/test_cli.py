@@ -2,14 +2,13 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from costmodel.tables import load_step_model
 from experiments.cli import main
 from simulator.batch import StepFeatures
-from tests.costmodel.conftest import PROFILES, SPEC, make_step_log, require_shared, step_ms
+from tests.costmodel.conftest import PROFILES, make_step_log, require_shared, step_ms
 
 
 def test_fit_logs_an_mlflow_run_and_registers_a_model(step_log_file, tmp_path, tracking_uri, monkeypatch):
@@ -62,26 +61,9 @@ def test_export_vidur_csv_json(fitted_tables, tmp_path):
     assert {"time_stats.attn_pre_proj.median", "time_stats.mlp_down_proj.std", "num_tokens",
             "n_embd", "num_tensor_parallel_workers"} <= set(mlp.columns)
     assert (mlp["n_embd"] == 256).all() and (mlp["num_tensor_parallel_workers"] == 1).all()
-    # Vidur's per-layer operator times are ours, by num_tokens.
-    ops = pd.read_parquet(fitted_tables / "ops.parquet")
-    gate_up = ops[ops["op"] == "gate_up_proj"].sort_values("num_tokens")
-    assert mlp["num_tokens"].tolist() == gate_up["num_tokens"].astype(int).tolist()
-    np.testing.assert_allclose(mlp["time_stats.mlp_up_proj.median"], gate_up["time_ms"], rtol=1e-12)
-    np.testing.assert_allclose(mlp["time_stats.mlp_up_proj.std"], gate_up["spread_ms"], rtol=1e-12)
+    # Vidur's sweep, attention.csv and the filter contract: tests/costmodel/test_vidur_export.py
     attention = pd.read_csv(tmp_path / "v" / "attention.csv")
-    # Decode: one row per grid point, the table's time for all layers over the layers.
-    decode = attention[~attention["is_prefill"]]
-    grid = pd.read_parquet(fitted_tables / "decode_attn.parquet")
-    assert decode["batch_size"].tolist() == grid["num_decode"].astype(int).tolist()
-    np.testing.assert_allclose(decode["time_stats.attn_decode.median"],
-                               grid["time_ms"] / SPEC.num_layers, rtol=1e-12)
-    # Prefill: the grid points that are one prompt chunk over a cache (context >= (tokens + 1) / 2).
-    prefill = attention[attention["is_prefill"]]
-    grid = pd.read_parquet(fitted_tables / "prefill_attn.parquet")
-    single = grid[grid["prefill_ctx"] >= (grid["prefill_tokens"] + 1) / 2]
-    assert len(prefill) == len(single) > 0
-    np.testing.assert_allclose(prefill["time_stats.attn_prefill.median"],
-                               single["time_ms"] / SPEC.num_layers, rtol=1e-12)
+    assert attention["is_prefill"].any() and not attention["is_prefill"].all()
     assert main(["tables", "export", str(fitted_tables), "--format", "csv",
                  "--out", str(tmp_path / "c")]) == 0
     linear = pd.read_csv(tmp_path / "c" / "linear.csv")
