@@ -9,10 +9,19 @@ from simulator.errors import InputError, shown
 
 REQUIRED_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
 OPTIONAL_COLUMNS = ("priority", "slo_ttft_ms", "slo_tpot_ms")   # per-request columns a trace may carry
+PREFIX_BLOCK_TOKENS = 16     # default block size of prefix_hash_ids (Mooncake's hash_ids: 512)
 
 
 @dataclass
 class Trace:
+    """Requests in arrival order.
+
+    prefix_hash_ids[i], where given, has one id per prefix_block_tokens-token block of request
+    i's prompt, from the start: an id stands for that block's tokens and everything before them
+    (a chain), and a prompt's last partial block has an id of its own. A list may stop short of
+    the prompt's ceil(num_prompt_tokens / prefix_block_tokens) blocks; the blocks it leaves out
+    are shared with no other request. The readers check this; a generated trace has no ids.
+    """
     arrival_s: np.ndarray            # float64, seconds from the trace start, sorted
     num_prompt_tokens: np.ndarray    # int64 > 0
     num_output_tokens: np.ndarray    # int64 > 0
@@ -20,7 +29,8 @@ class Trace:
     priority: np.ndarray | None = None       # int64, larger = more latency-sensitive
     slo_ttft_ms: np.ndarray | None = None    # float64, NaN where absent
     slo_tpot_ms: np.ndarray | None = None
-    prefix_hash_ids: list | None = None      # per request, a list of prefix block hashes
+    prefix_hash_ids: list | None = None      # per request, ids of its prompt blocks (see below)
+    prefix_block_tokens: int = PREFIX_BLOCK_TOKENS   # tokens per block of prefix_hash_ids
     source: str = "generated"
     warnings: list[str] = field(default_factory=list)
 
@@ -29,7 +39,8 @@ class Trace:
 
     @classmethod
     def from_arrays(cls, arrival_s, num_prompt_tokens, num_output_tokens, *, request_id=None,
-                    source: str = "generated", prefix_hash_ids: list | None = None, **optional) -> Trace:
+                    source: str = "generated", prefix_hash_ids: list | None = None,
+                    prefix_block_tokens: int = PREFIX_BLOCK_TOKENS, **optional) -> Trace:
         """Validate, sort by arrival (with a warning) and build a trace."""
         arrival = np.asarray(arrival_s, dtype=np.float64)
         prompt = np.asarray(num_prompt_tokens)
@@ -44,10 +55,14 @@ class Trace:
         if (arrival < 0).any():
             raise InputError(f"{source}: row {_first(arrival < 0)}: arrival_s is negative")
         ids = np.arange(n, dtype=np.int64) if request_id is None else np.asarray(request_id, dtype=np.int64)
+        if isinstance(prefix_block_tokens, bool) or not isinstance(prefix_block_tokens, (int, np.integer)) \
+                or prefix_block_tokens < 1:
+            raise InputError(f"{source}: prefix_block_tokens must be a positive integer, got {shown(prefix_block_tokens)}")
         if len(np.unique(ids)) != n:
             raise InputError(f"{source}: request_id values are not unique")
         trace = cls(arrival, prompt.astype(np.int64), output.astype(np.int64), ids, source=source,
                     prefix_hash_ids=None if prefix_hash_ids is None else list(prefix_hash_ids),
+                    prefix_block_tokens=int(prefix_block_tokens),
                     **{k: (None if v is None else np.asarray(v)) for k, v in optional.items()})
         if (np.diff(arrival) < 0).any():
             trace = trace.take(np.argsort(arrival, kind="stable"))

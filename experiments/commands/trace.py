@@ -9,6 +9,19 @@ FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # simulator.workload.TRACE
                                                       # here so --help loads no numpy
 SUFFIXES = (".csv", ".parquet")                       # simulator.workload.writer.TRACE_SUFFIXES, likewise
 
+DESCRIPTION = """\
+Summarise a workload trace, or write one in stepcal's format.
+
+Prefix reuse: a trace may say which prompt blocks its requests share. Our column
+prefix_hash_ids (Mooncake's hash_ids) is a list of integer ids in [0, 2^63) (a Parquet
+list, or space-separated in CSV: "0 14 15"), one per block of --prefix-block-tokens tokens
+from the start of the prompt (default 16; 512 for Mooncake, whose hash_ids are 512-token
+blocks). An id stands for its block's tokens and everything before them, so two requests
+with the same id share the whole prompt up to that block's end; a prompt's last partial
+block has an id of its own. A list holds at most ceil(num_prompt_tokens / block) ids and
+may stop short: the blocks it leaves out are shared with no one. Empty: nothing shared.
+`stats` reports the share of prompt tokens an unbounded prefix cache would hit."""
+
 TRACE_HELP = """\
 TRACE is a trace file or a generator spec.
 
@@ -36,13 +49,17 @@ Examples:
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "trace", help="summarise a workload, or generate / convert one",
-        description="Summarise a workload trace, or write one in stepcal's format.",
+        description=DESCRIPTION,
         epilog=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
 
-    stats = _add_action(actions, "stats", "print requests, duration, rate, burstiness and length percentiles",
+    stats = _add_action(actions, "stats", "print requests, duration, rate, burstiness, lengths and prefix reuse",
                         "Print a summary of TRACE: number of requests, duration, mean rate,\n"
-                        "burstiness (CV of inter-arrival times) and prompt / output length percentiles.")
+                        "burstiness (CV of inter-arrival times), prompt / output length percentiles and,\n"
+                        "when it carries prefix hash ids, the share of prompt tokens an unbounded prefix\n"
+                        "cache would hit: requests in arrival order, each hitting the longest run of its\n"
+                        "leading block ids seen before (up to its prompt length minus one token, which is\n"
+                        "always computed), and the number of requests with any hit.")
     stats.add_argument("trace", metavar="TRACE", help="trace file or generator spec")
     _add_workload_flags(stats)
     stats.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -72,6 +89,8 @@ def _add_workload_flags(parser) -> None:
     parser.add_argument("--duration", type=argtypes.seconds, default=None, metavar="SECONDS",
                         help="keep requests arriving within SECONDS of the first")
     parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed for a spec without seed= (default 0)")
+    parser.add_argument("--prefix-block-tokens", type=argtypes.count(1, 1_000_000), default=None, metavar="N",
+                        help="tokens per block of a trace file's prefix hash ids (default: 16; Mooncake: 512)")
 
 
 def run(args) -> int:
@@ -79,17 +98,22 @@ def run(args) -> int:
     if args.trace_command == "generate":
         check_output(args.out, kind="file", suffixes=SUFFIXES)
     from experiments.commands.output import print_warnings
+    from simulator.trace import PREFIX_BLOCK_TOKENS
     from simulator.workload import load_workload, trace_stats, write_trace
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,
-                          arg_name="TRACE")
+                          prefix_block_tokens=args.prefix_block_tokens, arg_name="TRACE")
     print_warnings(trace.warnings)
     stats = trace_stats(trace)
     if args.trace_command == "generate":
         path = write_trace(trace, args.out)
         print(f"wrote {stats['num_requests']} requests over {stats['duration_s']:.1f} s "
               f"({_number(stats['rate_rps'])} req/s) to {path}")
+        if trace.prefix_hash_ids is not None and trace.prefix_block_tokens != PREFIX_BLOCK_TOKENS:
+            # The file does not record the block size: say how to read it back.
+            print(f"its prefix_hash_ids are {trace.prefix_block_tokens}-token blocks: read it with "
+                  f"--prefix-block-tokens {trace.prefix_block_tokens}")
     elif args.json:
         import json
         print(json.dumps(stats, indent=2))
@@ -112,6 +136,10 @@ def format_stats(stats: dict) -> str:
     for label, prefix in (("prompt", "num_prompt_tokens"), ("output", "num_output_tokens")):
         lines.append(f"{label:<8}" + "".join(f"{stats[f'{prefix}_{s}']:>10.1f}"
                                              for s in ("mean", "p50", "p90", "p99", "max")))
+    if stats.get("prefix_hit_share") is not None:
+        lines += ["", f"prefix reuse {100 * stats['prefix_hit_share']:.1f}% of prompt tokens hit an unbounded "
+                      f"cache ({stats['prefix_block_tokens']}-token blocks); "
+                      f"{stats['prefix_hit_requests']} of {stats['num_requests']} requests hit"]
     return "\n".join(lines)
 
 

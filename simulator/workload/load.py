@@ -13,7 +13,7 @@ from simulator.workload.transforms import cut, rescale_rate
 
 def load_workload(trace_arg: str, *, trace_format: str | None = None, rate_rps: float | None = None,
                   num_requests: int | None = None, duration_s: float | None = None, seed: int = 0,
-                  arg_name: str = "--trace") -> Trace:
+                  prefix_block_tokens: int | None = None, arg_name: str = "--trace") -> Trace:
     """Read `trace_arg` if it names a file, else generate it from a spec; then cut and rescale.
 
     For a file, `num_requests` / `duration_s` first select requests as the file records them,
@@ -21,12 +21,13 @@ def load_workload(trace_arg: str, *, trace_format: str | None = None, rate_rps: 
     rate of what is simulated (as `stepcal capacity` does). For a spec, `rate_rps` is
     the generation rate (overriding rate=, so one seed gives the same workload shape at every
     rate), and `num_requests` / `duration_s` / `seed` fill in what the spec leaves out. Then
-    the trace is cut to `num_requests` and `duration_s`. `trace_format` applies to files only.
+    the trace is cut to `num_requests` and `duration_s`. `trace_format` and `prefix_block_tokens`
+(the block size of the file's prefix hash ids; None: the format's own) apply to files only.
     `arg_name` is the flag named in error messages.
     """
     path = Path(trace_arg)
     if path.is_file():
-        trace = cut(read_trace(path, trace_format), num_requests=num_requests, duration_s=duration_s)
+        trace = cut(read_trace(path, trace_format, prefix_block_tokens), num_requests=num_requests, duration_s=duration_s)
         return rescale_rate(trace, rate_rps) if rate_rps is not None else trace
     if path.is_dir():
         raise InputError(f"{arg_name}: {trace_arg!r} is a directory, not a trace file")

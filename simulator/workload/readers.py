@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InputError
+from simulator.errors import InputError, shown
 from simulator.readers import check_text, one_line, read_parquet
-from simulator.trace import REQUIRED_COLUMNS, Trace
+from simulator.trace import PREFIX_BLOCK_TOKENS, REQUIRED_COLUMNS, Trace
 from simulator.workload import validate
 from simulator.workload.validate import Where
 
@@ -23,10 +23,16 @@ MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length")
 VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+MOONCAKE_BLOCK_TOKENS = 512   # Mooncake's hash_ids are 512-token blocks (FAST'25 trace README)
+MAX_HASH_ID = 2**63 - 1       # ids are int64 in Parquet and in the simulator
 
 
-def read_trace(path: str | Path, fmt: str | None = None) -> Trace:
-    """Read a trace; `fmt` (one of TRACE_FORMATS) forces the format, else it is detected."""
+def read_trace(path: str | Path, fmt: str | None = None, prefix_block_tokens: int | None = None) -> Trace:
+    """Read a trace; `fmt` (one of TRACE_FORMATS) forces the format, else it is detected.
+
+    `prefix_block_tokens` is the block size of the file's prefix hash ids (None: the format's
+    own, 512 for Mooncake, else PREFIX_BLOCK_TOKENS).
+    """
     if fmt is not None and fmt not in TRACE_FORMATS:
         raise InputError(f"unknown trace format {fmt!r}; choose from {', '.join(TRACE_FORMATS)}")
     path = Path(path)
@@ -42,7 +48,11 @@ def read_trace(path: str | Path, fmt: str | None = None) -> Trace:
     fmt = fmt or _detect_format(where, table.columns)
     if table.empty:     # a header alone: the readers shift arrivals by their minimum, which has none
         raise InputError(f"{path}: the trace has no requests")
-    return _READERS[fmt](where, table)
+    if prefix_block_tokens is None:
+        prefix_block_tokens = MOONCAKE_BLOCK_TOKENS if fmt == "mooncake" else PREFIX_BLOCK_TOKENS
+    elif isinstance(prefix_block_tokens, bool) or not isinstance(prefix_block_tokens, int) or prefix_block_tokens < 1:
+        raise InputError(f"--prefix-block-tokens must be a positive integer, got {prefix_block_tokens!r}")
+    return _READERS[fmt](where, table, prefix_block_tokens)
 
 
 def _file_kind(path: Path, fmt: str | None) -> str:
@@ -126,7 +136,7 @@ def _read_jsonl(path: Path):
 
 # ---- formats -> Trace ----
 
-def _read_stepcal(where: Where, table) -> Trace:
+def _read_stepcal(where: Where, table, block_tokens: int) -> Trace:
     validate.require_columns(where, table.columns, REQUIRED_COLUMNS, "stepcal")
     arrival = validate.non_negative(where, table["arrival_s"], "arrival_s")
     prompt = validate.positive_ints(where, table["num_prompt_tokens"], "num_prompt_tokens")
@@ -143,36 +153,37 @@ def _read_stepcal(where: Where, table) -> Trace:
             optional[name] = validate.positive_or_missing(where, table[name], name)
     hashes = None
     if "prefix_hash_ids" in table.columns:
-        hashes = _hash_lists(where, table["prefix_hash_ids"], "prefix_hash_ids")
-    return _build(where, arrival, prompt, output, request_id=request_id, hashes=hashes, **optional)
+        hashes = _hash_lists(where, table["prefix_hash_ids"], "prefix_hash_ids", prompt, block_tokens)
+    return _build(where, arrival, prompt, output, request_id=request_id, hashes=hashes,
+                  block_tokens=block_tokens, **optional)
 
 
-def _read_azure(where: Where, table) -> Trace:
+def _read_azure(where: Where, table, block_tokens: int) -> Trace:
     validate.require_columns(where, table.columns, AZURE_COLUMNS, "azure")
     arrival = validate.seconds_since_first(where, table["TIMESTAMP"], "TIMESTAMP")
     prompt = validate.positive_ints(where, table["ContextTokens"], "ContextTokens")
     output = validate.positive_ints(where, table["GeneratedTokens"], "GeneratedTokens")
-    return _build(where, arrival, prompt, output)
+    return _build(where, arrival, prompt, output, block_tokens=block_tokens)
 
 
-def _read_mooncake(where: Where, table) -> Trace:
+def _read_mooncake(where: Where, table, block_tokens: int) -> Trace:
     validate.require_columns(where, table.columns, MOONCAKE_COLUMNS, "mooncake")
     timestamp_ms = validate.numbers(where, table["timestamp"], "timestamp")
     prompt = validate.positive_ints(where, table["input_length"], "input_length")
     output = validate.positive_ints(where, table["output_length"], "output_length")
     hashes = None
     if "hash_ids" in table.columns:
-        hashes = _hash_lists(where, table["hash_ids"], "hash_ids")
+        hashes = _hash_lists(where, table["hash_ids"], "hash_ids", prompt, block_tokens)
     arrival = (timestamp_ms - timestamp_ms.min()) / 1000.0
-    return _build(where, arrival, prompt, output, hashes=hashes)
+    return _build(where, arrival, prompt, output, hashes=hashes, block_tokens=block_tokens)
 
 
-def _read_vidur(where: Where, table) -> Trace:
+def _read_vidur(where: Where, table, block_tokens: int) -> Trace:
     validate.require_columns(where, table.columns, VIDUR_COLUMNS, "vidur")
     arrived = validate.numbers(where, table["arrived_at"], "arrived_at")
     prompt = validate.positive_ints(where, table["num_prefill_tokens"], "num_prefill_tokens")
     output = validate.positive_ints(where, table["num_decode_tokens"], "num_decode_tokens")
-    return _build(where, arrived - arrived.min(), prompt, output)
+    return _build(where, arrived - arrived.min(), prompt, output, block_tokens=block_tokens)
 
 
 _READERS = {"stepcal": _read_stepcal, "azure": _read_azure, "mooncake": _read_mooncake,
@@ -187,42 +198,63 @@ def _check_unique(where: Where, series, ids: np.ndarray) -> None:
         raise where.error(series.index[i], "request_id", "repeats an earlier request_id", ids[i])
 
 
-def _hash_lists(where: Where, series, column: str) -> list[list[int]]:
-    """Per-row prefix block hashes: a list (JSON, Parquet) or text "1 2 3" / "[1, 2, 3]" (CSV).
+def _hash_lists(where: Where, series, column: str, prompt: np.ndarray, block_tokens: int) -> list[list[int]]:
+    """Per-row prefix block ids: a list (JSON, Parquet), text "1 2 3" / "[1, 2, 3]" or one number (CSV).
 
-    A missing value is an empty list: that request shares no prefix blocks.
+    A missing value is an empty list: that request shares no prefix blocks. Ids are integers in
+    [0, 2^63); a row has at most ceil(prompt / block_tokens) of them, one per block of its prompt.
     """
     import pandas as pd
     lists = []
-    for label, value in series.items():
+    for (label, cell), num_prompt_tokens in zip(series.items(), prompt.tolist()):
+        value = cell
         if isinstance(value, str):
             value = value.strip().strip("[]").replace(",", " ").split()
         elif np.ndim(value) == 0 and pd.isna(value):    # None, NaN, pd.NA
             value = []
+        elif np.ndim(value) == 0 and isinstance(value, (int, float, np.number)):
+            value = [value]     # a CSV column whose cells each hold one id is read as numbers
         try:
-            lists.append([_whole(v) for v in value])
+            ids = [_whole(v) for v in value]
         except (TypeError, ValueError, OverflowError):
-            raise where.error(label, column, "must be a list of integers", _short(value)) from None
+            raise where.error(label, column, f"must be a list of integers, got {_short(cell)}") from None
+        if any(i < 0 or i > MAX_HASH_ID for i in ids):
+            raise where.error(label, column, f"must hold ids in [0, 2^63), got {_short(cell)}")
+        num_blocks = -(-num_prompt_tokens // block_tokens)
+        if len(ids) > num_blocks:
+            raise where.error(label, column, f"has {len(ids)} ids, more than the {num_blocks} blocks of "
+                              f"{block_tokens} tokens (--prefix-block-tokens) in its "
+                              f"{num_prompt_tokens}-token prompt")
+        lists.append(ids)
     return lists
 
 
 def _whole(value) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise TypeError("bool")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)           # exact, however many digits
+        except ValueError:
+            pass
     number = float(value)
-    if number != int(number):
-        raise ValueError("fractional")
+    if number != int(number) or abs(number) > 2.0**53:   # past 2^53 a float no longer holds every integer
+        raise ValueError("fractional or imprecise")
     return int(number)
 
 
-def _short(value):
-    text = repr(value if not hasattr(value, "tolist") else value.tolist())
-    return text if len(text) <= 60 else text[:57] + "..."
+def _short(cell) -> str:
+    """A cell as the file has it ('3 -4' in CSV, [3, -4] in Parquet or JSON), cut at 80 characters."""
+    text = shown(cell)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _build(where: Where, arrival, prompt, output, *, request_id=None, hashes=None, **optional) -> Trace:
+def _build(where: Where, arrival, prompt, output, *, request_id=None, hashes=None,
+           block_tokens: int = PREFIX_BLOCK_TOKENS, **optional) -> Trace:
     trace = Trace.from_arrays(arrival, prompt, output, request_id=request_id, source=where.path,
-                              **optional)
+                              prefix_block_tokens=block_tokens, **optional)
     if hashes is not None:
         # from_arrays may reorder rows by arrival; attach the hash lists by request id.
         ids = np.arange(len(arrival)) if request_id is None else request_id

@@ -1,9 +1,10 @@
-"""Summary figures of a trace: size, rate, burstiness and length percentiles."""
+"""Summary figures of a trace: size, rate, burstiness, length percentiles and prefix reuse."""
 from __future__ import annotations
 
 import numpy as np
 
 from simulator.trace import Trace
+from simulator.workload.prefix_stats import unbounded_prefix_hits
 from simulator.workload.transforms import mean_rate_rps
 
 LENGTH_STATS = ("mean", "p50", "p90", "p99", "max")
@@ -13,6 +14,9 @@ def trace_stats(trace: Trace) -> dict:
     """A flat dict of plain Python numbers (JSON-ready); None where a figure is undefined.
 
     burstiness_cv is the coefficient of variation of inter-arrival times (1 for Poisson).
+    prefix_hit_share is the share of prompt tokens an unbounded prefix cache would hit and
+    prefix_hit_requests the number of requests with any hit (unbounded_prefix_hits); both None
+    when the trace carries no prefix hash ids.
     """
     gaps_s = np.diff(trace.arrival_s)
     mean_gap_s = float(gaps_s.mean()) if len(gaps_s) else 0.0
@@ -26,6 +30,10 @@ def trace_stats(trace: Trace) -> dict:
     for name, column in (("num_prompt_tokens", trace.num_prompt_tokens),
                          ("num_output_tokens", trace.num_output_tokens)):
         stats.update({f"{name}_{stat}": value for stat, value in zip(LENGTH_STATS, _summary(column))})
+    hits = unbounded_prefix_hits(trace)
+    stats["prefix_block_tokens"] = trace.prefix_block_tokens
+    stats["prefix_hit_share"] = None if hits is None else float(hits.sum() / trace.num_prompt_tokens.sum())
+    stats["prefix_hit_requests"] = None if hits is None else int((hits > 0).sum())
     return stats
 
 
