@@ -60,21 +60,19 @@ class FilterKey:
 
 
 # Ours -> theirs. sklearn_execution_time_predictor.py (_load_compute_df, _load_attention_df) @ 16525b6.
+# The keys both files share; the query heads' column is n_head in mlp.csv, n_q_head in attention.csv.
+_KV_HEADS = FilterKey("n_kv_head", "num_kv_heads", "num_kv_heads", True)
+_EMBD = FilterKey("n_embd", "embedding_dim", "hidden_size", True)
+_TP = FilterKey("num_tensor_parallel_workers", "tp", "tp", False)
 MLP_KEYS = (
-    FilterKey("n_head", "num_q_heads", "num_heads", True),
-    FilterKey("n_kv_head", "num_kv_heads", "num_kv_heads", True),
-    FilterKey("n_embd", "embedding_dim", "hidden_size", True),
+    FilterKey("n_head", "num_q_heads", "num_heads", True), _KV_HEADS, _EMBD,
     FilterKey("n_expanded_embd", "mlp_hidden_dim", "ffn_size", True),
     FilterKey("use_gated_mlp", "use_gated_mlp", "gated", True),
-    FilterKey("vocab_size", "vocab_size", "vocab_size", False),
-    FilterKey("num_tensor_parallel_workers", "tp", "tp", False),
+    FilterKey("vocab_size", "vocab_size", "vocab_size", False), _TP,
 )
 ATTENTION_KEYS = (
-    FilterKey("n_embd", "embedding_dim", "hidden_size", True),
-    FilterKey("n_q_head", "num_q_heads", "num_heads", True),
-    FilterKey("n_kv_head", "num_kv_heads", "num_kv_heads", True),
-    FilterKey("block_size", "block_size", "block_size", False),
-    FilterKey("num_tensor_parallel_workers", "tp", "tp", False),
+    _EMBD, FilterKey("n_q_head", "num_q_heads", "num_heads", True), _KV_HEADS,
+    FilterKey("block_size", "block_size", "block_size", False), _TP,
 )
 MODEL_COLUMNS = tuple(k.column for k in MLP_KEYS if k.column != "num_tensor_parallel_workers")
 SHAPE_COLUMNS = tuple(k.column for k in MLP_KEYS if k.shape)

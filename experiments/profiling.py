@@ -58,11 +58,11 @@ def _reused(result) -> str:
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
-    ops = tuple(dict.fromkeys(o.strip() for o in text.split(",") if o.strip()))
-    unknown = [o for o in ops if o not in OPS]
-    if unknown or not ops:
-        raise InputError(f"--ops: unknown {unknown or text!r}; choose from {','.join(OPS)}")
-    return ops
+    from simulator.bounds import choices
+    try:
+        return choices(text, OPS)
+    except InputError as exc:
+        raise InputError(f"--ops: {exc}") from None
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:

@@ -44,3 +44,12 @@ def count(value, what: str, *, minimum: int = 1, maximum: int) -> int:
     if not whole or not minimum <= int(x) <= maximum:
         raise InputError(f"{what} must be a whole number from {minimum} to {maximum:,}, got {shown(value)}")
     return int(x)
+
+
+def choices(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated list of names from `allowed` (schedulers, ops), duplicates dropped, as a tuple."""
+    items = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    unknown = [x for x in items if x not in allowed]
+    if unknown or not items:
+        raise InputError(f"unknown {', '.join(unknown) or repr(text)}; choose from {', '.join(allowed)}")
+    return items

@@ -89,9 +89,5 @@ def names(allowed: tuple[str, ...]):
     """A comma-separated list of names from `allowed` (e.g. schedulers), as a tuple."""
     @_checked
     def listed(text: str) -> tuple[str, ...]:
-        items = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-        unknown = [x for x in items if x not in allowed]
-        if unknown or not items:
-            raise InputError(f"unknown {', '.join(unknown) or repr(text)}; choose from {', '.join(allowed)}")
-        return items
+        return bounds.choices(text, allowed)
     return listed

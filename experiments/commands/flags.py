@@ -91,14 +91,9 @@ def kv_blocks_from_args(args) -> int | None:
 
 
 def parallelism_from_args(args):
-    """Parallelism from --tp / --ep: an InputError naming the flag for a bad value."""
-    from simulator.errors import InputError
+    """Parallelism from --tp / --ep (argtypes refused values below 1 when parsing); measure has neither."""
     from simulator.model_spec import Parallelism
-    tp, ep = getattr(args, "tp", 1) or 1, getattr(args, "ep", 1) or 1
-    for flag, value in (("--tp", tp), ("--ep", ep)):
-        if value < 1:
-            raise InputError(f"{flag} must be at least 1, got {value}")
-    return Parallelism(tp=tp, ep=ep)
+    return Parallelism(tp=getattr(args, "tp", 1), ep=getattr(args, "ep", 1))
 
 
 

@@ -51,13 +51,11 @@ def run(args) -> int:
 
     from experiments.campaign import Campaign, CampaignConfig, format_headline
     from simulator.errors import InputError
-    schedulers = args.schedulers
-    if not schedulers or args.num_requests < 20 or args.repeats < 1 or args.trials < 1:
-        raise InputError("quickstart: needs at least one scheduler, --num-requests >= 20, --repeats >= 1, --trials >= 1")
-    if args.chunk_size < 1:
-        raise InputError(f"--chunk-size {args.chunk_size}: must be at least 1")
+    # --schedulers, --repeats, --trials and --chunk-size were refused when parsed (argtypes)
+    if args.num_requests < 20:
+        raise InputError(f"quickstart: needs --num-requests >= 20 (for P99 of every run), got {args.num_requests}")
     _check_setup(args)
-    config = CampaignConfig(out=Path(args.out), schedulers=schedulers, num_requests=args.num_requests,
+    config = CampaignConfig(out=Path(args.out), schedulers=args.schedulers, num_requests=args.num_requests,
                             repeats=args.repeats, trials=args.trials, seed=args.seed, device=args.device,
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops)
