@@ -46,8 +46,17 @@ class BlockManager:
         total = blocks_for(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, total - request.num_blocks)
 
-    def allocate(self, request: Request, num_new_tokens: int) -> bool:
-        """Reserve room for num_new_tokens more tokens of `request`; False (and no change) if it does not fit."""
+    def lookup(self, request: Request):
+        """The cached prefix a waiting request would reuse: none without prefix caching."""
+        return None
+
+    def admission_blocks(self, request: Request, max_new_tokens: int) -> int:
+        """Free blocks that admitting `request` with at most max_new_tokens new tokens would use."""
+        return self.blocks_needed(request, min(request.num_pending_tokens, max_new_tokens))
+
+    def allocate(self, request: Request, num_new_tokens: int, hit=None) -> bool:
+        """Reserve room for num_new_tokens more tokens of `request`; False (and no change) if it does
+        not fit. `hit` (from lookup) is always None here."""
         if request.num_computed_tokens + num_new_tokens <= request.num_blocks * self.block_size:
             return True   # the common decode case: room left in the last block
         need = self.blocks_needed(request, num_new_tokens)
@@ -68,3 +77,17 @@ class BlockManager:
     def free(self, request: Request) -> None:
         self.num_free_blocks += request.num_blocks
         request.num_blocks = 0
+
+
+def prefix_caching_default(scheduler: str) -> bool:
+    """Automatic prefix caching is on by default for the vllm scheduler (as in vLLM's V1 engine),
+    off for the others."""
+    return scheduler == "vllm"
+
+
+def make_block_manager(num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
+    """The counting manager, or the one with block ids, reference counts and keys."""
+    if prefix_caching:
+        from simulator.prefix_cache import PrefixCachingBlockManager
+        return PrefixCachingBlockManager(num_blocks, block_size)
+    return BlockManager(num_blocks, block_size)

@@ -15,7 +15,7 @@ import numpy as np
 
 from simulator.batch import StepFeatures, feature_row
 from simulator.events import STEP_DONE, WAKE, EventLoop
-from simulator.kv_cache import BlockManager
+from simulator.kv_cache import make_block_manager
 from simulator.request import Request
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
@@ -61,6 +61,7 @@ class ReplicaSettings:
     block_size: int
     step_overhead_ms: float = 0.0
     record_batches: bool = True
+    prefix_caching: bool = False
 
 
 class Replica:
@@ -75,7 +76,7 @@ class Replica:
                  on_finished: Callable[[list[Request], float], None] | None = None,
                  run_horizon: Callable[[], tuple[float, bool]] | None = None) -> None:
         self.loop, self.index, self.pool, self.model = loop, index, pool, model
-        self.kv = BlockManager(settings.num_blocks, settings.block_size)
+        self.kv = make_block_manager(settings.num_blocks, settings.block_size, settings.prefix_caching)
         self.scheduler = make_scheduler(settings.scheduler, self.kv, settings.scheduler_config)
         self.log = StepLogBuilder(index, settings.record_batches)
         self.step_overhead_ms = settings.step_overhead_ms

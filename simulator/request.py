@@ -47,6 +47,12 @@ class Request:
     finish_s: float | None = None
     num_preemptions: int = 0
     replica: int = 0
+    # prefix caching (simulator.prefix_cache): keys of the full prompt blocks, blocks held, reuse
+    prefix_keys: object = None          # int64 array (a list once looked up), or None: shares nothing
+    block_ids: list | None = None       # ids of the blocks held, in token order
+    num_registered_blocks: int = 0      # leading blocks whose keys are published
+    num_cached_tokens: int = 0          # prompt tokens reused at the first admission
+    lookup_memo: tuple | None = None    # (blocks, keys) of the last lookup while waiting
 
     @property
     def num_known_tokens(self) -> int:
@@ -68,9 +74,10 @@ class Request:
 
 
 def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
-                  skip_oversize: bool = False) -> tuple[list[Request], int]:
+                  skip_oversize: bool = False, prefix_caching: bool = False) -> tuple[list[Request], int]:
     """Request objects of a trace, and how many were skipped: a request that could never fit a KV
-    cache of kv_blocks blocks fails the run with an InputError (or is skipped with skip_oversize)."""
+    cache of kv_blocks blocks fails the run with an InputError (or is skipped with skip_oversize).
+    With prefix_caching, each request carries the keys of its full prompt blocks (if the trace has ids)."""
     max_kv = trace.num_prompt_tokens + trace.num_output_tokens - 1
     keep = np.ones(len(trace), dtype=bool)
     if kv_blocks is not None:
@@ -87,10 +94,15 @@ def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
     priority = trace.priority.tolist() if trace.priority is not None else None
     slo_ttft = _optional_floats(trace.slo_ttft_ms)
     slo_tpot = _optional_floats(trace.slo_tpot_ms)
+    keys = None
+    if prefix_caching and trace.prefix_hash_ids is not None:
+        from simulator.prefix_cache import trace_prefix_keys
+        keys = trace_prefix_keys(trace, block_size)
     requests = [Request(ids[i], arr[i], prompt[i], output[i],
                         priority=int(priority[i]) if priority else 0,
                         slo_ttft_ms=slo_ttft[i] if slo_ttft else None,
-                        slo_tpot_ms=slo_tpot[i] if slo_tpot else None)
+                        slo_tpot_ms=slo_tpot[i] if slo_tpot else None,
+                        prefix_keys=keys[i] if keys is not None and len(keys[i]) else None)
                 for i in np.flatnonzero(keep).tolist()]
     return requests, int((~keep).sum())
 

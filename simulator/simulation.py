@@ -15,9 +15,9 @@ import numpy as np
 
 from simulator.errors import InputError
 from simulator.events import EventLoop, paused_gc
-from simulator.kv_cache import blocks_for
+from simulator.kv_cache import blocks_for, prefix_caching_default
 from simulator.logs import request_log
-from simulator.metrics import summarize
+from simulator.metrics import prefix_cache_summary, summarize
 from simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
 from simulator.request import make_requests
 from simulator.router import make_router
@@ -40,6 +40,11 @@ class SimConfig:
     skip_oversize: bool = False
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    prefix_caching: bool | None = None    # None: the scheduler's default (on for vllm)
+
+    @property
+    def uses_prefix_caching(self) -> bool:
+        return prefix_caching_default(self.scheduler) if self.prefix_caching is None else self.prefix_caching
 
 
 @dataclass
@@ -59,8 +64,9 @@ class Simulation:
             raise InputError(f"--replicas must be at least 1, got {config.num_replicas}")
         self.model = step_model
         self.config = config
+        self.prefix_caching = config.uses_prefix_caching
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
-                                                         config.skip_oversize)
+                                                         config.skip_oversize, self.prefix_caching)
         # when each request reaches the scheduler: its arrival plus the request path
         arrival_s = np.array([r.arrival_s for r in self.requests], dtype=np.float64)
         if config.request_overhead_ms:
@@ -70,7 +76,7 @@ class Simulation:
                                                          for r in self.requests))
         self.router = make_router(config.router)
         settings = ReplicaSettings(config.scheduler, config.scheduler_config, self.num_blocks, config.block_size,
-                                   config.step_overhead_ms, config.record_batches)
+                                   config.step_overhead_ms, config.record_batches, self.prefix_caching)
         self.replicas = [Replica(self.loop, i, settings, step_model, plan_runs=config.fast_path,
                                  run_horizon=self._run_horizon) for i in range(config.num_replicas)]
         self.schedulers = [r.scheduler for r in self.replicas]
@@ -96,6 +102,7 @@ class Simulation:
         steps = steps_frame(self.replicas)
         itl_s, itl_w = itl_arrays(self.replicas)
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
+        summary.update(prefix_cache_summary(requests, [r.kv for r in self.replicas], self.prefix_caching))
         summary.update({"num_skipped": self.num_skipped, "num_steps": len(steps),
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})

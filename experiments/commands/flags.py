@@ -41,6 +41,17 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = 
         _add_parallelism_flags(g)
     g.add_argument("--skip-oversize", action="store_true",
                    help="drop requests larger than the whole KV cache instead of failing")
+    g.add_argument("--prefix-caching", choices=("on", "off"), default=None,
+                   help="automatic prefix caching: a request reuses the cached KV blocks of the longest "
+                        "prompt prefix it shares (by the trace's prefix_hash_ids) and prefills the rest; "
+                        "freed blocks stay cached until evicted, least recently used first (default: on "
+                        "for --scheduler vllm, as vLLM's V1 engine, off for the others)")
+
+
+def prefix_caching_from_args(args) -> bool | None:
+    """--prefix-caching as a bool; None: the scheduler's default."""
+    value = getattr(args, "prefix_caching", None)
+    return None if value is None else value == "on"
 
 
 def _add_parallelism_flags(g) -> None:

@@ -189,8 +189,7 @@ class SchedulerBase:
         budget_left = (self.token_budget or 1 << 62) - batch.num_seqs
         if budget_left <= 0:
             return False
-        head = self.waiting[0]
-        return self.kv.blocks_needed(head, min(head.num_pending_tokens, budget_left)) <= self.kv.num_free_blocks
+        return self.kv.admission_blocks(self.waiting[0], budget_left) <= self.kv.num_free_blocks
 
     def _kv_limited_steps(self, requests: list[Request], max_steps: int) -> int:
         """Largest k ≤ max_steps whose extra blocks (beyond step 1, already reserved) fit in the free ones."""
@@ -249,20 +248,28 @@ class SchedulerBase:
         budget = self.token_budget
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            n = request.num_pending_tokens
+            hit = self.kv.lookup(request)
+            n = request.num_pending_tokens - self._hit_tokens(hit)
             if scheduled and budget is not None and num_tokens + n > budget:
                 break
-            if not self.kv.allocate(request, n):
+            if not self.kv.allocate(request, n, hit):
                 break
-            self._admit(request)
+            self._admit(request, hit)
             scheduled.append((request, n))
             num_tokens += n
         return scheduled
 
-    def _admit(self, request: Request) -> None:
+    def _hit_tokens(self, hit) -> int:
+        """Tokens of a cached prefix (simulator.prefix_cache.Hit) that admission would reuse."""
+        return len(hit.block_ids) * self.kv.block_size if hit is not None else 0
+
+    def _admit(self, request: Request, hit=None) -> None:
+        """Move the head of the queue to running; its reused prefix is no longer outstanding."""
         self.waiting.popleft()
         request.status = Status.RUNNING
         self.running.append(request)
+        if hit is not None:
+            self.num_outstanding_tokens -= self._hit_tokens(hit)
 
     def _step(self, scheduled: list[tuple[Request, int]]) -> ScheduledStep | None:
         """The ScheduledStep of (request, num_new_tokens) pairs, with the requests preempted since

@@ -31,4 +31,4 @@ class ContinuousScheduler(SchedulerBase):
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return False
         head = self.waiting[0]
-        return self.kv.blocks_needed(head, head.num_pending_tokens) <= self.kv.num_free_blocks
+        return self.kv.admission_blocks(head, head.num_pending_tokens) <= self.kv.num_free_blocks

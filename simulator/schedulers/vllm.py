@@ -49,10 +49,11 @@ class VllmScheduler(SchedulerBase):
         scheduled = []
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting[0]
-            n = min(request.num_pending_tokens, budget)
-            if not self.kv.allocate(request, n):
+            hit = self.kv.lookup(request)
+            n = min(request.num_pending_tokens - self._hit_tokens(hit), budget)
+            if not self.kv.allocate(request, n, hit):
                 break
-            self._admit(request)
+            self._admit(request, hit)
             scheduled.append((request, n))
             budget -= n
         return scheduled

@@ -33,8 +33,8 @@ def workloads(draw):
 class _CheckedBlockManager(BlockManager):
     """Asserts the capacity bound on every allocation."""
 
-    def allocate(self, request, num_new_tokens):
-        ok = super().allocate(request, num_new_tokens)
+    def allocate(self, request, num_new_tokens, hit=None):
+        ok = super().allocate(request, num_new_tokens, hit)
         assert 0 <= self.num_free_blocks <= self.num_blocks
         return ok
 

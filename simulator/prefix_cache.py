@@ -1,0 +1,320 @@
+"""Automatic prefix caching: KV blocks with ids, reference counts and content keys (issue 15).
+
+The policy is vLLM's (v1 KVCacheManager), in the simulator and the engine alike:
+- a full block is identified by a key standing for its tokens and every token before them; a
+  request's keys come from its trace's prefix_hash_ids (`block_keys`), or from its tokens;
+- a new request reuses the longest chain of its leading keys that is cached, at most up to its
+  last known token minus one (that one is always computed, for its logits);
+- a block is reference-counted; a freed block keeps its key and stays cached; it is evicted, least
+  recently freed first, only when no block without a key is free (the pool needs it);
+- blocks are keyed when the scheduler allocates for the tokens that fill them, so a request
+  scheduled later in the same step may already reuse them, as in vLLM;
+- a request's blocks are freed tail first, so a chain's end is evicted before its start.
+Blocks holding generated tokens get no key: only prompt blocks are shared.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.kv_cache import BlockManager, blocks_for
+from simulator.request import Request, Status
+
+
+@dataclass(slots=True)
+class Hit:
+    """The cached prefix a request would reuse on admission: its blocks, and how many of them are
+    free (held by nobody, so taking them uses up free blocks)."""
+    block_ids: list
+    num_free: int
+
+
+class PrefixCachingBlockManager(BlockManager):
+    """A BlockManager whose blocks have ids (0..num_blocks-1), reference counts and keys.
+
+    Counts (`num_free_blocks`, `request.num_blocks`) keep their meaning, so the schedulers do not
+    change; `lookup` and the `hit` argument of `allocate` add the reuse. With no keys on any
+    request it allocates exactly as the counting BlockManager does.
+
+    Written for speed (the Mooncake trace moves ~10M blocks): per-block state is in numpy arrays
+    and changes a request's blocks at once; the LRU order is a queue of freed chunks, where an
+    entry is stale once its block was taken again (its stamp changed or it is referenced).
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.num_blocks
+        self.free_ids: list[int] = list(range(n - 1, -1, -1))   # keyless free blocks; pop() gives 0 first
+        self.ref_count = np.zeros(n, dtype=np.int32)
+        self.key_of = np.full(n, -1, dtype=np.int64)        # the key of a cached block, else -1
+        self.stamp = np.zeros(n, dtype=np.int64)            # when the block last became evictable
+        self.cached: dict[int, int] = {}                    # key -> block id
+        self.lru: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (blocks, their stamps), oldest first
+        self.num_lru_entries = 0
+        self.lru_pos = 0              # entries of the head chunk before it are used up
+        self.num_evictable = 0        # cached blocks nobody holds
+        self._clock = 0
+        self.num_evictions = 0
+        self.num_hit_tokens = 0       # tokens reused at admissions (re-admissions after preemption too)
+
+    # -- reuse --------------------------------------------------------------------------------------
+    def lookup(self, request: Request) -> Hit | None:
+        """The cached chain a waiting request would reuse, without taking it; None if none."""
+        keys = request.prefix_keys
+        if keys is None or request.num_computed_tokens or request.num_blocks:
+            return None
+        if type(keys) is not list:   # kept as int64 arrays until needed: a list of ints is 4x larger
+            keys = request.prefix_keys = keys.tolist()
+        limit = min(len(keys), (request.num_known_tokens - 1) // self.block_size)
+        block_ids = self._still_cached(request)
+        get, chunk = self.cached.get, 32
+        while len(block_ids) < limit:   # in growing chunks, so the cost follows the hit, not the prompt
+            found = list(map(get, keys[len(block_ids):min(limit, len(block_ids) + chunk)]))
+            if None in found:
+                block_ids += found[:found.index(None)]
+                break
+            block_ids += found
+            chunk *= 4
+        if not block_ids:
+            return None
+        blocks = np.array(block_ids, dtype=np.int64)
+        request.lookup_memo = (blocks, self.key_of[blocks])
+        return Hit(block_ids, int(np.count_nonzero(self.ref_count[blocks] == 0)))
+
+    def _still_cached(self, request: Request) -> list:
+        """The leading blocks of the request's last lookup that still hold their keys: a blocked
+        queue head is looked up every step, and this check is one vector compare."""
+        memo = request.lookup_memo
+        if memo is None:
+            return []
+        blocks, keys = memo
+        same = self.key_of[blocks] == keys
+        if same.all():
+            return blocks.tolist()
+        return blocks[:int(np.argmin(same))].tolist()
+
+    def admission_blocks(self, request: Request, max_new_tokens: int) -> int:
+        hit = self.lookup(request)
+        if hit is None:
+            return super().admission_blocks(request, max_new_tokens)
+        num_cached = len(hit.block_ids) * self.block_size
+        n = min(request.num_pending_tokens - num_cached, max_new_tokens)
+        return blocks_for(num_cached + n, self.block_size) - len(hit.block_ids) + hit.num_free
+
+    # -- allocation ---------------------------------------------------------------------------------
+    def allocate(self, request: Request, num_new_tokens: int, hit: Hit | None = None) -> bool:
+        """Reserve room for num_new_tokens more tokens (after the `hit` blocks, which it takes);
+        False, and no change, if they do not fit."""
+        if hit is not None:
+            num_hit = len(hit.block_ids)
+            need = blocks_for(num_hit * self.block_size + num_new_tokens, self.block_size) - num_hit
+            if need + hit.num_free > self.num_free_blocks:
+                return False
+            self._take_hit(request, hit)
+        else:
+            need = self.blocks_needed(request, num_new_tokens)
+            if need > self.num_free_blocks:
+                return False
+        if need > 0:
+            self._grow(request, need)
+        if request.prefix_keys is not None:
+            self._register(request, request.num_computed_tokens + num_new_tokens)
+        return True
+
+    def grow_to(self, request: Request, num_tokens: int) -> None:
+        need = blocks_for(num_tokens, self.block_size) - request.num_blocks
+        if need > 0:
+            assert need <= self.num_free_blocks, "decode run outgrew the KV cache"
+            self._grow(request, need)
+        if request.prefix_keys is not None:
+            self._register(request, num_tokens)
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references, tail first; its keyed blocks stay cached (evictable)."""
+        if request.block_ids:
+            blocks = np.array(request.block_ids[::-1], dtype=np.int64)
+            self.ref_count[blocks] -= 1
+            released = blocks[self.ref_count[blocks] == 0]
+            keyed = self.key_of[released] >= 0
+            self.free_ids.extend(released[~keyed].tolist())
+            self._make_evictable(released[keyed])
+            self.num_free_blocks += len(released)
+        request.block_ids = None
+        request.num_blocks = 0
+        request.num_registered_blocks = 0
+        request.lookup_memo = None
+        if request.status is Status.FINISHED:
+            request.prefix_keys = None   # never looked up again
+
+    # -- mechanics ----------------------------------------------------------------------------------
+    def _take_hit(self, request: Request, hit: Hit) -> None:
+        blocks = np.array(hit.block_ids, dtype=np.int64)
+        self.num_evictable -= hit.num_free     # their LRU entries go stale: referenced again
+        self.num_free_blocks -= hit.num_free
+        self.ref_count[blocks] += 1
+        num_tokens = len(blocks) * self.block_size
+        request.block_ids = list(hit.block_ids)
+        request.num_blocks = request.num_registered_blocks = len(blocks)
+        request.num_computed_tokens = num_tokens
+        if request.status is Status.WAITING:
+            request.num_cached_tokens = num_tokens
+        self.num_hit_tokens += num_tokens
+
+    def _grow(self, request: Request, need: int) -> None:
+        """Give the request `need` more blocks: keyless free ones first, then the least recently freed
+        cached ones, whose keys go."""
+        free_ids = self.free_ids
+        take = min(need, len(free_ids))
+        new = free_ids[-take:][::-1] if take else []
+        del free_ids[len(free_ids) - take:]
+        if need > take:
+            evicted = self._evict(need - take)
+            new += evicted.tolist()
+            self.ref_count[evicted] = 1
+        if take:
+            self.ref_count[new[:take]] = 1
+        if request.block_ids is None:
+            request.block_ids = new
+        else:
+            request.block_ids += new
+        request.num_blocks += need
+        self.num_free_blocks -= need
+
+    def _make_evictable(self, blocks: np.ndarray) -> None:
+        if not len(blocks):
+            return
+        stamps = np.arange(self._clock, self._clock + len(blocks), dtype=np.int64)
+        self._clock += len(blocks)
+        self.stamp[blocks] = stamps
+        self.lru.append((blocks, stamps))
+        self.num_lru_entries += len(blocks)
+        self.num_evictable += len(blocks)
+        if self.num_lru_entries > 4 * self.num_blocks:
+            self._compact()
+
+    def _evict(self, count: int) -> np.ndarray:
+        """The `count` least recently freed cached blocks, keys dropped."""
+        out = []
+        while count:
+            blocks, stamps = self.lru[0]
+            live = self._live_head(blocks, stamps, count)
+            out.append(live)
+            count -= len(live)
+        evicted = np.concatenate(out) if len(out) > 1 else out[0]
+        deque(map(self.cached.pop, self.key_of[evicted].tolist()), maxlen=0)   # a C loop of deletes
+        self.key_of[evicted] = -1
+        self.stamp[evicted] = -1
+        self.num_evictable -= len(evicted)
+        self.num_evictions += len(evicted)
+        return evicted
+
+    def _live_head(self, blocks: np.ndarray, stamps: np.ndarray, count: int) -> np.ndarray:
+        """Up to `count` live entries from the head chunk of the LRU queue, from the cursor on;
+        the chunk leaves the queue once passed. A decode step evicts one block at a time: that case
+        walks entries one by one instead of paying for a vector pass over the chunk."""
+        pos, stamp, ref_count = self.lru_pos, self.stamp, self.ref_count
+        if count <= 4:
+            live = []
+            while pos < len(blocks) and len(live) < count:
+                block = blocks[pos]
+                if stamp[block] == stamps[pos] and ref_count[block] == 0:
+                    live.append(block)
+                pos += 1
+            live = np.array(live, dtype=np.int64)
+        else:
+            rest = np.flatnonzero((stamp[blocks[pos:]] == stamps[pos:]) & (ref_count[blocks[pos:]] == 0)) + pos
+            if len(rest) > count:
+                rest = rest[:count]
+                pos = int(rest[-1]) + 1
+            else:
+                pos = len(blocks)
+            live = blocks[rest]
+        self.num_lru_entries -= pos - self.lru_pos
+        if pos == len(blocks):
+            self.lru.popleft()
+            pos = 0
+        self.lru_pos = pos
+        return live
+
+    def _compact(self) -> None:
+        """Drop stale LRU entries (blocks taken again since they were freed)."""
+        if self.lru:   # the head chunk's used-up part first
+            blocks, stamps = self.lru[0]
+            self.lru[0] = (blocks[self.lru_pos:], stamps[self.lru_pos:])
+            self.lru_pos = 0
+        chunks = [(b[keep], s[keep]) for b, s in self.lru
+                  for keep in [(self.stamp[b] == s) & (self.ref_count[b] == 0)] if keep.any()]
+        self.lru = deque(chunks)
+        self.num_lru_entries = sum(len(b) for b, _ in chunks)
+
+    def _register(self, request: Request, num_tokens: int) -> None:
+        """Key the request's blocks that num_tokens fill, unless an equal block is already cached
+        (then this one stays private, as in vLLM)."""
+        keys = request.prefix_keys
+        end = min(num_tokens // self.block_size, len(keys))
+        start = request.num_registered_blocks
+        if end <= start:
+            return
+        if type(keys) is not list:
+            keys = request.prefix_keys = keys.tolist()
+        cached = self.cached
+        new_keys = [key for key in keys[start:end] if key not in cached]
+        if len(new_keys) == end - start:   # the usual case: nobody computed these blocks before
+            new_blocks = request.block_ids[start:end]
+        else:
+            new_blocks = [block for key, block in zip(keys[start:end], request.block_ids[start:end])
+                          if key not in cached]
+        if new_keys:
+            cached.update(zip(new_keys, new_blocks))
+            self.key_of[new_blocks] = new_keys
+        request.num_registered_blocks = end
+
+    def check(self) -> None:
+        """Invariants (for tests): counts conserved, no negative references, nothing in use evictable."""
+        rc = self.ref_count
+        assert rc.min() >= 0, "negative reference count"
+        live = [b for i, (blocks, stamps) in enumerate(self.lru)
+                for b, s in zip(blocks[self.lru_pos if i == 0 else 0:].tolist(),
+                                stamps[self.lru_pos if i == 0 else 0:].tolist())
+                if self.stamp[b] == s and rc[b] == 0]
+        assert len(live) == len(set(live)) == self.num_evictable, "LRU entries drifted"
+        assert len(self.free_ids) + self.num_evictable == self.num_free_blocks, "free count drifted"
+        assert int((rc > 0).sum()) + self.num_free_blocks == self.num_blocks, "blocks not conserved"
+        assert all(self.key_of[b] >= 0 for b in live), "a keyless block is evictable"
+        assert all(rc[b] == 0 and self.key_of[b] < 0 for b in self.free_ids), "a free block is in use or keyed"
+        assert all(self.key_of[b] == k for k, b in self.cached.items()), "key map drifted"
+        assert len(self.cached) == int((self.key_of >= 0).sum()), "key map drifted"
+
+
+def block_keys(dense_ids: np.ndarray, num_prompt_tokens: int, trace_block_tokens: int,
+               block_size: int) -> np.ndarray:
+    """Keys of a prompt's full KV blocks of `block_size` tokens, from its trace ids (one per
+    `trace_block_tokens` tokens, each standing for its tokens and all before them), given as small
+    non-negative ints (`trace_prefix_keys` maps them) so that keys fit int64.
+
+    KV block k ends at token e = (k+1)·block_size; the prefix up to e is identified by the id of
+    the trace block holding token e-1 and how far into it e is. Blocks past the ids, or not full
+    within the prompt, get no key.
+    """
+    covered = min(num_prompt_tokens, len(dense_ids) * trace_block_tokens)
+    ends = np.arange(1, covered // block_size + 1, dtype=np.int64) * block_size
+    trace_block = (ends - 1) // trace_block_tokens
+    offset = ends - trace_block * trace_block_tokens      # 1..trace_block_tokens
+    return dense_ids[trace_block] * (trace_block_tokens + 1) + offset
+
+
+def trace_prefix_keys(trace, block_size: int) -> list[np.ndarray] | None:
+    """Per request of `trace` (in trace order), the keys of its full prompt blocks at `block_size`;
+    None when the trace carries no prefix ids. Equal keys mean equal tokens up to the block's end,
+    whatever the trace's own block size."""
+    if trace.prefix_hash_ids is None:
+        return None
+    lengths = np.fromiter((len(ids) for ids in trace.prefix_hash_ids), np.int64, len(trace))
+    flat = np.fromiter((i for ids in trace.prefix_hash_ids for i in ids), np.int64, int(lengths.sum()))
+    _, dense = np.unique(flat, return_inverse=True)
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    prompt = trace.num_prompt_tokens.tolist()
+    return [block_keys(dense[starts[i]:starts[i + 1]], prompt[i], trace.prefix_block_tokens, block_size)
+            for i in range(len(trace))]
