@@ -50,7 +50,7 @@ class PrefixCachingBlockManager(BlockManager):
         self.ref_count = np.zeros(n, dtype=np.int32)
         self.key_of = np.full(n, -1, dtype=np.int64)        # the key of a cached block, else -1
         self.stamp = np.zeros(n, dtype=np.int64)            # when the block last became evictable
-        self.cached: dict[int, int] = {}                    # key -> block id
+        self.block_of_key = np.full(1024, -1, dtype=np.int64)   # key -> cached block id, else -1 (grows)
         self.lru: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (blocks, their stamps), oldest first
         self.num_lru_entries = 0
         self.lru_pos = 0              # entries of the head chunk before it are used up
@@ -65,35 +65,17 @@ class PrefixCachingBlockManager(BlockManager):
         keys = request.prefix_keys
         if keys is None or request.num_computed_tokens or request.num_blocks:
             return None
-        if type(keys) is not list:   # kept as int64 arrays until needed: a list of ints is 4x larger
-            keys = request.prefix_keys = keys.tolist()
         limit = min(len(keys), (request.num_known_tokens - 1) // self.block_size)
-        block_ids = self._still_cached(request)
-        get, chunk = self.cached.get, 32
-        while len(block_ids) < limit:   # in growing chunks, so the cost follows the hit, not the prompt
-            found = list(map(get, keys[len(block_ids):min(limit, len(block_ids) + chunk)]))
-            if None in found:
-                block_ids += found[:found.index(None)]
-                break
-            block_ids += found
-            chunk *= 4
-        if not block_ids:
+        wanted = keys[:limit]
+        known = len(self.block_of_key)
+        blocks = self.block_of_key[np.minimum(wanted, known - 1)]
+        blocks[wanted >= known] = -1
+        missing = blocks < 0
+        num_hit = int(np.argmax(missing)) if missing.any() else limit
+        if num_hit == 0:
             return None
-        blocks = np.array(block_ids, dtype=np.int64)
-        request.lookup_memo = (blocks, self.key_of[blocks])
-        return Hit(block_ids, int(np.count_nonzero(self.ref_count[blocks] == 0)))
-
-    def _still_cached(self, request: Request) -> list:
-        """The leading blocks of the request's last lookup that still hold their keys: a blocked
-        queue head is looked up every step, and this check is one vector compare."""
-        memo = request.lookup_memo
-        if memo is None:
-            return []
-        blocks, keys = memo
-        same = self.key_of[blocks] == keys
-        if same.all():
-            return blocks.tolist()
-        return blocks[:int(np.argmin(same))].tolist()
+        blocks = blocks[:num_hit]
+        return Hit(blocks.tolist(), int(np.count_nonzero(self.ref_count[blocks] == 0)))
 
     def admission_blocks(self, request: Request, max_new_tokens: int) -> int:
         hit = self.lookup(request)
@@ -144,7 +126,6 @@ class PrefixCachingBlockManager(BlockManager):
         request.block_ids = None
         request.num_blocks = 0
         request.num_registered_blocks = 0
-        request.lookup_memo = None
         if request.status is Status.FINISHED:
             request.prefix_keys = None   # never looked up again
 
@@ -170,11 +151,8 @@ class PrefixCachingBlockManager(BlockManager):
         new = free_ids[-take:][::-1] if take else []
         del free_ids[len(free_ids) - take:]
         if need > take:
-            evicted = self._evict(need - take)
-            new += evicted.tolist()
-            self.ref_count[evicted] = 1
-        if take:
-            self.ref_count[new[:take]] = 1
+            new += self._evict(need - take)
+        self._set_refs(new, 1)
         if request.block_ids is None:
             request.block_ids = new
         else:
@@ -194,43 +172,58 @@ class PrefixCachingBlockManager(BlockManager):
         if self.num_lru_entries > 4 * self.num_blocks:
             self._compact()
 
-    def _evict(self, count: int) -> np.ndarray:
-        """The `count` least recently freed cached blocks, keys dropped."""
-        out = []
-        while count:
-            blocks, stamps = self.lru[0]
-            live = self._live_head(blocks, stamps, count)
-            out.append(live)
-            count -= len(live)
-        evicted = np.concatenate(out) if len(out) > 1 else out[0]
-        deque(map(self.cached.pop, self.key_of[evicted].tolist()), maxlen=0)   # a C loop of deletes
-        self.key_of[evicted] = -1
-        self.stamp[evicted] = -1
-        self.num_evictable -= len(evicted)
-        self.num_evictions += len(evicted)
-        return evicted
+    def _set_refs(self, blocks: list, value: int) -> None:
+        if len(blocks) <= 4:   # a decode step's one block: scalar stores beat a vector call
+            for block in blocks:
+                self.ref_count[block] = value
+        else:
+            self.ref_count[blocks] = value
 
-    def _live_head(self, blocks: np.ndarray, stamps: np.ndarray, count: int) -> np.ndarray:
+    def _evict(self, count: int) -> list:
+        """The `count` least recently freed cached blocks, keys dropped."""
+        out: list = []
+        while len(out) < count:
+            blocks, stamps = self.lru[0]
+            out += self._live_head(blocks, stamps, count - len(out))
+        if count <= 4:
+            key_of, block_of_key, stamp = self.key_of, self.block_of_key, self.stamp
+            for block in out:
+                block_of_key[key_of[block]] = -1
+                key_of[block] = -1
+                stamp[block] = -1
+        else:
+            evicted = np.array(out, dtype=np.int64)
+            self.block_of_key[self.key_of[evicted]] = -1
+            self.key_of[evicted] = -1
+            self.stamp[evicted] = -1
+        self.num_evictable -= count
+        self.num_evictions += count
+        return out
+
+    def _live_head(self, blocks: np.ndarray, stamps: np.ndarray, count: int) -> list:
         """Up to `count` live entries from the head chunk of the LRU queue, from the cursor on;
         the chunk leaves the queue once passed. A decode step evicts one block at a time: that case
-        walks entries one by one instead of paying for a vector pass over the chunk."""
+        walks a few entries one by one instead of paying for a vector pass over the chunk."""
         pos, stamp, ref_count = self.lru_pos, self.stamp, self.ref_count
         if count <= 4:
             live = []
+            window = 8
             while pos < len(blocks) and len(live) < count:
-                block = blocks[pos]
-                if stamp[block] == stamps[pos] and ref_count[block] == 0:
-                    live.append(block)
-                pos += 1
-            live = np.array(live, dtype=np.int64)
-        else:
-            rest = np.flatnonzero((stamp[blocks[pos:]] == stamps[pos:]) & (ref_count[blocks[pos:]] == 0)) + pos
+                for block, block_stamp in zip(blocks[pos:pos + window].tolist(), stamps[pos:pos + window].tolist()):
+                    pos += 1
+                    if stamp[block] == block_stamp and ref_count[block] == 0:
+                        live.append(block)
+                        if len(live) == count:
+                            break
+        else:   # a window a little larger than needed: a chunk can hold a whole long prompt's blocks
+            window = slice(pos, pos + 2 * count + 16)
+            rest = np.flatnonzero((stamp[blocks[window]] == stamps[window]) & (ref_count[blocks[window]] == 0)) + pos
             if len(rest) > count:
                 rest = rest[:count]
                 pos = int(rest[-1]) + 1
             else:
-                pos = len(blocks)
-            live = blocks[rest]
+                pos = min(len(blocks), window.stop)
+            live = blocks[rest].tolist()
         self.num_lru_entries -= pos - self.lru_pos
         if pos == len(blocks):
             self.lru.popleft()
@@ -257,19 +250,22 @@ class PrefixCachingBlockManager(BlockManager):
         start = request.num_registered_blocks
         if end <= start:
             return
-        if type(keys) is not list:
-            keys = request.prefix_keys = keys.tolist()
-        cached = self.cached
-        new_keys = [key for key in keys[start:end] if key not in cached]
-        if len(new_keys) == end - start:   # the usual case: nobody computed these blocks before
-            new_blocks = request.block_ids[start:end]
-        else:
-            new_blocks = [block for key, block in zip(keys[start:end], request.block_ids[start:end])
-                          if key not in cached]
-        if new_keys:
-            cached.update(zip(new_keys, new_blocks))
-            self.key_of[new_blocks] = new_keys
+        new_keys = keys[start:end]
+        largest = int(new_keys.max())
+        if largest >= len(self.block_of_key):
+            self._grow_key_space(largest + 1)
+        blocks = np.array(request.block_ids[start:end], dtype=np.int64)
+        fresh = self.block_of_key[new_keys] < 0
+        if not fresh.all():
+            new_keys, blocks = new_keys[fresh], blocks[fresh]
+        self.block_of_key[new_keys] = blocks
+        self.key_of[blocks] = new_keys
         request.num_registered_blocks = end
+
+    def _grow_key_space(self, size: int) -> None:
+        grown = np.full(max(size, 2 * len(self.block_of_key)), -1, dtype=np.int64)
+        grown[:len(self.block_of_key)] = self.block_of_key
+        self.block_of_key = grown
 
     def check(self) -> None:
         """Invariants (for tests): counts conserved, no negative references, nothing in use evictable."""
@@ -284,25 +280,28 @@ class PrefixCachingBlockManager(BlockManager):
         assert int((rc > 0).sum()) + self.num_free_blocks == self.num_blocks, "blocks not conserved"
         assert all(self.key_of[b] >= 0 for b in live), "a keyless block is evictable"
         assert all(rc[b] == 0 and self.key_of[b] < 0 for b in self.free_ids), "a free block is in use or keyed"
-        assert all(self.key_of[b] == k for k, b in self.cached.items()), "key map drifted"
-        assert len(self.cached) == int((self.key_of >= 0).sum()), "key map drifted"
+        keyed = np.flatnonzero(self.block_of_key >= 0)
+        assert (self.key_of[self.block_of_key[keyed]] == keyed).all(), "key map drifted"
+        assert len(keyed) == int((self.key_of >= 0).sum()), "key map drifted"
 
 
 def block_keys(dense_ids: np.ndarray, num_prompt_tokens: int, trace_block_tokens: int,
                block_size: int) -> np.ndarray:
-    """Keys of a prompt's full KV blocks of `block_size` tokens, from its trace ids (one per
-    `trace_block_tokens` tokens, each standing for its tokens and all before them), given as small
-    non-negative ints (`trace_prefix_keys` maps them) so that keys fit int64.
+    """Keys of a prompt's full KV blocks of `block_size` tokens, from its trace ids given as dense
+    ints 0..U-1 (one per `trace_block_tokens` tokens, each standing for its tokens and all before).
 
-    KV block k ends at token e = (k+1)·block_size; the prefix up to e is identified by the id of
-    the trace block holding token e-1 and how far into it e is. Blocks past the ids, or not full
-    within the prompt, get no key.
+    KV block k ends at token e = (k+1)·block_size. The prefix up to e is identified by the id of the
+    trace block j holding token e-1 and by how far into it e is; KV blocks ending in the same trace
+    block are (e - j·trace_block_tokens - 1) // block_size apart, so key = id · M + that, with
+    M = ceil(trace_block_tokens / block_size): keys are dense, 0..U·M-1, and index arrays directly.
+    Blocks past the ids, or not full within the prompt, get no key.
     """
+    per_id = -(-trace_block_tokens // block_size)
     covered = min(num_prompt_tokens, len(dense_ids) * trace_block_tokens)
     ends = np.arange(1, covered // block_size + 1, dtype=np.int64) * block_size
     trace_block = (ends - 1) // trace_block_tokens
-    offset = ends - trace_block * trace_block_tokens      # 1..trace_block_tokens
-    return dense_ids[trace_block] * (trace_block_tokens + 1) + offset
+    within = (ends - trace_block * trace_block_tokens - 1) // block_size
+    return dense_ids[trace_block] * per_id + within
 
 
 def trace_prefix_keys(trace, block_size: int) -> list[np.ndarray] | None:

@@ -48,11 +48,10 @@ class Request:
     num_preemptions: int = 0
     replica: int = 0
     # prefix caching (simulator.prefix_cache): keys of the full prompt blocks, blocks held, reuse
-    prefix_keys: object = None          # int64 array (a list once looked up), or None: shares nothing
+    prefix_keys: object = None          # int64 array of small non-negative keys, or None: shares nothing
     block_ids: list | None = None       # ids of the blocks held, in token order
     num_registered_blocks: int = 0      # leading blocks whose keys are published
     num_cached_tokens: int = 0          # prompt tokens reused at the first admission
-    lookup_memo: tuple | None = None    # (blocks, keys) of the last lookup while waiting
 
     @property
     def num_known_tokens(self) -> int:

@@ -97,7 +97,7 @@ def run(args) -> int:
         search_capacity,
     )
     from experiments.capacity.plot import plot_capacity
-    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.flags import kv_blocks_from_args, prefix_caching_from_args, scheduler_config_from_args
     from experiments.commands.output import print_warnings
     from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.errors import InputError
@@ -122,7 +122,8 @@ def run(args) -> int:
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), num_replicas=num_replicas,
                        router=args.router, step_overhead_ms=args.step_overhead_ms, skip_oversize=args.skip_oversize,
                        request_overhead_ms=request_overhead_ms(model),
-                       slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+                       slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+                       prefix_caching=prefix_caching_from_args(args))
     deployments = {"aggregated": RateEvaluator(trace, aggregated(model, config))}
     if split is not None:
         prefill_model = resolve_step_model(args.prefill_step_model or args.step_model)

@@ -17,9 +17,11 @@ DEFAULT_BLOCK_SIZE = 16
 STEP_MODEL_HELP = "const:MS, linear:A,B,C or a T_step table directory"
 
 
-def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = True) -> None:
+def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = True,
+                        prefix_caching: bool = True) -> None:
     """Scheduler and KV-cache flags, shared by simulate, measure, capacity and import; --tp and --ep
-    (KV sizing of a multi-GPU instance) where `parallelism`."""
+    (KV sizing of a multi-GPU instance) where `parallelism`; --prefix-caching where `prefix_caching`
+    (an imported vLLM run has no prefix ids to replay it with)."""
     g = parser.add_argument_group("scheduler and KV cache")
     g.add_argument("--scheduler", default="vllm", choices=SCHEDULER_NAMES,
                    help="serving policy (default: vllm)")
@@ -41,6 +43,11 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = 
         _add_parallelism_flags(g)
     g.add_argument("--skip-oversize", action="store_true",
                    help="drop requests larger than the whole KV cache instead of failing")
+    if prefix_caching:
+        _add_prefix_caching_flag(g)
+
+
+def _add_prefix_caching_flag(g) -> None:
     g.add_argument("--prefix-caching", choices=("on", "off"), default=None,
                    help="automatic prefix caching: a request reuses the cached KV blocks of the longest "
                         "prompt prefix it shares (by the trace's prefix_hash_ids) and prefills the rest; "

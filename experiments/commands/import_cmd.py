@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     v = add_command(sources, "vllm-bench", "a `vllm bench serve --save-result` JSON", VLLM_BENCH_HELP, run_vllm_bench)
     v.add_argument("file", metavar="FILE", help="the JSON written by `vllm bench serve --save-result`")
     v.add_argument("--model-spec", required=True, help="the served model: preset, ModelSpec file or Hugging Face config.json")
-    add_scheduler_flags(v)
+    add_scheduler_flags(v, prefix_caching=False)
     v.add_argument("--quiet", action="store_true", help="print nothing but errors")
     v.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_usage(p))

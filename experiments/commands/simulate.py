@@ -58,7 +58,7 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 def run(args) -> int:
     from experiments.commands.output_paths import check_output
     check_output(args.out)
-    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.flags import kv_blocks_from_args, prefix_caching_from_args, scheduler_config_from_args
     from experiments.commands.output import format_summary, print_warnings
     from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
@@ -75,7 +75,8 @@ def run(args) -> int:
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
                        request_overhead_ms=request_overhead_ms(model),
                        fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
-                       skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+                       skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+                       prefix_caching=prefix_caching_from_args(args))
     sim = Simulation(trace, model, config)
     if sim.num_skipped and not args.quiet:
         print(f"stepcal: warning: skipped {sim.num_skipped} requests larger than the KV cache", file=sys.stderr)
