@@ -91,6 +91,8 @@ class Trace:
                 data[name] = getattr(self, name)
         if self.prefix_hash_ids is not None:
             data["prefix_hash_ids"] = self.prefix_hash_ids
+            # the ids' block size travels with them (a column: CSV and Parquet alike)
+            data["prefix_block_tokens"] = np.full(len(self), self.prefix_block_tokens, dtype=np.int64)
         return pd.DataFrame(data)
 
 

@@ -20,13 +20,16 @@ blocks). An id stands for its block's tokens and everything before them, so two 
 with the same id share the whole prompt up to that block's end; a prompt's last partial
 block has an id of its own. A list holds at most ceil(num_prompt_tokens / block) ids and
 may stop short: the blocks it leaves out are shared with no one. Empty: nothing shared.
-`stats` reports the share of prompt tokens an unbounded prefix cache would hit."""
+Our files carry the block size in a prefix_block_tokens column (the same on every row),
+which --prefix-block-tokens may not contradict. `stats` reports the share of prompt tokens
+an unbounded prefix cache would hit (and, with --cache-tokens, an LRU cache of that size).
+`stepcal simulate --prefix-caching on` reuses the blocks these ids share."""
 
 TRACE_HELP = """\
 TRACE is a trace file or a generator spec.
 
 Files: our CSV/Parquet (arrival_s,num_prompt_tokens,num_output_tokens[,request_id,priority,
-slo_ttft_ms,slo_tpot_ms,prefix_hash_ids]), Azure LLM 2023 CSV, Mooncake JSONL, Vidur trace CSV;
+slo_ttft_ms,slo_tpot_ms,prefix_hash_ids,prefix_block_tokens]), Azure LLM 2023 CSV, Mooncake JSONL, Vidur trace CSV;
 the format is detected from the columns or forced with --trace-format. Imported traces start at 0 s.
 
 Generator spec: PROCESS:KEY=VALUE,KEY=VALUE,...
@@ -63,6 +66,9 @@ def register(subparsers) -> None:
     stats.add_argument("trace", metavar="TRACE", help="trace file or generator spec")
     _add_workload_flags(stats)
     stats.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    stats.add_argument("--cache-tokens", type=argtypes.count(1, 2**50), default=None, metavar="N",
+                       help="also report the prefix hit share of an LRU cache holding N tokens "
+                            "(e.g. a KV cache's blocks x block size)")
     stats.set_defaults(func=run)
 
     gen = _add_action(actions, "generate", "write a generated (or converted) trace in stepcal's format",
@@ -98,22 +104,17 @@ def run(args) -> int:
     if args.trace_command == "generate":
         check_output(args.out, kind="file", suffixes=SUFFIXES)
     from experiments.commands.output import print_warnings
-    from simulator.trace import PREFIX_BLOCK_TOKENS
     from simulator.workload import load_workload, trace_stats, write_trace
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,
                           prefix_block_tokens=args.prefix_block_tokens, arg_name="TRACE")
     print_warnings(trace.warnings)
-    stats = trace_stats(trace)
+    stats = trace_stats(trace, getattr(args, "cache_tokens", None))
     if args.trace_command == "generate":
         path = write_trace(trace, args.out)
         print(f"wrote {stats['num_requests']} requests over {stats['duration_s']:.1f} s "
               f"({_number(stats['rate_rps'])} req/s) to {path}")
-        if trace.prefix_hash_ids is not None and trace.prefix_block_tokens != PREFIX_BLOCK_TOKENS:
-            # The file does not record the block size: say how to read it back.
-            print(f"its prefix_hash_ids are {trace.prefix_block_tokens}-token blocks: read it with "
-                  f"--prefix-block-tokens {trace.prefix_block_tokens}")
     elif args.json:
         import json
         print(json.dumps(stats, indent=2))
@@ -140,6 +141,9 @@ def format_stats(stats: dict) -> str:
         lines += ["", f"prefix reuse {100 * stats['prefix_hit_share']:.1f}% of prompt tokens hit an unbounded "
                       f"cache ({stats['prefix_block_tokens']}-token blocks); "
                       f"{stats['prefix_hit_requests']} of {stats['num_requests']} requests hit"]
+        if stats.get("prefix_hit_share_lru") is not None:
+            lines.append(f"             {100 * stats['prefix_hit_share_lru']:.1f}% with an LRU cache of "
+                         f"{stats['cache_tokens']} tokens")
     return "\n".join(lines)
 
 

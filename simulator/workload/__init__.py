@@ -15,7 +15,7 @@ from simulator.workload.generators import (
     generate,
 )
 from simulator.workload.load import load_workload
-from simulator.workload.prefix_stats import unbounded_prefix_hits
+from simulator.workload.prefix_stats import lru_prefix_hits, unbounded_prefix_hits
 from simulator.workload.readers import TRACE_FORMATS, read_trace
 from simulator.workload.spec import parse_spec
 from simulator.workload.stats import trace_stats
@@ -42,5 +42,6 @@ __all__ = [
     "rescale_rate",
     "trace_stats",
     "unbounded_prefix_hits",
+    "lru_prefix_hits",
     "write_trace",
 ]

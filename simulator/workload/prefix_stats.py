@@ -1,6 +1,8 @@
 """How much of a trace's prompts an unbounded prefix cache would serve (issue 15)."""
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from simulator.trace import Trace
@@ -26,4 +28,32 @@ def unbounded_prefix_hits(trace: Trace) -> np.ndarray | None:
             num_hit_blocks += 1
         hits[i] = num_hit_blocks * trace.prefix_block_tokens
         seen.update(ids)
+    return np.minimum(hits, trace.num_prompt_tokens - 1)
+
+
+def lru_prefix_hits(trace: Trace, cache_tokens: int) -> np.ndarray | None:
+    """Per request, the prompt tokens an LRU cache of `cache_tokens` tokens would hit, requests taken
+    one at a time in arrival order (no two in flight), in blocks of the trace's own size.
+
+    A bound to hold a simulation against: with a KV cache of that size, a serving run hits about
+    this much (more blocks are held while requests overlap, fewer while they wait). int64; None when
+    the trace carries no ids.
+    """
+    if trace.prefix_hash_ids is None:
+        return None
+    capacity = max(0, cache_tokens // trace.prefix_block_tokens)
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = np.zeros(len(trace), dtype=np.int64)
+    for i, ids in enumerate(trace.prefix_hash_ids):
+        num_hit_blocks = 0
+        for block_id in ids:
+            if block_id not in cache:
+                break
+            num_hit_blocks += 1
+        hits[i] = num_hit_blocks * trace.prefix_block_tokens
+        for block_id in ids:
+            cache[block_id] = None
+            cache.move_to_end(block_id)
+        while len(cache) > capacity:
+            cache.popitem(last=False)
     return np.minimum(hits, trace.num_prompt_tokens - 1)

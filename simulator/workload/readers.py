@@ -48,11 +48,29 @@ def read_trace(path: str | Path, fmt: str | None = None, prefix_block_tokens: in
     fmt = fmt or _detect_format(where, table.columns)
     if table.empty:     # a header alone: the readers shift arrivals by their minimum, which has none
         raise InputError(f"{path}: the trace has no requests")
+    if prefix_block_tokens is not None and (isinstance(prefix_block_tokens, bool) or
+                                            not isinstance(prefix_block_tokens, int) or prefix_block_tokens < 1):
+        raise InputError(f"--prefix-block-tokens must be a positive integer, got {prefix_block_tokens!r}")
+    if fmt == "stepcal" and "prefix_block_tokens" in table.columns:
+        prefix_block_tokens = _file_block_tokens(where, table["prefix_block_tokens"], prefix_block_tokens)
     if prefix_block_tokens is None:
         prefix_block_tokens = MOONCAKE_BLOCK_TOKENS if fmt == "mooncake" else PREFIX_BLOCK_TOKENS
-    elif isinstance(prefix_block_tokens, bool) or not isinstance(prefix_block_tokens, int) or prefix_block_tokens < 1:
-        raise InputError(f"--prefix-block-tokens must be a positive integer, got {prefix_block_tokens!r}")
     return _READERS[fmt](where, table, prefix_block_tokens)
+
+
+def _file_block_tokens(where: Where, column, flag_value: int | None) -> int:
+    """The block size a stepcal trace states in its prefix_block_tokens column (one value on every
+    row); a different --prefix-block-tokens is refused rather than silently mis-sizing the ids."""
+    values = validate.positive_ints(where, column, "prefix_block_tokens")
+    if (values != values[0]).any():
+        row = int(np.flatnonzero(values != values[0])[0])
+        raise where.error(column.index[row], "prefix_block_tokens",
+                          f"differs from the first row's {int(values[0])}: one block size per trace", values[row])
+    stated = int(values[0])
+    if flag_value is not None and flag_value != stated:
+        raise InputError(f"{where.path}: --prefix-block-tokens {flag_value} contradicts the trace's own "
+                         f"prefix_block_tokens {stated}")
+    return stated
 
 
 def _file_kind(path: Path, fmt: str | None) -> str:

@@ -4,19 +4,20 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.trace import Trace
-from simulator.workload.prefix_stats import unbounded_prefix_hits
+from simulator.workload.prefix_stats import lru_prefix_hits, unbounded_prefix_hits
 from simulator.workload.transforms import mean_rate_rps
 
 LENGTH_STATS = ("mean", "p50", "p90", "p99", "max")
 
 
-def trace_stats(trace: Trace) -> dict:
+def trace_stats(trace: Trace, cache_tokens: int | None = None) -> dict:
     """A flat dict of plain Python numbers (JSON-ready); None where a figure is undefined.
 
     burstiness_cv is the coefficient of variation of inter-arrival times (1 for Poisson).
     prefix_hit_share is the share of prompt tokens an unbounded prefix cache would hit and
     prefix_hit_requests the number of requests with any hit (unbounded_prefix_hits); both None
-    when the trace carries no prefix hash ids.
+    when the trace carries no prefix hash ids. With cache_tokens, prefix_hit_share_lru is the share
+    an LRU cache of that many tokens would hit (lru_prefix_hits).
     """
     gaps_s = np.diff(trace.arrival_s)
     mean_gap_s = float(gaps_s.mean()) if len(gaps_s) else 0.0
@@ -34,6 +35,10 @@ def trace_stats(trace: Trace) -> dict:
     stats["prefix_block_tokens"] = trace.prefix_block_tokens
     stats["prefix_hit_share"] = None if hits is None else float(hits.sum() / trace.num_prompt_tokens.sum())
     stats["prefix_hit_requests"] = None if hits is None else int((hits > 0).sum())
+    if cache_tokens is not None:
+        lru = lru_prefix_hits(trace, cache_tokens)
+        stats["cache_tokens"] = cache_tokens
+        stats["prefix_hit_share_lru"] = None if lru is None else float(lru.sum() / trace.num_prompt_tokens.sum())
     return stats
 
 

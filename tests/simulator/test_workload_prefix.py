@@ -10,7 +10,7 @@ import pytest
 from experiments import cli
 from simulator.errors import InputError
 from simulator.trace import Trace
-from simulator.workload import read_trace, trace_stats, unbounded_prefix_hits, write_trace
+from simulator.workload import lru_prefix_hits, read_trace, trace_stats, unbounded_prefix_hits, write_trace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "data"
 MOONCAKE_TINY = FIXTURES / "mooncake_tiny.jsonl"
@@ -149,7 +149,39 @@ def test_stats_of_mooncake_and_its_conversion(tmp_path, capsys):
     assert stats["prefix_hit_share"] == pytest.approx(12 * 512 / (6955 + 6472 + 400))
     out = tmp_path / "m.parquet"
     assert cli.main(["trace", "generate", str(MOONCAKE_TINY), "--out", str(out)]) == 0
-    assert "read it with --prefix-block-tokens 512" in capsys.readouterr().out
+    back = read_trace(out)   # the file states its block size
+    assert back.prefix_block_tokens == 512 and back.prefix_hash_ids == read_trace(MOONCAKE_TINY).prefix_hash_ids
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_the_block_size_travels_with_the_ids(tmp_path, suffix):
+    path = write_trace(read_trace(MOONCAKE_TINY), tmp_path / f"m{suffix}")
+    assert read_trace(path).prefix_block_tokens == 512
+    assert read_trace(path, prefix_block_tokens=512).prefix_block_tokens == 512
+    with pytest.raises(InputError, match=r"m\.(csv|parquet): --prefix-block-tokens 16 contradicts the "
+                                         r"trace's own prefix_block_tokens 512"):
+        read_trace(path, prefix_block_tokens=16)
+
+
+def test_a_block_size_column_with_two_values_is_refused(tmp_path):
+    path = write(tmp_path, "two.csv", "arrival_s,num_prompt_tokens,num_output_tokens,prefix_hash_ids,"
+                                      "prefix_block_tokens\n0,20,1,5,16\n1,20,1,6,32\n")
+    with pytest.raises(InputError, match=r"two.csv: line 3 \(data row 2\): column 'prefix_block_tokens' differs from the first row's 16"):
+        read_trace(path)
+
+
+def test_lru_prefix_hits_by_hand():
+    trace = reuse_trace()   # 4-token blocks
+    assert lru_prefix_hits(trace, 10**6).tolist() == unbounded_prefix_hits(trace).tolist()
+    # room for 3 blocks: request 1 brings 1 2 7 (3 evicted), so request 2 hits 1 2 only
+    assert lru_prefix_hits(trace, 12).tolist() == [0, 8, 8, 0, 4, 0]
+    assert lru_prefix_hits(trace, 0).sum() == 0
+    assert lru_prefix_hits(Trace.from_arrays([0.0], [5], [1]), 100) is None
+
+
+def test_stats_reports_the_lru_share(capsys):
+    assert cli.main(["trace", "stats", str(MOONCAKE_TINY), "--cache-tokens", "100000"]) == 0
+    assert "with an LRU cache of 100000 tokens" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("value", ["0", "x", "1000001"])
