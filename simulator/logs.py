@@ -24,6 +24,8 @@ def request_log(requests: list[Request]):
                                            frame["num_output_tokens"]))
     frame["num_preemptions"] = np.array([r.num_preemptions for r in requests], dtype=np.int64)
     frame["num_cached_tokens"] = np.array([r.num_cached_tokens for r in requests], dtype=np.int64)
+    if any(r.timed_out for r in requests):
+        frame["timed_out"] = np.array([r.timed_out for r in requests], dtype=bool)
     if any(r.slo_ttft_ms is not None for r in requests):
         frame["slo_ttft_ms"] = col("slo_ttft_ms")
     if any(r.slo_tpot_ms is not None for r in requests):

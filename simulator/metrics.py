@@ -110,14 +110,15 @@ def _limit(requests, column: str, default: float | None, n: int) -> np.ndarray:
     return limit
 
 
-def prefix_cache_summary(requests, block_managers, enabled: bool) -> dict:
+def prefix_cache_summary(requests, block_managers, enabled: bool, has_ids: bool = True) -> dict:
     """Prefix caching in summary.json: whether it was on, the share of prompt tokens served from the
-    cache at first admission (prefix_hit_rate), and the cached blocks evicted to make room."""
+    cache at first admission (prefix_hit_rate; None when off or when the trace has no prefix ids),
+    and the cached blocks evicted to make room."""
     prompt_tokens = int(requests["num_prompt_tokens"].sum())
     cached_tokens = int(requests["num_cached_tokens"].sum()) if "num_cached_tokens" in requests else 0
     return {"prefix_caching": enabled,
             "num_cached_tokens": cached_tokens,
-            "prefix_hit_rate": cached_tokens / prompt_tokens if enabled and prompt_tokens else None,
+            "prefix_hit_rate": cached_tokens / prompt_tokens if enabled and has_ids and prompt_tokens else None,
             "num_prefix_evictions": sum(getattr(kv, "num_evictions", 0) for kv in block_managers)}
 
 

@@ -126,7 +126,7 @@ class PrefixCachingBlockManager(BlockManager):
         request.block_ids = None
         request.num_blocks = 0
         request.num_registered_blocks = 0
-        if request.status is Status.FINISHED:
+        if request.status is Status.FINISHED or request.status is Status.ABORTED:
             request.prefix_keys = None   # never looked up again
 
     # -- mechanics ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 from simulator.batch import StepFeatures, feature_row
 from simulator.events import STEP_DONE, WAKE, EventLoop
 from simulator.kv_cache import make_block_manager
-from simulator.request import Request
+from simulator.request import Request, Status
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
 from simulator.step_model import FeatureStepModel
@@ -86,6 +86,17 @@ class Replica:
         self.busy = False
         self.wake_pending = False
         self.in_flight: InFlight | None = None
+        self.pending_aborts: list[Request] = []   # timed out while in the step in flight
+
+    def abort(self, request: Request, now_s: float) -> None:
+        """The client gave up at now_s: a decode run is cut there (the queue changes), and the request
+        leaves now, or when the step in flight that carries it ends."""
+        self.cut_run(now_s)
+        run = self.in_flight
+        if run is not None and any(r is request for r in run.step.requests):
+            self.pending_aborts.append(request)
+        else:
+            self.scheduler.abort(request)
 
     def add(self, request: Request, now_s: float) -> None:
         """A request joins this replica's queue; an idle replica wakes up (after the other events at now_s)."""
@@ -167,9 +178,24 @@ class Replica:
         else:
             self.log.add_step(run.start_s, run.durations_ms, run.row, batch.request_ids, batch.q_lens, batch.kv_lens)
             finished = self.scheduler.on_step_done(step, now_s)
+        if self.pending_aborts:
+            finished = self._apply_aborts(finished)
         if finished and self.on_finished is not None:
             self.on_finished(finished, now_s)
         self.start_step(now_s)
+
+    def _apply_aborts(self, finished: list[Request]) -> list[Request]:
+        """Requests that timed out during the step just done: one that finished in it answered after
+        its client left, so it counts as timed out; the others leave the scheduler now."""
+        aborted, self.pending_aborts = self.pending_aborts, []
+        late = set()
+        for request in aborted:
+            if request.status is Status.FINISHED:
+                request.status, request.timed_out, request.finish_s = Status.ABORTED, True, None
+                late.add(id(request))
+            elif request.status is not Status.ABORTED:
+                self.scheduler.abort(request)
+        return [r for r in finished if id(r) not in late] if late else finished
 
 
 def steps_frame(replicas: list[Replica], with_pool: bool = False):

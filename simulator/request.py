@@ -20,6 +20,7 @@ class Status(IntEnum):
     RUNNING = 1
     PREEMPTED = 2
     FINISHED = 3
+    ABORTED = 4      # the client gave up (its timeout passed) before the last token
 
 
 @dataclass(slots=True, eq=False)
@@ -52,6 +53,11 @@ class Request:
     block_ids: list | None = None       # ids of the blocks held, in token order
     num_registered_blocks: int = 0      # leading blocks whose keys are published
     num_cached_tokens: int = 0          # prompt tokens reused at the first admission
+    # the client (simulator.client): a timeout, and the session's next turn in a closed loop
+    timeout_s: float | None = None      # the client gives up this long after arrival_s
+    timed_out: bool = False
+    think_time_s: float | None = None   # sent this long after the previous turn finished
+    next_turn: Request | None = None    # the session's next closed-loop turn
 
     @property
     def num_known_tokens(self) -> int:
@@ -93,6 +99,8 @@ def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
     priority = trace.priority.tolist() if trace.priority is not None else None
     slo_ttft = _optional_floats(trace.slo_ttft_ms)
     slo_tpot = _optional_floats(trace.slo_tpot_ms)
+    timeout = _optional_floats(trace.timeout_s)
+    think = _optional_floats(trace.think_time_s)
     keys = None
     if prefix_caching and trace.prefix_hash_ids is not None:
         from simulator.prefix_cache import trace_prefix_keys
@@ -101,7 +109,8 @@ def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
                         priority=int(priority[i]) if priority else 0,
                         slo_ttft_ms=slo_ttft[i] if slo_ttft else None,
                         slo_tpot_ms=slo_tpot[i] if slo_tpot else None,
-                        prefix_keys=keys[i] if keys is not None and len(keys[i]) else None)
+                        prefix_keys=keys[i] if keys is not None and len(keys[i]) else None,
+                        timeout_s=timeout[i] if timeout else None, think_time_s=think[i] if think else None)
                 for i in np.flatnonzero(keep).tolist()]
     return requests, int((~keep).sum())
 

@@ -8,7 +8,8 @@ import numpy as np
 from simulator.errors import InputError, shown
 
 REQUIRED_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
-OPTIONAL_COLUMNS = ("priority", "slo_ttft_ms", "slo_tpot_ms")   # per-request columns a trace may carry
+# per-request columns a trace may carry
+OPTIONAL_COLUMNS = ("priority", "slo_ttft_ms", "slo_tpot_ms", "session_id", "turn", "think_time_s", "timeout_s")
 PREFIX_BLOCK_TOKENS = 16     # default block size of prefix_hash_ids (Mooncake's hash_ids: 512)
 
 
@@ -29,6 +30,11 @@ class Trace:
     priority: np.ndarray | None = None       # int64, larger = more latency-sensitive
     slo_ttft_ms: np.ndarray | None = None    # float64, NaN where absent
     slo_tpot_ms: np.ndarray | None = None
+    session_id: np.ndarray | None = None     # int64: requests of one multi-turn session share it
+    turn: np.ndarray | None = None           # int64 >= 0: order within the session (else arrival order)
+    think_time_s: np.ndarray | None = None   # float64 >= 0, NaN where absent: a closed-loop turn,
+                                             # sent this long after the session's previous turn finished
+    timeout_s: np.ndarray | None = None      # float64 > 0, NaN where absent: the client gives up then
     prefix_hash_ids: list | None = None      # per request, ids of its prompt blocks (see below)
     prefix_block_tokens: int = PREFIX_BLOCK_TOKENS   # tokens per block of prefix_hash_ids
     source: str = "generated"
@@ -64,6 +70,7 @@ class Trace:
                     prefix_hash_ids=None if prefix_hash_ids is None else list(prefix_hash_ids),
                     prefix_block_tokens=int(prefix_block_tokens),
                     **{k: (None if v is None else np.asarray(v)) for k, v in optional.items()})
+        _check_sessions(trace)
         if (np.diff(arrival) < 0).any():
             trace = trace.take(np.argsort(arrival, kind="stable"))
             trace.warnings.append(f"{source}: arrivals were not sorted; sorted them by arrival_s")
@@ -78,9 +85,8 @@ class Trace:
             hashes = [self.prefix_hash_ids[i] for i in np.arange(len(self))[index]]
         return replace(self, arrival_s=self.arrival_s[index], num_prompt_tokens=self.num_prompt_tokens[index],
                        num_output_tokens=self.num_output_tokens[index], request_id=self.request_id[index],
-                       priority=pick(self.priority), slo_ttft_ms=pick(self.slo_ttft_ms),
-                       slo_tpot_ms=pick(self.slo_tpot_ms), prefix_hash_ids=hashes,
-                       warnings=list(self.warnings))
+                       prefix_hash_ids=hashes, warnings=list(self.warnings),
+                       **{name: pick(getattr(self, name)) for name in OPTIONAL_COLUMNS})
 
     def to_frame(self):
         import pandas as pd
@@ -110,3 +116,48 @@ def _check_positive_ints(source: str, name: str, col: np.ndarray) -> None:
     if (col <= 0).any():
         row = _first(col <= 0)
         raise InputError(f"{source}: row {row}: {name} must be a positive integer, got {shown(col[row])}")
+
+
+def _check_sessions(trace: Trace) -> None:
+    """turn and think_time_s need session_id; a (session, turn) pair names one request; a closed-loop
+    turn (think_time_s given) follows an earlier turn of its session; times are non-negative."""
+    src = trace.source
+    for name in ("turn", "think_time_s"):
+        if getattr(trace, name) is not None and trace.session_id is None:
+            raise InputError(f"{src}: column {name} needs a session_id column")
+    for name, low in (("think_time_s", 0.0), ("timeout_s", 0.0)):
+        col = getattr(trace, name)
+        if col is None:
+            continue
+        col = col.astype(np.float64)
+        bad = np.isinf(col) | (col < low) | ((col == 0) if name == "timeout_s" else False)
+        if bad.any():
+            row = _first(bad)
+            kind = "positive" if name == "timeout_s" else "non-negative"
+            raise InputError(f"{src}: row {row}: {name} must be {kind} seconds (or empty), got {shown(col[row])}")
+    if trace.turn is not None and (trace.turn < 0).any():
+        raise InputError(f"{src}: row {_first(trace.turn < 0)}: turn must not be negative")
+    if trace.session_id is None:
+        return
+    order = session_order(trace)
+    if trace.turn is not None:
+        keys = np.stack([trace.session_id[order], trace.turn[order]], axis=1)
+        same = (np.diff(keys, axis=0) == 0).all(axis=1)
+        if same.any():
+            row = int(order[_first(same) + 1])
+            raise InputError(f"{src}: row {row}: session {int(trace.session_id[row])} has turn "
+                             f"{int(trace.turn[row])} twice")
+    if trace.think_time_s is not None:
+        first = np.ones(len(trace), dtype=bool)
+        first[order[1:]] = trace.session_id[order[1:]] != trace.session_id[order[:-1]]
+        closed = np.isfinite(trace.think_time_s.astype(np.float64))
+        if (closed & first).any():
+            row = _first(closed & first)
+            raise InputError(f"{src}: row {row}: think_time_s is given for the first turn of session "
+                             f"{int(trace.session_id[row])}: a closed-loop turn follows an earlier one")
+
+
+def session_order(trace: Trace) -> np.ndarray:
+    """Row indices sorted by session, then by turn (or arrival order where there is no turn column)."""
+    turn = trace.turn if trace.turn is not None else np.arange(len(trace))
+    return np.lexsort((np.arange(len(trace)), turn, trace.session_id))

@@ -22,6 +22,8 @@ def format_summary(summary: dict) -> str:
         lines.append(f"{name:<10}" + "".join(f"{_num(stats.stat(name, k)):>10}" for k in ("mean", "p50", "p90", "p99")))
     if summary.get("slo_attainment") is not None:
         lines.append(f"SLO attainment {summary['slo_attainment']:.3f}, goodput {_num(summary['goodput_rps'])} req/s")
+    if summary.get("num_timeouts"):
+        lines.append(f"{summary['num_timeouts']} requests timed out (not in the latencies)")
     if summary.get("prefix_hit_rate") is not None:
         lines.append(f"prefix cache: {100 * summary['prefix_hit_rate']:.1f}% of prompt tokens reused, "
                      f"{summary.get('num_prefix_evictions', 0)} cached blocks evicted")

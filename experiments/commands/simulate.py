@@ -39,6 +39,10 @@ def register(subparsers) -> None:
     g.add_argument("--num-requests", type=argtypes.count(), default=None, help="keep only the first N requests")
     g.add_argument("--duration", type=argtypes.seconds, default=None, help="keep only requests arriving in the first S seconds")
     g.add_argument("--seed", type=argtypes.seed, default=0, help="seed for generated workloads (default 0)")
+    g.add_argument("--timeout-s", type=argtypes.seconds, default=None,
+                   help="client timeout for requests whose trace gives no timeout_s: a request not finished "
+                        "this long after it was sent is aborted (its KV blocks freed at the next step) and "
+                        "counted in num_timeouts, not in the latencies (load tests often use 300)")
     g = p.add_argument_group("metrics and output")
     g.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None, help="TTFT SLO for attainment and goodput")
     g.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None, help="TPOT SLO for attainment and goodput")
@@ -76,7 +80,7 @@ def run(args) -> int:
                        request_overhead_ms=request_overhead_ms(model),
                        fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
                        skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
-                       prefix_caching=prefix_caching_from_args(args))
+                       prefix_caching=prefix_caching_from_args(args), timeout_s=args.timeout_s)
     sim = Simulation(trace, model, config)
     if sim.num_skipped and not args.quiet:
         print(f"stepcal: warning: skipped {sim.num_skipped} requests larger than the KV cache", file=sys.stderr)

@@ -89,6 +89,19 @@ class SchedulerBase:
         self.waiting.append(request)
         self.num_outstanding_tokens += request.max_kv_tokens - request.num_computed_tokens
 
+    def abort(self, request: Request) -> None:
+        """The client gave up: drop the request (not part of a step in flight) and free its blocks."""
+        if request.status is Status.RUNNING:
+            self.running.remove(request)
+            self.kv.free(request)
+        else:
+            self.waiting.remove(request)
+            if request.num_blocks:   # a waiting request holds none; kept for safety of the counts
+                self.kv.free(request)
+        self.num_outstanding_tokens -= request.max_kv_tokens - request.num_computed_tokens
+        request.status = Status.ABORTED
+        request.timed_out = True
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -166,9 +166,14 @@ def _read_stepcal(where: Where, table, block_tokens: int) -> Trace:
         _check_unique(where, table["request_id"], request_id)
     if "priority" in table.columns:
         optional["priority"] = validate.ints(where, table["priority"], "priority")
-    for name in ("slo_ttft_ms", "slo_tpot_ms"):
-        if name in table.columns:   # empty means "no SLO for this request": NaN
+    for name in ("slo_ttft_ms", "slo_tpot_ms", "timeout_s"):
+        if name in table.columns:   # empty means "none for this request": NaN
             optional[name] = validate.positive_or_missing(where, table[name], name)
+    for name in ("session_id", "turn"):
+        if name in table.columns:
+            optional[name] = validate.ints(where, table[name], name)
+    if "think_time_s" in table.columns:   # empty: an open-loop request, sent at its arrival_s
+        optional["think_time_s"] = validate.numbers(where, table["think_time_s"], "think_time_s", allow_missing=True)
     hashes = None
     if "prefix_hash_ids" in table.columns:
         hashes = _hash_lists(where, table["prefix_hash_ids"], "prefix_hash_ids", prompt, block_tokens)

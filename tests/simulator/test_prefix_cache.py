@@ -233,7 +233,11 @@ def test_prefix_caching_is_on_by_default_for_vllm_only():
 
 def test_a_trace_without_ids_simulates_the_same_with_caching_on_or_off():
     trace = make_trace(np.linspace(0, 0.2, 40), np.arange(40) * 7 + 30, np.arange(40) % 9 + 50)
-    on = simulate(trace, MODEL, SimConfig(kv_blocks=40, prefix_caching=True))
+    sim = Simulation(trace, MODEL, SimConfig(kv_blocks=40, prefix_caching=True))
+    assert type(sim.replicas[0].kv) is BlockManager   # nothing to reuse: the faster counting manager
+    paged = PrefixCachingBlockManager(40, 16)           # ... gives the same as the paged one
+    sim.replicas[0].kv = sim.replicas[0].scheduler.kv = paged
+    on = sim.run()
     off = simulate(trace, MODEL, SimConfig(kv_blocks=40, prefix_caching=False))
     assert on.requests.equals(off.requests) and on.steps.equals(off.steps)
     assert on.summary["num_preemptions"] > 0          # the small cache was exercised

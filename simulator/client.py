@@ -1,0 +1,68 @@
+"""What clients do besides sending requests at their arrival times: closed-loop sessions, where a
+session's next turn is sent a think time after the previous answer finished, and timeouts, after
+which a client gives up on a request (issue 15).
+
+The Simulation pushes these as events: `Release` sends a closed-loop turn, `Timeout` aborts a request
+that has not finished by its deadline. An abort frees the request's KV blocks at the first step
+boundary at or after the deadline (a step in flight is not interrupted, as in a serving engine); a
+request whose last token comes after its deadline counts as timed out, not finished. A session
+goes on after a timeout: its next turn is sent a think time after the client gave up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simulator.request import Request, Status
+from simulator.trace import Trace, session_order
+
+if TYPE_CHECKING:
+    from simulator.simulation import Simulation
+
+
+def link_turns(trace: Trace, requests: list[Request]) -> list[Request]:
+    """Chain each closed-loop turn (think_time_s given) to the previous turn of its session
+    (`previous.next_turn`); return the requests sent at their own arrival_s, in trace order.
+    A turn whose previous turn was skipped (too large for the KV cache) is sent at its arrival_s."""
+    if trace.session_id is None or trace.think_time_s is None:
+        return requests
+    by_id = {r.request_id: r for r in requests}
+    order = session_order(trace)
+    ids, sessions = trace.request_id[order].tolist(), trace.session_id[order]
+    same_session = (sessions[1:] == sessions[:-1]).tolist()
+    followers = set()
+    for previous_id, current_id, same in zip(ids[:-1], ids[1:], same_session):
+        previous, current = by_id.get(previous_id), by_id.get(current_id)
+        if same and previous is not None and current is not None and current.think_time_s is not None:
+            previous.next_turn = current
+            followers.add(current_id)
+    return [r for r in requests if r.request_id not in followers]
+
+
+@dataclass(slots=True, eq=False)
+class Release:
+    """A closed-loop turn leaves its client; `sim.send` routes it."""
+    sim: Simulation
+    request: Request
+
+    def fire(self, now_s: float) -> None:
+        self.sim.send(self.request, now_s, cut_runs=True)
+
+
+@dataclass(slots=True, eq=False)
+class Timeout:
+    """The client gives up on `request` unless it finished first."""
+    sim: Simulation
+    request: Request
+
+    def fire(self, now_s: float) -> None:
+        request = self.request
+        if request.status is not Status.FINISHED and request.status is not Status.ABORTED:
+            self.sim.replicas[request.replica].abort(request, now_s)
+            self.sim.release_next_turns([request], now_s)   # the client moves on to its next turn
+
+
+def count_timeouts(requests: list[Request]) -> int:
+    return int(np.count_nonzero([r.timed_out for r in requests])) if requests else 0
