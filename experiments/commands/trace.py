@@ -43,10 +43,21 @@ Generator spec: PROCESS:KEY=VALUE,KEY=VALUE,...
              sigma of the underlying normal, clamped to [1, MAX]) | empirical:PATH (resampled
              from a trace file; the same file for both resamples (prompt, output) pairs)
   lengths=empirical:PATH    both lengths, as pairs, from one trace file
+  system=TOKENS[:COUNT]     a shared system prompt of TOKENS in front of every prompt, one of
+             COUNT (default 1) picked per session; prompt= then sizes the user part
+  turns=DIST multi-turn sessions (DIST: fixed:N | uniform:LO:HI turns): each arrival starts a
+             session; turn k's prompt is the system prompt, every earlier turn's user part and
+             answer, and its own user part; n= / duration= count sessions
+  think=SECONDS  mean think time between turns (exponential; default 0)
+  loop=closed|open  closed (default): a turn is sent a think time after the previous answer
+             finished (the simulator releases it; columns session_id, turn, think_time_s);
+             open: a think time after the previous turn was sent
+  Reuse is written as prefix_hash_ids of 16-token blocks.
 Examples:
   poisson:rate=5,n=1000,prompt=lognormal:512:1.0,output=uniform:16:256,seed=0
   gamma:rate=5,cv=3,duration=600,prompt=fixed:1024,output=fixed:128
-  onoff:rate=20,on=10,off=30,n=2000,lengths=empirical:AzureLLMInferenceTrace_conv.csv"""
+  onoff:rate=20,on=10,off=30,n=2000,lengths=empirical:AzureLLMInferenceTrace_conv.csv
+  poisson:rate=2,n=200,system=1024:4,turns=uniform:2:6,think=5,prompt=lognormal:200:0.8,output=uniform:50:300"""
 
 
 def register(subparsers) -> None:

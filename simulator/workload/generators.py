@@ -143,12 +143,20 @@ class WorkloadSpec:
     duration_s: float | None = None
     seed: int = 0
     text: str = field(default="generated", compare=False)   # the spec as written, for messages
+    system: object = None      # simulator.workload.sessions.SharedSystem: a shared system prompt
+    sessions: object = None    # simulator.workload.sessions.SessionShape: multi-turn sessions
 
 
 def generate(spec: WorkloadSpec) -> Trace:
-    """Sample the workload: arrivals first, then lengths, all from one seeded Generator."""
+    """Sample the workload: arrivals first, then lengths, all from one seeded Generator. With a
+    shared system prompt or sessions, the arrivals start sessions (simulator.workload.sessions)."""
     rng = np.random.default_rng(spec.seed)
     arrival = arrivals_s(spec.process, rng, num_requests=spec.num_requests, duration_s=spec.duration_s)
+    if spec.system is not None or spec.sessions is not None:
+        from simulator.workload.sessions import session_trace
+        return session_trace(arrival, lambda n: _sample(spec.prompt, "num_prompt_tokens", rng, n),
+                             lambda n: _sample(spec.output, "num_output_tokens", rng, n), rng,
+                             system=spec.system, sessions=spec.sessions, source=spec.text)
     prompt, output = _lengths(spec.prompt, spec.output, rng, len(arrival))
     return Trace.from_arrays(arrival, prompt, output, source=spec.text)
 

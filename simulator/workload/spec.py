@@ -7,6 +7,7 @@ Grammar (explained for users in `stepcal trace generate --help`):
     PROCESS := poisson | gamma | onoff
     PARAM   := rate=RPS | cv=X | on=SECONDS | off=SECONDS | n=INT | duration=SECONDS
              | seed=INT | prompt=DIST | output=DIST | lengths=empirical:PATH
+             | system=TOKENS[:COUNT] | turns=DIST | think=SECONDS | loop=closed|open
     DIST    := fixed:N | uniform:LO:HI | lognormal:MEAN:SIGMA[:MAX] | empirical:PATH
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from simulator.workload.generators import (
 )
 
 PROCESSES = ("poisson", "gamma", "onoff")
-COMMON_KEYS = ("rate", "n", "duration", "seed", "prompt", "output", "lengths")
+COMMON_KEYS = ("rate", "n", "duration", "seed", "prompt", "output", "lengths", "system", "turns", "think", "loop")
 PROCESS_KEYS = {"poisson": (), "gamma": ("cv",), "onoff": ("on", "off")}
 
 @dataclass(frozen=True)
@@ -115,8 +116,16 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
     else:
         prompt = need("prompt", "e.g. prompt=lognormal:512:1.0")
         output = need("output", "e.g. output=uniform:16:256")
+    from simulator.workload.sessions import SessionShape, SharedSystem
+    sessions = None
+    if "turns" in p:
+        sessions = SessionShape(p["turns"], p.get("think", 0.0), p.get("loop", "closed") == "closed")
+    elif "think" in p or "loop" in p:
+        raise InputError(f"{label} {text!r}: think= and loop= shape multi-turn sessions: give turns=DIST too")
+    system = SharedSystem(*p["system"]) if "system" in p else None
     return WorkloadSpec(arrivals, prompt, output, num_requests=p.get("n"),
-                        duration_s=p.get("duration"), seed=p.get("seed", 0), text=text)
+                        duration_s=p.get("duration"), seed=p.get("seed", 0), text=text,
+                        system=system, sessions=sessions)
 
 
 # ---- values ----
@@ -185,9 +194,31 @@ def _empirical_only(value: str, where: str):
     return dist
 
 
+def _system(value: str, where: str) -> tuple[int, int]:
+    tokens, _, count = value.partition(":")
+    return _int(tokens, where, 1), (_int(count, where, 1, 1_000_000) if count else 1)
+
+
+def _turns(value: str, where: str):
+    dist = _distribution(value, where)
+    if not isinstance(dist, (Fixed, Uniform)):
+        raise InputError(f"{where}: turns= takes fixed:N or uniform:LO:HI")
+    if (dist.num_tokens if isinstance(dist, Fixed) else dist.hi) > 10_000:
+        raise InputError(f"{where}: at most 10,000 turns per session")
+    return dist
+
+
+def _loop(value: str, where: str) -> str:
+    if value.lower() not in ("closed", "open"):
+        raise InputError(f"{where}: loop= is closed (a turn is sent a think time after the previous answer) "
+                         f"or open (a think time after the previous turn was sent)")
+    return value.lower()
+
+
 _VALUE_PARSERS = {
     "rate": _positive_float, "cv": _positive_float, "on": _positive_float,
     "off": _non_negative_float, "duration": _positive_float,
     "n": lambda v, w: _int(v, w, 1, MAX_REQUESTS), "seed": lambda v, w: _int(v, w, 0, MAX_SEED),
     "prompt": _distribution, "output": _distribution, "lengths": _empirical_only,
+    "system": _system, "turns": _turns, "think": _non_negative_float, "loop": _loop,
 }
