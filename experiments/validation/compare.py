@@ -49,6 +49,37 @@ class StepMatched:
 
 
 @dataclass(frozen=True)
+class PrefixReuse:
+    """Prefix caching, measured against simulated: the share of prompt tokens reused at admission,
+    and how many requests reused exactly the same number of tokens in both runs (the policy is
+    deterministic: it differs only where timing changed what was cached when a request arrived)."""
+    measured_hit_rate: float | None
+    simulated_hit_rate: float | None
+    num_same_cached: int
+    num_compared: int
+
+    @classmethod
+    def of(cls, measured_requests, simulated_requests) -> PrefixReuse | None:
+        if "num_cached_tokens" not in measured_requests or "num_cached_tokens" not in simulated_requests:
+            return None
+        both = measured_requests[["request_id", "num_cached_tokens", "num_prompt_tokens"]].merge(
+            simulated_requests[["request_id", "num_cached_tokens"]], on="request_id", suffixes=("_m", "_s"))
+        prompt = both["num_prompt_tokens"].sum()
+        return cls(float(both["num_cached_tokens_m"].sum() / prompt) if prompt else None,
+                   float(both["num_cached_tokens_s"].sum() / prompt) if prompt else None,
+                   int((both["num_cached_tokens_m"] == both["num_cached_tokens_s"]).sum()), len(both))
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> PrefixReuse | None:
+        return None if not data else cls(data.get("measured_hit_rate"), data.get("simulated_hit_rate"),
+                                         data.get("num_same_cached", 0), data.get("num_compared", 0))
+
+    def to_dict(self) -> dict:
+        return {"measured_hit_rate": self.measured_hit_rate, "simulated_hit_rate": self.simulated_hit_rate,
+                "num_same_cached": self.num_same_cached, "num_compared": self.num_compared}
+
+
+@dataclass(frozen=True)
 class ValidationRecord:
     """validation.json: the simulated run of a measured workload against the measured run."""
     measured_run: str
@@ -64,6 +95,7 @@ class ValidationRecord:
     speed_probe_ms: list | None = None
     step_model: str | None = None
     step_matched: StepMatched | None = None
+    prefix_reuse: PrefixReuse | None = None   # when the measured run cached prefixes
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
         return self.metrics[metric][stat]
@@ -79,7 +111,8 @@ class ValidationRecord:
                    ErrorCell.from_dict(data.get("throughput_rps") or {}),
                    Preemptions(preemptions.get("measured"), preemptions.get("simulated")),
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
-                   data.get("step_model"), StepMatched.from_dict(data.get("step_matched")))
+                   data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
+                   PrefixReuse.from_dict(data.get("prefix_reuse")))
 
     def to_dict(self) -> dict:
         from simulator.metrics import clean_json
@@ -95,6 +128,7 @@ class ValidationRecord:
             "speed_probe_ms": self.speed_probe_ms,
             "step_model": self.step_model,
             "step_matched": None if self.step_matched is None else self.step_matched.to_dict(),
+            "prefix_reuse": None if self.prefix_reuse is None else self.prefix_reuse.to_dict(),
         })
 
 
@@ -157,7 +191,9 @@ def compare(run: MeasuredRun, simulated_requests, simulated: RunStats, step_leve
         len(measured_ids - simulated_ids), len(simulated_ids - measured_ids), metrics,
         ErrorCell.of(run.stats.throughput_rps, simulated.throughput_rps, noise.throughput_rps),
         Preemptions(run.stats.num_preemptions, simulated.num_preemptions), step_level, run.speed_probe_ms,
-        step_model, step_matched)
+        step_model, step_matched,
+        PrefixReuse.of(run.requests, simulated_requests)
+        if run.meta.get("prefix_caching") and run.trace.prefix_hash_ids is not None else None)
 
 
 def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, config) -> StepMatched | None:

@@ -29,6 +29,11 @@ def format_table(record: ValidationRecord) -> str:
     t = record.throughput_rps
     lines.append(f"| throughput_rps | | {_fmt(t.measured)} | {_fmt(t.simulated)} | {format_pct(t.error)} | "
                  f"{format_pct(t.noise_floor)} |")
+    reuse = record.prefix_reuse
+    if reuse is not None:
+        lines += ["", f"prefix cache: measured {format_pct(reuse.measured_hit_rate)} of prompt tokens reused, "
+                      f"simulated {format_pct(reuse.simulated_hit_rate)}; {reuse.num_same_cached} of "
+                      f"{reuse.num_compared} requests reused the same number of tokens"]
     s = record.step_level
     if s.mape is None:
         return "\n".join(lines + ["", "step level: no measured step log"])

@@ -140,7 +140,8 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     record = json.loads((out / "validation.json").read_text())
     assert list(record) == ["measured_run", "num_requests", "num_repeats", "num_finished_both",
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
-                            "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched"]
+                            "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
+                            "prefix_reuse"]
     assert {m: list(stats) for m, stats in record["metrics"].items()} == {
         m: ["mean", "p50", "p90", "p95", "p99"] for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
     assert list(record["metrics"]["itl_ms"]["p95"]) == list(record["throughput_rps"]) == [
@@ -150,5 +151,6 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert list(record["step_level"]["noise_floor"]) == ["mape", "median_ape", "num_matched_steps", "total_difference"]
     assert list(record["step_matched"]) == ["scale", "metrics", "throughput_rps"]
     assert record["step_model"] == "const:2" and record["num_preemptions"] == {"measured": 0, "simulated": 0}
+    assert record["prefix_reuse"] is None   # the run did not cache prefixes
     again = ValidationRecord.from_dict(record).to_dict()
     assert json.dumps(again) == json.dumps(record)      # the same content, in the same order
