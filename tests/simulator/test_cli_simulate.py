@@ -112,3 +112,21 @@ def test_imports_stay_light():
     subprocess.run([sys.executable, "-c", code], check=True)
     code = "import sys, experiments.cli as c; c.build_parser(); assert 'numpy' not in sys.modules, 'numpy'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulate_reuses_prefixes_and_times_out_from_the_command_line(tmp_path, capsys):
+    # two requests sharing 64 tokens, one second apart; a third that cannot finish in 50 ms
+    trace = write_csv(tmp_path / "p.csv", "arrival_s,num_prompt_tokens,num_output_tokens,prefix_hash_ids\n"
+                                          "0,70,2,1 2 3 4 5\n1,70,2,1 2 3 4 6\n2,16,100,\n")
+    runs = {}
+    for caching in ("on", "off"):
+        out = tmp_path / caching
+        code, stdout, _ = run_cli(["simulate", "--trace", trace, "--step-model", "const:2", "--prefix-caching",
+                                   caching, "--timeout-s", "0.05", "--out", str(out)], capsys)
+        assert code == 0 and "1 requests timed out" in stdout
+        assert ("prefix cache: 41.0% of prompt tokens reused" in stdout) == (caching == "on")
+        runs[caching] = (json.loads((out / "summary.json").read_text()), pd.read_parquet(out / "requests.parquet"))
+    summary, requests = runs["on"]
+    assert requests["num_cached_tokens"].tolist() == [0, 64, 0]
+    assert summary["prefix_hit_rate"] == pytest.approx(64 / 156) and summary["num_timeouts"] == 1
+    assert runs["off"][0]["prefix_hit_rate"] is None and runs["off"][1]["num_cached_tokens"].sum() == 0
