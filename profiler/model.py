@@ -1,12 +1,17 @@
-"""A plain torch Llama-style decoder with per-request KV caches, run one step batch at a time.
+"""A plain torch Llama-style decoder, run one step batch at a time over a KV store.
 
 The profiler times it (op `step`) and the engine serves requests with it, so both measure the
 same code. One step: request i brings q_i new tokens at positions s_i .. s_i+q_i-1 over the s_i
 tokens already in its cache. The GEMMs run over all new tokens of the batch at once; attention
-runs per sequence (causal within the new chunk, full over the cache) with new K/V appended in
-place; the LM head runs only for the rows that emit a token. In a mixture-of-experts model the
+runs per sequence (causal within the new chunk, full over the cache) after the new K/V are
+stored; the LM head runs only for the rows that emit a token. In a mixture-of-experts model the
 layers after the first num_dense_layers route each token to its top-k experts (profiler.moe);
 MLA attention is not implemented.
+
+Where K/V live is a StepKV: one contiguous KVCache per sequence (the profiler's synthetic
+batches, `prepare_step`), or the engine's paged pool read through block tables
+(profiler.engine.paged, `step_inputs`). Both hand attention the same [1, kv_heads, s+q, head_dim]
+tensors, so a sequence's outputs do not depend on which one holds its cache.
 
 Weights are random (from a seed): the timings and the engine's scheduling do not depend on
 what the model says, only on its shapes.
@@ -14,7 +19,9 @@ what the model says, only on its shapes.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -126,7 +133,42 @@ class StepInputs:
     kv_lens: list[int]           # tokens in sequence i's cache before this step
     masks: list                  # causal mask of a chunk over a non-empty cache, else None
     emit_rows: Tensor            # [num_emit] rows whose logits are returned
+    kv: StepKV                   # where the step stores new K/V and reads each sequence's
+
+
+class StepKV(Protocol):
+    """Where one step's attention stores the new K/V and finds every sequence's K/V.
+
+    Each layer stores first, then reads: a sequence may read K/V that another sequence of the
+    same step stores (a prefix cached by a request admitted in the same step)."""
+
+    def store(self, layer: int, k: Tensor, v: Tensor, inputs: StepInputs) -> None:
+        """k, v: [T, kv_heads, head_dim], the new tokens in batch order."""
+
+    def sequences(self, layer: int, inputs: StepInputs) -> Sequence[tuple[Tensor, Tensor]]:
+        """Per sequence, its keys and values [1, kv_heads, s+q, head_dim] (the new tokens stored)."""
+
+    def advance(self, inputs: StepInputs) -> None:
+        """After the step: the new tokens count as cached."""
+
+
+@dataclass
+class ContiguousKV:
+    """A StepKV over one contiguous KVCache per sequence."""
     caches: list[KVCache]
+
+    def store(self, layer: int, k: Tensor, v: Tensor, inputs: StepInputs) -> None:
+        for row, q_len, kv_len, cache in zip(inputs.seq_rows, inputs.q_lens, inputs.kv_lens, self.caches):
+            cache.k[layer, :, kv_len:kv_len + q_len] = k[row:row + q_len].transpose(0, 1)
+            cache.v[layer, :, kv_len:kv_len + q_len] = v[row:row + q_len].transpose(0, 1)
+
+    def sequences(self, layer: int, inputs: StepInputs) -> list[tuple[Tensor, Tensor]]:
+        return [(cache.k[layer, :, :s + q][None], cache.v[layer, :, :s + q][None])
+                for cache, s, q in zip(self.caches, inputs.kv_lens, inputs.q_lens)]
+
+    def advance(self, inputs: StepInputs) -> None:
+        for cache, s, q in zip(self.caches, inputs.kv_lens, inputs.q_lens):
+            cache.length = s + q
 
 
 def causal_chunk_mask(q_len: int, kv_len: int, device) -> Tensor | CausalBias | None:
@@ -146,13 +188,24 @@ def causal_chunk_mask(q_len: int, kv_len: int, device) -> Tensor | CausalBias | 
 
 def prepare_step(token_ids: list[Tensor], caches: list[KVCache], emit: list[bool],
                  device: torch.device | str) -> StepInputs:
-    """Host-side input building: concatenated ids, positions, masks, emit rows; caches grown."""
-    if not (len(token_ids) == len(caches) == len(emit)) or not token_ids:
+    """Host-side input building over contiguous caches (grown to fit the step)."""
+    if len(caches) != len(token_ids):
         raise ValueError("token_ids, caches and emit must be non-empty lists of the same length")
+    kv_lens = [c.length for c in caches]
+    inputs = step_inputs(token_ids, kv_lens, emit, device, ContiguousKV(list(caches)))
+    for cache, s, q in zip(caches, kv_lens, inputs.q_lens):
+        cache.reserve(s + q)
+    return inputs
+
+
+def step_inputs(token_ids: list[Tensor], kv_lens: list[int], emit: list[bool], device: torch.device | str,
+                kv: StepKV) -> StepInputs:
+    """Host-side input building: concatenated ids, positions, masks, emit rows, over any StepKV."""
+    if not (len(token_ids) == len(kv_lens) == len(emit)) or not token_ids:
+        raise ValueError("token_ids, kv_lens and emit must be non-empty lists of the same length")
     q_lens = [int(t.numel()) for t in token_ids]
     if min(q_lens) < 1:
         raise ValueError("every sequence of a step needs at least one new token")
-    kv_lens = [c.length for c in caches]
     seq_rows, row = [], 0
     for q_len in q_lens:
         seq_rows.append(row)
@@ -160,14 +213,12 @@ def prepare_step(token_ids: list[Tensor], caches: list[KVCache], emit: list[bool
     positions = torch.cat([torch.arange(s, s + q) for s, q in zip(kv_lens, q_lens)])
     emit_rows = torch.tensor([r + q - 1 for r, q, e in zip(seq_rows, q_lens, emit) if e],
                              dtype=torch.long)
-    for cache, s, q in zip(caches, kv_lens, q_lens):
-        cache.reserve(s + q)
     return StepInputs(
         token_ids=torch.cat([t.reshape(-1) for t in token_ids]).to(device, non_blocking=True),
         positions=positions.to(device, non_blocking=True),
-        seq_rows=seq_rows, q_lens=q_lens, kv_lens=kv_lens,
+        seq_rows=seq_rows, q_lens=q_lens, kv_lens=list(kv_lens),
         masks=[causal_chunk_mask(q, s, device) for q, s in zip(q_lens, kv_lens)],
-        emit_rows=emit_rows.to(device, non_blocking=True), caches=list(caches))
+        emit_rows=emit_rows.to(device, non_blocking=True), kv=kv)
 
 
 class RMSNorm(nn.Module):
@@ -210,17 +261,14 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def attend(q: Tensor, layer: int, inputs: StepInputs) -> Tensor:
-    """Attention of every sequence over its cache (new K/V already appended).
+    """Attention of every sequence over its cache (new K/V already stored).
 
     q: [T, heads, head_dim] -> [T, heads, head_dim]. GQA: SDPA expands the KV heads.
     """
     out = torch.empty_like(q)
-    for row, q_len, kv_len, mask, cache in zip(inputs.seq_rows, inputs.q_lens, inputs.kv_lens,
-                                               inputs.masks, inputs.caches):
-        total = kv_len + q_len
+    for row, q_len, kv_len, mask, (keys, values) in zip(inputs.seq_rows, inputs.q_lens, inputs.kv_lens,
+                                                        inputs.masks, inputs.kv.sequences(layer, inputs)):
         qi = q[row:row + q_len].transpose(0, 1)[None]          # [1, H, q, D]: SDPA's fused kernels want 4-D
-        keys = cache.k[layer, :, :total][None]                  # [1, KH, s+q, D]
-        values = cache.v[layer, :, :total][None]
         causal = q_len > 1 and kv_len == 0
         o = F.scaled_dot_product_attention(qi, keys, values, attn_mask=mask, is_causal=causal,
                                            enable_gqa=True)
@@ -254,10 +302,7 @@ class DecoderLayer(nn.Module):
         q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        for row, q_len, kv_len, cache in zip(inputs.seq_rows, inputs.q_lens, inputs.kv_lens,
-                                             inputs.caches):
-            cache.k[self.index, :, kv_len:kv_len + q_len] = k[row:row + q_len].transpose(0, 1)
-            cache.v[self.index, :, kv_len:kv_len + q_len] = v[row:row + q_len].transpose(0, 1)
+        inputs.kv.store(self.index, k, v, inputs)
         attn = attend(q, self.index, inputs).reshape(num_tokens, self.q_size)
         x = x + self.o_proj(attn)
         return x + self.ffn(self.post_attn_norm(x))
@@ -332,8 +377,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary.tables(inputs.positions, num_positions, self.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, inputs)
-        for cache, s, q in zip(inputs.caches, inputs.kv_lens, inputs.q_lens):
-            cache.length = s + q
+        inputs.kv.advance(inputs)
         return self.lm_head(self.final_norm(x[inputs.emit_rows]))
 
     def forward_step(self, token_ids: list[Tensor], caches: list[KVCache], emit: list[bool]) -> Tensor:

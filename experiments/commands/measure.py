@@ -74,12 +74,13 @@ def _print_repeat(k: int, result) -> None:
 
 
 def _engine_config(args):
-    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from experiments.commands.flags import kv_blocks_from_args, prefix_caching_from_args, scheduler_config_from_args
     from profiler.engine.engine import EngineConfig
     return EngineConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                         block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), clock=args.clock,
                         seed=args.seed, skip_oversize=args.skip_oversize,
-                        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
+                        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
+                        prefix_caching=prefix_caching_from_args(args))
 
 
 def _pct(value) -> str:

@@ -2,8 +2,16 @@
 torch model, samples greedily and reports back to the scheduler.
 
 The scheduler objects are the simulator's own (simulator.schedulers): the engine adds no
-scheduling logic. KV memory is real tensors per request, sized by the scheduler's block
-accounting; a preempted request's cache is dropped and its tokens recomputed for real.
+scheduling logic. KV memory is one paged pool per engine (profiler.engine.paged): the block
+manager is always the simulator's PrefixCachingBlockManager, whose block ids are the requests'
+block tables, and attention reads each request's K/V through its table. With prefix caching on
+(and prefix ids in the trace), an admitted request starts on blocks that another request, or
+itself before a preemption, computed: it prefills only the rest, for real. A preempted request
+loses its blocks and recomputes its tokens for real.
+
+Prompt tokens are random from (seed, request_id), except that the tokens of a trace prefix block
+come from (seed, its prefix id): requests with equal ids have equal tokens there, so reusing
+another request's K/V gives what computing them would.
 """
 from __future__ import annotations
 
@@ -15,11 +23,13 @@ import numpy as np
 import torch
 
 from profiler.engine.clock import CLOCKS
+from profiler.engine.paged import PagedKVCache, default_read_copies
+from profiler.model import StepInputs, step_inputs
 from simulator.batch import feature_row
 from simulator.errors import InputError
-from simulator.kv_cache import BlockManager, blocks_for
+from simulator.kv_cache import blocks_for, make_block_manager, prefix_caching_default
 from simulator.logs import request_log
-from simulator.metrics import summarize
+from simulator.metrics import prefix_cache_summary, summarize
 from simulator.request import Request, make_requests
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
@@ -33,11 +43,17 @@ class EngineConfig:
     block_size: int = 16
     kv_blocks: int | None = None      # None: as many as the trace could ever need
     clock: str = "virtual"
-    seed: int = 0                     # prompt token ids are drawn from (seed, request_id)
+    seed: int = 0                     # prompt token ids are drawn from (seed, request_id) and (seed, prefix id)
     skip_oversize: bool = False
     keep_outputs: bool = False        # keep each request's tokens and last logits (for tests)
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    prefix_caching: bool | None = None   # None: the scheduler's default (on for vllm)
+    kv_read_copies: bool | None = None   # None: on the CPU only (profiler.engine.paged: read copies or gather)
+
+    @property
+    def uses_prefix_caching(self) -> bool:
+        return prefix_caching_default(self.scheduler) if self.prefix_caching is None else self.prefix_caching
 
 
 @dataclass
@@ -55,25 +71,26 @@ class Engine:
         if config.clock not in CLOCKS:
             raise InputError(f"--clock: unknown clock {config.clock!r}; choose wall or virtual")
         self.model, self.config = model, config
+        self.prefix_caching = config.uses_prefix_caching
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
-                                                        config.skip_oversize)
+                                                        config.skip_oversize, self.prefix_caching)
         if not self.requests:
             raise InputError(f"{trace.source}: no request fits the KV cache")
         num_blocks = config.kv_blocks or sum(blocks_for(r.max_kv_tokens, config.block_size) for r in self.requests)
-        self.kv = BlockManager(num_blocks, config.block_size)
+        # Always the manager with block ids: they are the block tables. Requests without prefix keys
+        # (caching off, or no ids in the trace) share nothing and are allocated as by the counting one.
+        self.kv = make_block_manager(num_blocks, config.block_size, prefix_caching=True)
+        read_copies = default_read_copies(model.device) if config.kv_read_copies is None else config.kv_read_copies
+        self.pool = PagedKVCache.for_model(model, config.block_size, num_blocks, read_copies=read_copies)
         self.scheduler = make_scheduler(config.scheduler, self.kv, config.scheduler_config)
         self.clock = CLOCKS[config.clock]()
         self.log = StepLogBuilder(0, record_batches=True)
         self.host_ms: list[float] = []
         self.device_ms: list[float] = []
-        self.caches: dict[int, object] = {}
-        self.token_ids: dict[int, list[int]] = {r.request_id: self._prompt(r) for r in self.requests}
+        self.token_ids: dict[int, list[int]] = prompt_tokens(self.requests, trace, config.seed,
+                                                             model.spec.vocab_size)
         self.last_logits: dict[int, torch.Tensor] = {}
         self._carry_s = 0.0    # host bookkeeping after a step, charged to the next one
-
-    def _prompt(self, request: Request) -> list[int]:
-        rng = np.random.default_rng([self.config.seed, request.request_id])
-        return rng.integers(0, self.model.spec.vocab_size, request.num_prompt_tokens).tolist()
 
     # -- the serving loop ------------------------------------------------------------------------
     def run(self) -> EngineResult:
@@ -104,14 +121,13 @@ class Engine:
     def _step(self, now: float) -> None:
         t0 = time.perf_counter()
         step = self.scheduler.schedule(now)   # called only while the scheduler has work: never None
-        self._drop_caches(step.preempted)
-        token_ids, caches, emit = self._inputs(step)
-        inputs = self.model.prepare_step(token_ids, caches, emit)
+        self.pool.release(r.request_id for r in step.preempted)   # their blocks are back with the manager
+        inputs = self._inputs(step)
         t1 = time.perf_counter()
         logits = self.model.run_step(inputs)
         next_tokens = logits.argmax(dim=-1).tolist()   # .tolist() synchronises the device
         t2 = time.perf_counter()
-        self._append_tokens(step.requests, emit, next_tokens, logits)
+        self._append_tokens(step.requests, inputs, next_tokens, logits)
         t3 = time.perf_counter()
         elapsed_s = (t3 - t0) + self._carry_s
         end_s = self.clock.step_end(now, elapsed_s)
@@ -122,40 +138,31 @@ class Engine:
         self.device_ms.append(device_ms)
         self.host_ms.append(duration_ms - device_ms)
         t4 = time.perf_counter()
-        for request in self.scheduler.on_step_done(step, end_s):
-            self.caches.pop(request.request_id, None)
+        finished = self.scheduler.on_step_done(step, end_s)   # frees their blocks
+        self.pool.release(r.request_id for r in finished)
         self._carry_s = time.perf_counter() - t4 + (t4 - t3)
 
-    def _inputs(self, step: ScheduledStep):
-        token_ids, caches, emit = [], [], []
-        for request, q in zip(step.requests, step.batch.q_lens.tolist()):
-            cache = self.caches.get(request.request_id)
-            if cache is None:
-                cache = self.caches[request.request_id] = self.model.new_cache()
-            start = request.num_computed_tokens
-            if cache.length != start:   # recomputing after a preemption
-                cache.truncate(start)
+    def _inputs(self, step: ScheduledStep) -> StepInputs:
+        """The step's new tokens over the K/V in each request's blocks: the first kv_lens[i] tokens
+        are there already (computed by this request, or a cached prefix another one computed)."""
+        q_lens, kv_lens = step.batch.q_lens.tolist(), step.batch.kv_lens.tolist()
+        token_ids, emit, block_tables = [], [], []
+        for request, q, start in zip(step.requests, q_lens, kv_lens):
             ids = self.token_ids[request.request_id][start:start + q]
             token_ids.append(torch.tensor(ids, dtype=torch.long))
-            caches.append(cache)
             emit.append(start + q == request.num_known_tokens)
-        return token_ids, caches, emit
+            block_tables.append(request.block_ids)
+        kv = self.pool.step_kv(list(step.batch.request_ids), block_tables, kv_lens, q_lens)
+        return step_inputs(token_ids, kv_lens, emit, self.model.device, kv)
 
-    def _append_tokens(self, requests: list[Request], emit, next_tokens, logits) -> None:
+    def _append_tokens(self, requests: list[Request], inputs: StepInputs, next_tokens, logits) -> None:
         rows = iter(range(len(next_tokens)))
-        for request, emits in zip(requests, emit):
-            if emits:
+        for request, q, start in zip(requests, inputs.q_lens, inputs.kv_lens):
+            if start + q == request.num_known_tokens:   # this request emitted
                 row = next(rows)
                 self.token_ids[request.request_id].append(next_tokens[row])
                 if self.config.keep_outputs:
                     self.last_logits[request.request_id] = logits[row].float().cpu()
-
-    def _drop_caches(self, preempted: list[Request]) -> None:
-        """Free the device memory of requests the scheduler preempted (recompute policy)."""
-        for request in preempted:
-            cache = self.caches.pop(request.request_id, None)
-            if cache is not None:
-                cache.reset(free=True)
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> EngineResult:
@@ -165,6 +172,7 @@ class Engine:
         steps["device_ms"] = np.asarray(self.device_ms, dtype=np.float64)
         itl_s, itl_w = self.scheduler.itl.arrays()
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
+        summary.update(prefix_cache_summary(requests, [self.kv], self.prefix_caching))
         summary.update({"num_skipped": self.num_skipped, "num_steps": len(steps), "kv_blocks": self.kv.num_blocks,
                         "block_size": self.config.block_size, "scheduler": self.config.scheduler,
                         "clock": self.config.clock})
@@ -172,3 +180,32 @@ class Engine:
         if self.config.keep_outputs:
             tokens = {r.request_id: self.token_ids[r.request_id][r.num_prompt_tokens:] for r in self.requests}
         return EngineResult(requests, steps, summary, tokens, self.last_logits, wall_s)
+
+
+PREFIX_TOKEN_STREAM = 0x70726566   # separates the tokens drawn for prefix ids from those drawn for requests
+
+
+def prompt_tokens(requests: list[Request], trace: Trace, seed: int, vocab_size: int) -> dict[int, list[int]]:
+    """Each request's prompt token ids: random from (seed, request_id), and where the trace has
+    prefix ids, the tokens of trace block j (prefix_block_tokens of them) from (seed, its id)."""
+    ids_of = {}
+    if trace.prefix_hash_ids is not None:
+        ids_of = dict(zip(trace.request_id.tolist(), trace.prefix_hash_ids))
+    block_tokens, drawn = trace.prefix_block_tokens, {}   # drawn: prefix id -> its block's tokens
+
+    def block(prefix_id: int) -> np.ndarray:
+        if prefix_id not in drawn:
+            rng = np.random.default_rng([seed, PREFIX_TOKEN_STREAM, int(prefix_id)])
+            drawn[prefix_id] = rng.integers(0, vocab_size, block_tokens)
+        return drawn[prefix_id]
+
+    tokens = {}
+    for request in requests:
+        n = request.num_prompt_tokens
+        own = np.random.default_rng([seed, request.request_id]).integers(0, vocab_size, n)
+        prefix_ids = ids_of.get(request.request_id, ())[:-(-n // block_tokens)]   # at most one per block
+        for j, prefix_id in enumerate(prefix_ids):
+            start = j * block_tokens
+            own[start:start + block_tokens] = block(prefix_id)[:n - start]
+        tokens[request.request_id] = own.tolist()
+    return tokens

@@ -9,13 +9,23 @@ from simulator.measured_run import read_measured_run, write_measured_run
 
 
 def warm_up(model, num_steps: int = 3) -> None:
-    """A few untimed steps so the first measured step pays no allocator or kernel-selection cost."""
+    """A few untimed steps so the first measured step pays no allocator or kernel-selection cost:
+    over a contiguous cache (the speed probe's path) and over a paged pool (the engine's)."""
     import torch
+
+    from profiler.engine.paged import PagedKVCache, default_read_copies
+    from profiler.model import step_inputs
     cache = model.new_cache()
     prompt = torch.arange(64) % model.spec.vocab_size
     model.forward_step([prompt], [cache], [True])
     for _ in range(num_steps):
         model.forward_step([torch.tensor([1])], [cache], [True])
+    block_size = 16
+    pool = PagedKVCache.for_model(model, block_size, max_blocks=8, read_copies=default_read_copies(model.device))
+    blocks = list(range(8))
+    for start, tokens in [(0, prompt)] + [(64 + k, torch.tensor([1])) for k in range(num_steps)]:
+        kv = pool.step_kv([0], [blocks], [start], [len(tokens)])
+        model.run_step(step_inputs([tokens], [start], [True], model.device, kv))
 
 
 def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int = 128) -> float:
@@ -78,7 +88,15 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
 
 # Settings that must agree for single-repeat runs to be one measured run's repeats.
 _SAME_RUN_KEYS = ("model_spec", "device", "dtype", "num_threads", "scheduler", "scheduler_config", "block_size",
-                  "kv_blocks", "clock", "seed")
+                  "kv_blocks", "clock", "seed", "prefix_caching")
+
+
+def _run_setting(meta: dict, key: str):
+    """A setting of a measured run. Runs written before the engine cached prefixes lack
+    "prefix_caching": they ran without it, whatever their scheduler (as validation reads them)."""
+    if key == "prefix_caching":
+        return meta.get(key, False)
+    return meta.get(key)
 
 
 def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
@@ -92,7 +110,7 @@ def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
     runs = [read_measured_run(p) for p in parts]
     first_trace = runs[0].trace.to_frame()
     for run in runs[1:]:
-        differ = [k for k in _SAME_RUN_KEYS if run.meta.get(k) != runs[0].meta.get(k)]
+        differ = [k for k in _SAME_RUN_KEYS if _run_setting(run.meta, k) != _run_setting(runs[0].meta, k)]
         if differ or not run.trace.to_frame().equals(first_trace):
             raise InputError(f"{run.path}: not a repeat of {runs[0].path} (differs in {', '.join(differ) or 'trace'})")
     repeats = [repeat for run in runs for repeat in run.repeats]
@@ -107,7 +125,7 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
             "fingerprint": fingerprint, "trace": trace_source, "repeats": repeats,
             "scheduler": config.scheduler, "scheduler_config": asdict(config.scheduler_config),
             "block_size": config.block_size, "kv_blocks": config.kv_blocks, "clock": config.clock,
-            "seed": config.seed}
+            "seed": config.seed, "prefix_caching": config.uses_prefix_caching}
 
 
 __all__ = ["combine_repeats", "engine_meta", "measure_trace", "speed_probe_ms", "warm_up"]
