@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.errors import InputError
 from simulator.client import Release, Timeout, count_timeouts, link_turns
+from simulator.errors import InputError
 from simulator.events import ARRIVAL, EventLoop, paused_gc
 from simulator.kv_cache import blocks_for, prefix_caching_default
 from simulator.logs import request_log

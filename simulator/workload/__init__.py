@@ -36,12 +36,12 @@ __all__ = [
     "cut",
     "generate",
     "load_workload",
+    "lru_prefix_hits",
     "mean_rate_rps",
     "parse_spec",
     "read_trace",
     "rescale_rate",
     "trace_stats",
     "unbounded_prefix_hits",
-    "lru_prefix_hits",
     "write_trace",
 ]
