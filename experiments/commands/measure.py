@@ -33,6 +33,9 @@ def register(subparsers) -> None:
                    help="virtual: run every step for real but skip idle gaps (default); wall: real time")
     p.add_argument("--repeats", type=argtypes.count(1, 1000), default=1, help="serve the workload R times (R >= 2 gives the noise floor)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights, prompt tokens and generated workloads")
+    p.add_argument("--timeout-s", type=argtypes.seconds, default=None,
+                   help="client timeout for requests whose trace gives no timeout_s: the engine aborts a request "
+                        "not finished this long after it arrived and frees its KV blocks")
     p.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None)
     p.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None)
     p.add_argument("--quiet", action="store_true")
@@ -80,7 +83,7 @@ def _engine_config(args):
                         block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), clock=args.clock,
                         seed=args.seed, skip_oversize=args.skip_oversize,
                         slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
-                        prefix_caching=prefix_caching_from_args(args))
+                        prefix_caching=prefix_caching_from_args(args), timeout_s=args.timeout_s)
 
 
 def _pct(value) -> str:

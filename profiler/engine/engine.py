@@ -16,6 +16,7 @@ another request's K/V gives what computing them would.
 from __future__ import annotations
 
 import gc
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +31,8 @@ from simulator.errors import InputError
 from simulator.kv_cache import blocks_for, make_block_manager, prefix_caching_default
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
-from simulator.request import Request, make_requests
+from simulator.client import count_timeouts, link_turns
+from simulator.request import Request, Status, make_requests
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
 from simulator.trace import Trace
@@ -50,6 +52,7 @@ class EngineConfig:
     slo_tpot_ms: float | None = None
     prefix_caching: bool | None = None   # None: the scheduler's default (on for vllm)
     kv_read_copies: bool | None = None   # None: on the CPU only (profiler.engine.paged: read copies or gather)
+    timeout_s: float | None = None       # client timeout of requests whose trace gives none
 
     @property
     def uses_prefix_caching(self) -> bool:
@@ -76,6 +79,12 @@ class Engine:
                                                         config.skip_oversize, self.prefix_caching)
         if not self.requests:
             raise InputError(f"{trace.source}: no request fits the KV cache")
+        if config.timeout_s is not None:
+            for request in self.requests:
+                if request.timeout_s is None:
+                    request.timeout_s = config.timeout_s
+        self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
+        self.has_prefix_ids = trace.prefix_hash_ids is not None
         num_blocks = config.kv_blocks or sum(blocks_for(r.max_kv_tokens, config.block_size) for r in self.requests)
         # Always the manager with block ids: they are the block tables. Requests without prefix keys
         # (caching off, or no ids in the trace) share nothing and are allocated as by the counting one.
@@ -104,19 +113,63 @@ class Engine:
         return self._result(time.perf_counter() - wall0)
 
     def _serve(self) -> None:
-        requests, scheduler, clock = self.requests, self.scheduler, self.clock
-        n, i = len(requests), 0
+        """Requests join the scheduler when they arrive (closed-loop turns when released), leave it
+        when their client gives up; between those, steps."""
+        scheduler, clock = self.scheduler, self.clock
+        self._arrivals = [(r.arrival_s, k, r) for k, r in enumerate(self.open_requests)]   # sorted: a heap
+        self._deadlines: list = []
+        self._seq = len(self._arrivals)
+        arrivals = self._arrivals
         clock.start()
-        while i < n or scheduler.has_work():
+        while arrivals or scheduler.has_work():
             now = clock.now()
-            while i < n and requests[i].arrival_s <= now:
-                scheduler.add(requests[i])
-                i += 1
+            while arrivals and arrivals[0][0] <= now:
+                self._send(heapq.heappop(arrivals)[2], now)
+            self._expire(now)
             if not scheduler.has_work():
-                clock.wait_until(requests[i].arrival_s)
-                self._carry_s = 0.0    # idle time absorbs the bookkeeping
+                if arrivals:
+                    clock.wait_until(arrivals[0][0])
+                    self._carry_s = 0.0    # idle time absorbs the bookkeeping
                 continue
             self._step(now)
+
+    # -- clients: closed-loop turns and timeouts (as simulator.client) ----------------------------
+    def _send(self, request: Request, now: float) -> None:
+        if request.timeout_s is not None:
+            deadline_s = request.arrival_s + request.timeout_s
+            if deadline_s <= now:   # gave up before it was served at all
+                request.status, request.timed_out = Status.ABORTED, True
+                self._release_next_turn(request, deadline_s)
+                return
+            self._seq += 1
+            heapq.heappush(self._deadlines, (deadline_s, self._seq, request))
+        self.scheduler.add(request)
+
+    def _expire(self, now: float) -> None:
+        """Abort the requests whose client gave up by now (a step boundary): their blocks go back."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline_s, _, request = heapq.heappop(self._deadlines)
+            if request.status is not Status.FINISHED and request.status is not Status.ABORTED:
+                self.scheduler.abort(request)
+                self.pool.release([request.request_id])
+                self._release_next_turn(request, deadline_s)
+
+    def _on_finished(self, finished: list[Request], end_s: float) -> None:
+        """A request whose answer ends at or after its deadline counts as timed out (its client
+        left), as in the simulator; each finished turn releases its session's next one."""
+        for request in finished:
+            if request.timeout_s is not None and end_s >= request.arrival_s + request.timeout_s:
+                request.status, request.timed_out, request.finish_s = Status.ABORTED, True, None
+                self._release_next_turn(request, request.arrival_s + request.timeout_s)
+            else:
+                self._release_next_turn(request, end_s)
+
+    def _release_next_turn(self, request: Request, done_s: float) -> None:
+        turn = request.next_turn
+        if turn is not None:
+            turn.arrival_s = done_s + turn.think_time_s
+            self._seq += 1
+            heapq.heappush(self._arrivals, (turn.arrival_s, self._seq, turn))
 
     def _step(self, now: float) -> None:
         t0 = time.perf_counter()
@@ -140,6 +193,8 @@ class Engine:
         t4 = time.perf_counter()
         finished = self.scheduler.on_step_done(step, end_s)   # frees their blocks
         self.pool.release(r.request_id for r in finished)
+        if finished:
+            self._on_finished(finished, end_s)
         self._carry_s = time.perf_counter() - t4 + (t4 - t3)
 
     def _inputs(self, step: ScheduledStep) -> StepInputs:
@@ -172,7 +227,9 @@ class Engine:
         steps["device_ms"] = np.asarray(self.device_ms, dtype=np.float64)
         itl_s, itl_w = self.scheduler.itl.arrays()
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
-        summary.update(prefix_cache_summary(requests, [self.kv], self.prefix_caching))
+        summary.update(prefix_cache_summary(requests, [self.kv], self.prefix_caching,
+                                            self.prefix_caching and self.has_prefix_ids))
+        summary["num_timeouts"] = count_timeouts(self.requests)
         summary.update({"num_skipped": self.num_skipped, "num_steps": len(steps), "kv_blocks": self.kv.num_blocks,
                         "block_size": self.config.block_size, "scheduler": self.config.scheduler,
                         "clock": self.config.clock})

@@ -125,7 +125,7 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
             "fingerprint": fingerprint, "trace": trace_source, "repeats": repeats,
             "scheduler": config.scheduler, "scheduler_config": asdict(config.scheduler_config),
             "block_size": config.block_size, "kv_blocks": config.kv_blocks, "clock": config.clock,
-            "seed": config.seed, "prefix_caching": config.uses_prefix_caching}
+            "seed": config.seed, "prefix_caching": config.uses_prefix_caching, "timeout_s": config.timeout_s}
 
 
 __all__ = ["combine_repeats", "engine_meta", "measure_trace", "speed_probe_ms", "warm_up"]

@@ -197,3 +197,35 @@ def test_the_measured_run_records_prefix_caching():
     # runs written before the key existed ran without prefix caching, even under vllm
     assert _run_setting({"scheduler": "vllm"}, "prefix_caching") is False
     assert _run_setting({"scheduler": "vllm", "prefix_caching": True}, "prefix_caching") is True
+
+
+# -- clients: closed-loop turns and timeouts (as the simulator's, simulator.client) ------------------
+def session_trace(**columns) -> Trace:
+    """Session 5: turn 0 (40 tokens), turn 1 a second after it finished, whose prompt extends turn 0's
+    (ids 1 2 then its own); request 2 alone."""
+    return Trace.from_arrays(np.array([0.0, 0.0, 0.0]), np.array([40, 60, 16]), np.array([4, 3, 2]),
+                             prefix_hash_ids=[[1, 2, 3], [1, 2, 4, 5], []], prefix_block_tokens=16,
+                             source="test", session_id=np.array([5, 5, 6]), turn=np.array([0, 1, 0]),
+                             think_time_s=np.array([np.nan, 1.0, np.nan]), **columns)
+
+
+def test_a_closed_loop_turn_is_served_a_think_time_after_the_previous_answer(tiny):
+    _, run = serve(tiny, session_trace(), prefix_caching=True)
+    req = run.requests.set_index("request_id")
+    assert req.loc[1, "arrival_s"] == pytest.approx(req.loc[0, "finish_s"] + 1.0)
+    assert req.loc[1, "num_cached_tokens"] == 32          # turn 0's two full blocks
+    sim = Simulation(session_trace(), ConstStepModel(1.0), SimConfig(prefix_caching=True)).run()
+    assert sim.requests["num_cached_tokens"].tolist() == run.requests["num_cached_tokens"].tolist()
+
+
+def test_the_engine_aborts_a_request_its_client_gave_up_on(tiny):
+    # one request at a time: request 2 waits behind request 0 and gives up (its deadline passes during
+    # the first step); request 0 finishes well within its 10 s
+    trace = session_trace(timeout_s=np.array([10.0, np.nan, 1e-4]))
+    engine, run = serve(tiny, trace, max_num_seqs=1, prefix_caching=True, timeout_s=None)
+    req = run.requests.set_index("request_id")
+    assert req["timed_out"].tolist() == [False, False, True] and run.summary["num_timeouts"] == 1
+    assert np.isnan(req.loc[2, "first_token_s"])
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    assert all(r.status.name in ("FINISHED", "ABORTED") for r in engine.requests)
+    assert (req["finish_s"].notna() ^ req["timed_out"]).all()
