@@ -27,7 +27,7 @@ from simulator.request import Request, Status
 class Hit:
     """The cached prefix a request would reuse on admission: its blocks, and how many of them are
     free (held by nobody, so taking them uses up free blocks)."""
-    block_ids: list
+    block_ids: np.ndarray
     num_free: int
 
 
@@ -46,7 +46,9 @@ class PrefixCachingBlockManager(BlockManager):
     def __post_init__(self) -> None:
         super().__post_init__()
         n = self.num_blocks
-        self.free_ids: list[int] = list(range(n - 1, -1, -1))   # keyless free blocks; pop() gives 0 first
+        # keyless free blocks, a stack: the top (free_stack[num_keyless_free - 1]) is taken first, block 0 at the start
+        self.free_stack = np.arange(n - 1, -1, -1, dtype=np.int64)
+        self.num_keyless_free = n
         self.ref_count = np.zeros(n, dtype=np.int32)
         self.key_of = np.full(n, -1, dtype=np.int64)        # the key of a cached block, else -1
         self.stamp = np.zeros(n, dtype=np.int64)            # when the block last became evictable
@@ -75,7 +77,7 @@ class PrefixCachingBlockManager(BlockManager):
         if num_hit == 0:
             return None
         blocks = blocks[:num_hit]
-        return Hit(blocks.tolist(), int(np.count_nonzero(self.ref_count[blocks] == 0)))
+        return Hit(blocks, int(np.count_nonzero(self.ref_count[blocks] == 0)))
 
     def admission_blocks(self, request: Request, max_new_tokens: int) -> int:
         hit = self.lookup(request)
@@ -115,12 +117,12 @@ class PrefixCachingBlockManager(BlockManager):
 
     def free(self, request: Request) -> None:
         """Drop the request's references, tail first; its keyed blocks stay cached (evictable)."""
-        if request.block_ids:
-            blocks = np.array(request.block_ids[::-1], dtype=np.int64)
+        if request.block_ids is not None and len(request.block_ids):
+            blocks = request.block_ids[::-1]
             self.ref_count[blocks] -= 1
             released = blocks[self.ref_count[blocks] == 0]
             keyed = self.key_of[released] >= 0
-            self.free_ids.extend(released[~keyed].tolist())
+            self._push_keyless(released[~keyed])
             self._make_evictable(released[keyed])
             self.num_free_blocks += len(released)
         request.block_ids = None
@@ -131,12 +133,12 @@ class PrefixCachingBlockManager(BlockManager):
 
     # -- mechanics ----------------------------------------------------------------------------------
     def _take_hit(self, request: Request, hit: Hit) -> None:
-        blocks = np.array(hit.block_ids, dtype=np.int64)
+        blocks = hit.block_ids
         self.num_evictable -= hit.num_free     # their LRU entries go stale: referenced again
         self.num_free_blocks -= hit.num_free
         self.ref_count[blocks] += 1
         num_tokens = len(blocks) * self.block_size
-        request.block_ids = list(hit.block_ids)
+        request.block_ids = blocks.copy()
         request.num_blocks = request.num_registered_blocks = len(blocks)
         request.num_computed_tokens = num_tokens
         if request.status is Status.WAITING:
@@ -146,19 +148,24 @@ class PrefixCachingBlockManager(BlockManager):
     def _grow(self, request: Request, need: int) -> None:
         """Give the request `need` more blocks: keyless free ones first, then the least recently freed
         cached ones, whose keys go."""
-        free_ids = self.free_ids
-        take = min(need, len(free_ids))
-        new = free_ids[-take:][::-1] if take else []
-        del free_ids[len(free_ids) - take:]
+        top = self.num_keyless_free
+        take = min(need, top)
+        new = self.free_stack[top - take:top][::-1]
+        self.num_keyless_free = top - take
         if need > take:
-            new += self._evict(need - take)
-        self._set_refs(new, 1)
+            new = np.concatenate((new, self._evict(need - take)))
+        self.ref_count[new] = 1
         if request.block_ids is None:
-            request.block_ids = new
+            request.block_ids = new.copy()   # not a view of the stack, which later frees overwrite
         else:
-            request.block_ids += new
+            request.block_ids = np.concatenate((request.block_ids, new))
         request.num_blocks += need
         self.num_free_blocks -= need
+
+    def _push_keyless(self, blocks: np.ndarray) -> None:
+        top = self.num_keyless_free
+        self.free_stack[top:top + len(blocks)] = blocks
+        self.num_keyless_free = top + len(blocks)
 
     def _make_evictable(self, blocks: np.ndarray) -> None:
         if not len(blocks):
@@ -172,35 +179,23 @@ class PrefixCachingBlockManager(BlockManager):
         if self.num_lru_entries > 4 * self.num_blocks:
             self._compact()
 
-    def _set_refs(self, blocks: list, value: int) -> None:
-        if len(blocks) <= 4:   # a decode step's one block: scalar stores beat a vector call
-            for block in blocks:
-                self.ref_count[block] = value
-        else:
-            self.ref_count[blocks] = value
-
-    def _evict(self, count: int) -> list:
+    def _evict(self, count: int) -> np.ndarray:
         """The `count` least recently freed cached blocks, keys dropped."""
-        out: list = []
-        while len(out) < count:
+        parts, found = [], 0
+        while found < count:
             blocks, stamps = self.lru[0]
-            out += self._live_head(blocks, stamps, count - len(out))
-        if count <= 4:
-            key_of, block_of_key, stamp = self.key_of, self.block_of_key, self.stamp
-            for block in out:
-                block_of_key[key_of[block]] = -1
-                key_of[block] = -1
-                stamp[block] = -1
-        else:
-            evicted = np.array(out, dtype=np.int64)
-            self.block_of_key[self.key_of[evicted]] = -1
-            self.key_of[evicted] = -1
-            self.stamp[evicted] = -1
+            part = self._live_head(blocks, stamps, count - found)
+            parts.append(part)
+            found += len(part)
+        evicted = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.block_of_key[self.key_of[evicted]] = -1
+        self.key_of[evicted] = -1
+        self.stamp[evicted] = -1
         self.num_evictable -= count
         self.num_evictions += count
-        return out
+        return evicted
 
-    def _live_head(self, blocks: np.ndarray, stamps: np.ndarray, count: int) -> list:
+    def _live_head(self, blocks: np.ndarray, stamps: np.ndarray, count: int) -> np.ndarray:
         """Up to `count` live entries from the head chunk of the LRU queue, from the cursor on;
         the chunk leaves the queue once passed. A decode step evicts one block at a time: that case
         walks a few entries one by one instead of paying for a vector pass over the chunk."""
@@ -215,6 +210,7 @@ class PrefixCachingBlockManager(BlockManager):
                         live.append(block)
                         if len(live) == count:
                             break
+            live = np.array(live, dtype=np.int64)
         else:   # a window a little larger than needed: a chunk can hold a whole long prompt's blocks
             window = slice(pos, pos + 2 * count + 16)
             rest = np.flatnonzero((stamp[blocks[window]] == stamps[window]) & (ref_count[blocks[window]] == 0)) + pos
@@ -223,7 +219,7 @@ class PrefixCachingBlockManager(BlockManager):
                 pos = int(rest[-1]) + 1
             else:
                 pos = min(len(blocks), window.stop)
-            live = blocks[rest].tolist()
+            live = blocks[rest]
         self.num_lru_entries -= pos - self.lru_pos
         if pos == len(blocks):
             self.lru.popleft()
@@ -254,7 +250,7 @@ class PrefixCachingBlockManager(BlockManager):
         largest = int(new_keys.max())
         if largest >= len(self.block_of_key):
             self._grow_key_space(largest + 1)
-        blocks = np.array(request.block_ids[start:end], dtype=np.int64)
+        blocks = request.block_ids[start:end]
         fresh = self.block_of_key[new_keys] < 0
         if not fresh.all():
             new_keys, blocks = new_keys[fresh], blocks[fresh]
@@ -276,10 +272,11 @@ class PrefixCachingBlockManager(BlockManager):
                                 stamps[self.lru_pos if i == 0 else 0:].tolist())
                 if self.stamp[b] == s and rc[b] == 0]
         assert len(live) == len(set(live)) == self.num_evictable, "LRU entries drifted"
-        assert len(self.free_ids) + self.num_evictable == self.num_free_blocks, "free count drifted"
+        free_ids = self.free_stack[:self.num_keyless_free].tolist()
+        assert len(free_ids) + self.num_evictable == self.num_free_blocks, "free count drifted"
         assert int((rc > 0).sum()) + self.num_free_blocks == self.num_blocks, "blocks not conserved"
         assert all(self.key_of[b] >= 0 for b in live), "a keyless block is evictable"
-        assert all(rc[b] == 0 and self.key_of[b] < 0 for b in self.free_ids), "a free block is in use or keyed"
+        assert all(rc[b] == 0 and self.key_of[b] < 0 for b in free_ids), "a free block is in use or keyed"
         keyed = np.flatnonzero(self.block_of_key >= 0)
         assert (self.key_of[self.block_of_key[keyed]] == keyed).all(), "key map drifted"
         assert len(keyed) == int((self.key_of >= 0).sum()), "key map drifted"

@@ -31,8 +31,8 @@ def format_table(record: ValidationRecord) -> str:
                  f"{format_pct(t.noise_floor)} |")
     reuse = record.prefix_reuse
     if reuse is not None:
-        lines += ["", f"prefix cache: measured {format_pct(reuse.measured_hit_rate)} of prompt tokens reused, "
-                      f"simulated {format_pct(reuse.simulated_hit_rate)}; {reuse.num_same_cached} of "
+        lines += ["", f"prefix cache: measured {_share(reuse.measured_hit_rate)} of prompt tokens reused, "
+                      f"simulated {_share(reuse.simulated_hit_rate)}; {reuse.num_same_cached} of "
                       f"{reuse.num_compared} requests reused the same number of tokens"]
     s = record.step_level
     if s.mape is None:
@@ -62,3 +62,7 @@ def _fmt(value) -> str:
 
 def format_pct(value) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

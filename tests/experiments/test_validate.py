@@ -154,3 +154,18 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert record["prefix_reuse"] is None   # the run did not cache prefixes
     again = ValidationRecord.from_dict(record).to_dict()
     assert json.dumps(again) == json.dumps(record)      # the same content, in the same order
+
+
+def test_validate_compares_prefix_reuse_of_a_multi_turn_workload(tmp_path, capsys):
+    """Sessions on a shared system prompt, measured with prefix caching: the simulator reuses the
+    same tokens for every request (arrivals far apart leave no room for timing to differ)."""
+    spec = "poisson:rate=0.5,n=3,system=64,turns=fixed:2,think=5,prompt=fixed:20,output=fixed:4,seed=3"
+    measured = tmp_path / "m"
+    assert main(["measure", "--trace", spec, "--prefix-caching", "on", "--quiet", "--out", str(measured)]) == 0
+    assert json.loads((measured / "meta.json").read_text())["prefix_caching"] is True
+    out = tmp_path / "v"
+    assert main(["validate", "--measured", str(measured), "--step-model", "const:2", "--quiet", "--out", str(out)]) == 0
+    reuse = json.loads((out / "validation.json").read_text())["prefix_reuse"]
+    assert reuse["num_compared"] == 6 and reuse["num_same_cached"] == 6
+    assert reuse["measured_hit_rate"] == reuse["simulated_hit_rate"] > 0.5
+    assert "6 of 6 requests reused the same number of tokens" in (out / "validation.md").read_text()

@@ -65,7 +65,7 @@ def test_a_request_reuses_the_longest_cached_chain_and_computes_the_rest():
     second = request_with_keys(1, 14, [1, 2, 9])   # shares two blocks, then differs
     assert admit(kv, second) == 8
     assert second.num_computed_tokens == 8 and second.num_cached_tokens == 8
-    assert second.block_ids[:2] == first_blocks(kv, [1, 2])
+    assert second.block_ids[:2].tolist() == first_blocks(kv, [1, 2])
     kv.check()
 
 
@@ -104,7 +104,7 @@ def test_keyless_free_blocks_are_used_before_cached_ones_are_evicted():
     a = request_with_keys(0, 9, [1, 2])           # 3 blocks, 2 keyed
     admit(kv, a)
     finish(kv, a)
-    assert kv.num_evictable == 2 and len(kv.free_ids) == 4
+    assert kv.num_evictable == 2 and kv.num_keyless_free == 4
     b = Request(1, 0.0, 16, 1)                    # 4 keyless blocks: takes the 4 free ones
     admit(kv, b)
     assert kv.num_evictions == 0 and kv.num_evictable == 2
@@ -184,7 +184,7 @@ def test_without_keys_it_allocates_as_the_counting_manager():
         kv.grow_to(r, 14)
         assert kv.num_free_blocks == 4 and r.num_blocks == 4
         assert not kv.allocate(Request(1, 0.0, 20, 1), 20)
-    assert sorted(r.block_ids) == [0, 1, 2, 3]
+    assert sorted(r.block_ids.tolist()) == [0, 1, 2, 3]
     assert isinstance(make_block_manager(4, 4, False), BlockManager)
     assert isinstance(make_block_manager(4, 4, True), PrefixCachingBlockManager)
 
