@@ -27,11 +27,11 @@ from profiler.engine.clock import CLOCKS
 from profiler.engine.paged import PagedKVCache, default_read_copies
 from profiler.model import StepInputs, step_inputs
 from simulator.batch import feature_row
+from simulator.client import count_timeouts, link_turns
 from simulator.errors import InputError
 from simulator.kv_cache import blocks_for, make_block_manager, prefix_caching_default
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
-from simulator.client import count_timeouts, link_turns
 from simulator.request import Request, Status, make_requests
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
