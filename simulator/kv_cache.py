@@ -74,6 +74,11 @@ class BlockManager:
             self.num_free_blocks -= need
             request.num_blocks += need
 
+    def grow_all(self, requests: list[Request], num_tokens: list[int]) -> None:
+        """grow_to for each request in order (a decode run's growth, in one call)."""
+        for request, n in zip(requests, num_tokens):
+            self.grow_to(request, n)
+
     def free(self, request: Request) -> None:
         self.num_free_blocks += request.num_blocks
         request.num_blocks = 0

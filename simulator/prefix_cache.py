@@ -115,6 +115,21 @@ class PrefixCachingBlockManager(BlockManager):
         if request.prefix_keys is not None:
             self._register(request, num_tokens)
 
+    def grow_all(self, requests: list[Request], num_tokens: list[int]) -> None:
+        """grow_to for each request in order, with one take from the free blocks for them all: the
+        blocks each gets are those it would get one request after the other."""
+        needs = [blocks_for(n, self.block_size) - r.num_blocks for r, n in zip(requests, num_tokens)]
+        total = sum(need for need in needs if need > 0)
+        assert total <= self.num_free_blocks, "decode run outgrew the KV cache"
+        new = self._take(total) if total else None
+        start = 0
+        for request, need, n in zip(requests, needs, num_tokens):
+            if need > 0:
+                self._give(request, new[start:start + need])
+                start += need
+            if request.prefix_keys is not None:
+                self._register(request, n)
+
     def free(self, request: Request) -> None:
         """Drop the request's references, tail first; its keyed blocks stay cached (evictable)."""
         if request.block_ids is not None and len(request.block_ids):
@@ -148,19 +163,23 @@ class PrefixCachingBlockManager(BlockManager):
     def _grow(self, request: Request, need: int) -> None:
         """Give the request `need` more blocks: keyless free ones first, then the least recently freed
         cached ones, whose keys go."""
+        self._give(request, self._take(need))
+
+    def _take(self, count: int) -> np.ndarray:
+        """`count` blocks, referenced once: keyless free ones first, then evicted cached ones."""
         top = self.num_keyless_free
-        take = min(need, top)
-        new = self.free_stack[top - take:top][::-1]
+        take = min(count, top)
+        new = self.free_stack[top - take:top][::-1].copy()   # a copy: later frees overwrite the stack
         self.num_keyless_free = top - take
-        if need > take:
-            new = np.concatenate((new, self._evict(need - take)))
+        if count > take:
+            new = np.concatenate((new, self._evict(count - take)))
         self.ref_count[new] = 1
-        if request.block_ids is None:
-            request.block_ids = new.copy()   # not a view of the stack, which later frees overwrite
-        else:
-            request.block_ids = np.concatenate((request.block_ids, new))
-        request.num_blocks += need
-        self.num_free_blocks -= need
+        self.num_free_blocks -= count
+        return new
+
+    def _give(self, request: Request, blocks: np.ndarray) -> None:
+        request.block_ids = blocks if request.block_ids is None else np.concatenate((request.block_ids, blocks))
+        request.num_blocks += len(blocks)
 
     def _push_keyless(self, blocks: np.ndarray) -> None:
         top = self.num_keyless_free

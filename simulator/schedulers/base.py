@@ -169,10 +169,11 @@ class SchedulerBase:
         num_steps = len(ends_s) - 1
         first_end, last_end = float(ends_s[1]), float(ends_s[-1])
         previous_end, num_consecutive = self._last_end_s, 0
-        grow_to, block_size, itl = self.kv.grow_to, self.kv.block_size, self.itl
+        block_size, itl = self.kv.block_size, self.itl
+        growing = [r for r in requests if r.num_computed_tokens + num_steps > r.num_blocks * block_size]
+        if growing:
+            self.kv.grow_all(growing, [r.num_computed_tokens + num_steps for r in growing])
         for request in requests:
-            if request.num_computed_tokens + num_steps > request.num_blocks * block_size:
-                grow_to(request, request.num_computed_tokens + num_steps)
             request.num_computed_tokens += num_steps
             last = request.last_token_s
             if last is None:
