@@ -16,19 +16,7 @@ def unbounded_prefix_hits(trace: Trace) -> np.ndarray | None:
     unseen id), times prefix_block_tokens, capped at its prompt length minus one: the last prompt
     token is always computed, as vLLM does. int64; None when the trace carries no ids.
     """
-    if trace.prefix_hash_ids is None:
-        return None
-    seen: set[int] = set()
-    hits = np.zeros(len(trace), dtype=np.int64)
-    for i, ids in enumerate(trace.prefix_hash_ids):
-        num_hit_blocks = 0
-        for block_id in ids:
-            if block_id not in seen:
-                break
-            num_hit_blocks += 1
-        hits[i] = num_hit_blocks * trace.prefix_block_tokens
-        seen.update(ids)
-    return np.minimum(hits, trace.num_prompt_tokens - 1)
+    return _prefix_hits(trace, None)
 
 
 def lru_prefix_hits(trace: Trace, cache_tokens: int) -> np.ndarray | None:
@@ -39,9 +27,13 @@ def lru_prefix_hits(trace: Trace, cache_tokens: int) -> np.ndarray | None:
     this much (more blocks are held while requests overlap, fewer while they wait). int64; None when
     the trace carries no ids.
     """
+    return _prefix_hits(trace, max(0, cache_tokens // trace.prefix_block_tokens))
+
+
+def _prefix_hits(trace: Trace, capacity_blocks: int | None) -> np.ndarray | None:
+    """Requests one at a time in arrival order over a cache of block ids (LRU, or unbounded)."""
     if trace.prefix_hash_ids is None:
         return None
-    capacity = max(0, cache_tokens // trace.prefix_block_tokens)
     cache: OrderedDict[int, None] = OrderedDict()
     hits = np.zeros(len(trace), dtype=np.int64)
     for i, ids in enumerate(trace.prefix_hash_ids):
@@ -54,6 +46,6 @@ def lru_prefix_hits(trace: Trace, cache_tokens: int) -> np.ndarray | None:
         for block_id in ids:
             cache[block_id] = None
             cache.move_to_end(block_id)
-        while len(cache) > capacity:
+        while capacity_blocks is not None and len(cache) > capacity_blocks:
             cache.popitem(last=False)
     return np.minimum(hits, trace.num_prompt_tokens - 1)
