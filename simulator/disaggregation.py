@@ -113,6 +113,11 @@ class DisaggSimulation:
     """A prefill pool and a decode pool driven by one event loop; `run()` returns a SimResult."""
 
     def __init__(self, trace: Trace, prefill_model, decode_model, config: DisaggConfig) -> None:
+        # Prefix caching, closed-loop turns and timeouts are modelled for aggregated replicas only.
+        for column in ("think_time_s", "timeout_s"):
+            if getattr(trace, column) is not None:
+                raise InputError(f"{trace.source}: column {column}: closed-loop sessions and client timeouts "
+                                 f"are simulated for aggregated replicas only, not disaggregated pools")
         self.config = config
         limits = [b for b in (config.prefill.kv_blocks, config.decode.kv_blocks) if b is not None]
         originals, self.num_skipped = make_requests(trace, config.block_size, min(limits) if limits else None,

@@ -102,3 +102,9 @@ def test_least_tokens_router_is_supported_without_decode_runs():
 def test_bad_config_is_an_input_error(kw, needle):
     with pytest.raises(InputError, match=needle):
         config(**kw)
+
+
+def test_sessions_and_timeouts_are_refused_in_disaggregated_pools():
+    trace = make_trace([0.0, 1.0], [10, 10], [2, 2], timeout_s=[1.0, np.nan])
+    with pytest.raises(InputError, match="column timeout_s: closed-loop sessions and client timeouts"):
+        DisaggSimulation(trace, CONST_10, CONST_10, config())
