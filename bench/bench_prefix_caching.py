@@ -85,9 +85,13 @@ def main() -> None:
     parser.add_argument("--reference", default="266f880", help="commit before prefix caching (speed reference)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rates", default="0.4,3.4", help="Mooncake arrival rates (req/s); the trace's own is 3.4")
+    parser.add_argument("--speed-only", action="store_true", help="only the speed checks")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_prefix_"))
     table, kv_blocks = fit_table(work), kv_blocks_80gb()
+    if args.speed_only:
+        speed_checks(work, table, kv_blocks, args.reference, args.rounds)
+        return
     bounds = trace_bounds(kv_blocks)
     print(f"Mooncake conversation: {bounds['num_requests']} requests; hit share an unbounded cache allows "
           f"{100 * bounds['prefix_hit_share']:.1f}%, an LRU cache of {kv_blocks} x 16 tokens "
@@ -110,12 +114,16 @@ def speed_checks(work: Path, table: Path, kv_blocks: int, reference: str, rounds
                        capture_output=True)
     try:
         cpu = {"azure reference": [], "azure this tree": [], "mooncake on": []}
-        for _ in range(rounds):   # interleaved: the machine's speed drifts between minutes
-            cpu["azure reference"].append(timed(old, AZURE, table, "-", "off", kv_blocks)["cpu_s"])
-            cpu["azure this tree"].append(timed(REPO, AZURE, table, "-", "off", kv_blocks)["cpu_s"])
-            cpu["mooncake on"].append(timed(REPO, MOONCAKE, table, "-", "on", kv_blocks)["cpu_s"])
+        runs = {"azure reference": (old, AZURE, "off"), "azure this tree": (REPO, AZURE, "off"),
+                "mooncake on": (REPO, MOONCAKE, "on")}
+        for k in range(rounds):   # interleaved, the order turned each round: the machine's speed drifts
+            names = list(runs) if k % 2 == 0 else list(reversed(runs))
+            for name in names:
+                root, trace, caching = runs[name]
+                cpu[name].append(timed(root, trace, table, "-", caching, kv_blocks)["cpu_s"])
         for name, values in cpu.items():
-            print(f"{name:<16} median {statistics.median(values):.2f} s CPU  ({', '.join(f'{v:.2f}' for v in values)})")
+            print(f"{name:<16} median {statistics.median(values):.2f} s CPU, min {min(values):.2f}  "
+                  f"({', '.join(f'{v:.2f}' for v in values)})")
         ratio = statistics.median(cpu["azure this tree"]) / statistics.median(cpu["azure reference"])
         print(f"azure conv, caching off: this tree / reference = {ratio:.3f}")
     finally:
