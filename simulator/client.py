@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.request import Request, Status
-from simulator.trace import Trace, session_order
+from simulator.trace import Trace, session_pairs
 
 if TYPE_CHECKING:
     from simulator.simulation import Simulation
@@ -29,15 +29,13 @@ def link_turns(trace: Trace, requests: list[Request]) -> list[Request]:
     if trace.session_id is None or trace.think_time_s is None:
         return requests
     by_id = {r.request_id: r for r in requests}
-    order = session_order(trace)
-    ids, sessions = trace.request_id[order].tolist(), trace.session_id[order]
-    same_session = (sessions[1:] == sessions[:-1]).tolist()
+    ids = trace.request_id.tolist()
     followers = set()
-    for previous_id, current_id, same in zip(ids[:-1], ids[1:], same_session):
-        previous, current = by_id.get(previous_id), by_id.get(current_id)
-        if same and previous is not None and current is not None and current.think_time_s is not None:
+    for row, next_row in session_pairs(trace):
+        previous, current = by_id.get(ids[row]), by_id.get(ids[next_row])
+        if previous is not None and current is not None and current.think_time_s is not None:
             previous.next_turn = current
-            followers.add(current_id)
+            followers.add(current.request_id)
     return [r for r in requests if r.request_id not in followers]
 
 

@@ -10,7 +10,9 @@ The policy is vLLM's (v1 KVCacheManager), in the simulator and the engine alike:
 - blocks are keyed when the scheduler allocates for the tokens that fill them, so a request
   scheduled later in the same step may already reuse them, as in vLLM;
 - a request's blocks are freed tail first, so a chain's end is evicted before its start.
-Blocks holding generated tokens get no key: only prompt blocks are shared.
+A request's blocks past its prompt (its answer) have keys only when the trace says what they hold:
+in a multi-turn session, the next turn's prompt goes on with this turn's answer, so its ids name
+those blocks too (`key_answers`), and the next turn reuses the answer as vLLM would.
 """
 from __future__ import annotations
 
@@ -131,7 +133,10 @@ class PrefixCachingBlockManager(BlockManager):
                 self._register(request, n)
 
     def free(self, request: Request) -> None:
-        """Drop the request's references, tail first; its keyed blocks stay cached (evictable)."""
+        """Drop the request's references, tail first; its keyed blocks stay cached (evictable). Blocks
+        its computed tokens filled since the last allocation are keyed first."""
+        if request.prefix_keys is not None and request.block_ids is not None:
+            self._register(request, request.num_computed_tokens)
         if request.block_ids is not None and len(request.block_ids):
             blocks = request.block_ids[::-1]
             self.ref_count[blocks] -= 1
@@ -333,3 +338,31 @@ def trace_prefix_keys(trace, block_size: int) -> list[np.ndarray] | None:
     prompt = trace.num_prompt_tokens.tolist()
     return [block_keys(dense[starts[i]:starts[i + 1]], prompt[i], trace.prefix_block_tokens, block_size)
             for i in range(len(trace))]
+
+
+def key_answers(trace, requests: list[Request], block_size: int) -> int:
+    """Give each session turn's answer blocks the keys its next turn's prompt has for them.
+
+    Turn k's KV holds its prompt and all but the last of its answer tokens; turn k+1's prompt is
+    the same stream, longer. Where turn k+1's ids start with turn k's full trace blocks (the trace
+    is consistent: `session_streams`), turn k takes turn k+1's keys for every block full within its
+    KV. Returns the number of turns extended."""
+    from simulator.trace import session_pairs
+    by_id = {r.request_id: r for r in requests}
+    ids = trace.request_id.tolist()
+    extended = 0
+    for row, next_row in session_pairs(trace):
+        turn, following = by_id.get(ids[row]), by_id.get(ids[next_row])
+        if turn is None or following is None:
+            continue
+        mine, theirs = turn.prefix_keys, following.prefix_keys
+        if mine is None or theirs is None:
+            continue
+        # the KV blocks within the turn's full trace blocks must agree; a partial last trace block
+        # has an id of its own, whose tokens are the start of the next turn's block there
+        agreed = turn.num_prompt_tokens // trace.prefix_block_tokens * trace.prefix_block_tokens // block_size
+        num_full = min(len(theirs), turn.max_kv_tokens // block_size)
+        if num_full > len(mine) and np.array_equal(theirs[:agreed], mine[:agreed]):
+            turn.prefix_keys = theirs[:num_full].copy()
+            extended += 1
+    return extended

@@ -19,6 +19,7 @@ from simulator.events import ARRIVAL, EventLoop, paused_gc
 from simulator.kv_cache import blocks_for, prefix_caching_default
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
+from simulator.prefix_cache import key_answers
 from simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
 from simulator.request import Status, make_requests
 from simulator.router import make_router
@@ -74,6 +75,8 @@ class Simulation:
                 if request.timeout_s is None:
                     request.timeout_s = config.timeout_s
         self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
+        if self.prefix_caching:
+            key_answers(trace, self.requests, config.block_size)   # a turn's answer: its next turn's prefix
         self.request_path_s = config.request_overhead_ms / 1000.0
         # when each request reaches the scheduler: its arrival plus the request path
         arrival_s = np.array([r.arrival_s for r in self.open_requests], dtype=np.float64)

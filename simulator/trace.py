@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -161,3 +162,12 @@ def session_order(trace: Trace) -> np.ndarray:
     """Row indices sorted by session, then by turn (or arrival order where there is no turn column)."""
     turn = trace.turn if trace.turn is not None else np.arange(len(trace))
     return np.lexsort((np.arange(len(trace)), turn, trace.session_id))
+
+
+def session_pairs(trace: Trace) -> list[tuple[int, int]]:
+    """(row, next row) of every two consecutive turns of a session, by session_order; [] without sessions."""
+    if trace.session_id is None:
+        return []
+    order = session_order(trace).tolist()
+    session = trace.session_id.tolist()
+    return [(a, b) for a, b in pairwise(order) if session[a] == session[b]]

@@ -32,10 +32,11 @@ from simulator.errors import InputError
 from simulator.kv_cache import blocks_for, make_block_manager, prefix_caching_default
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
+from simulator.prefix_cache import key_answers
 from simulator.request import Request, Status, make_requests
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
-from simulator.trace import Trace
+from simulator.trace import Trace, session_pairs
 
 
 @dataclass
@@ -98,6 +99,10 @@ class Engine:
         self.device_ms: list[float] = []
         self.token_ids: dict[int, list[int]] = prompt_tokens(self.requests, trace, config.seed,
                                                              model.spec.vocab_size)
+        # a session turn's answer is what its next turn's prompt says it was (the stream goes on)
+        self.scripted = session_streams(trace, self.requests, self.token_ids)
+        if self.prefix_caching:
+            key_answers(trace, self.requests, config.block_size)
         self.last_logits: dict[int, torch.Tensor] = {}
         self._carry_s = 0.0    # host bookkeeping after a step, charged to the next one
 
@@ -215,7 +220,11 @@ class Engine:
         for request, q, start in zip(requests, inputs.q_lens, inputs.kv_lens):
             if start + q == request.num_known_tokens:   # this request emitted
                 row = next(rows)
-                self.token_ids[request.request_id].append(next_tokens[row])
+                token = next_tokens[row]
+                script = self.scripted.get(request.request_id)
+                if script is not None and request.num_generated_tokens < len(script):
+                    token = script[request.num_generated_tokens]   # the answer the next turn quotes
+                self.token_ids[request.request_id].append(token)
                 if self.config.keep_outputs:
                     self.last_logits[request.request_id] = logits[row].float().cpu()
 
@@ -266,3 +275,30 @@ def prompt_tokens(requests: list[Request], trace: Trace, seed: int, vocab_size: 
             own[start:start + block_tokens] = block(prefix_id)[:n - start]
         tokens[request.request_id] = own.tolist()
     return tokens
+
+
+def session_streams(trace: Trace, requests: list[Request], token_ids: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Make each session turn's prompt the start of its next turn's (a session is one token stream),
+    and return each turn's answer as the next turn's prompt has it (request_id -> tokens).
+
+    Only where the trace is consistent: the next turn's ids begin with this turn's full trace
+    blocks. The engine emits the quoted answer instead of its own sample, so that the next turn's
+    prompt holds the tokens whose K/V this turn computed, which a prefix cache then reuses."""
+    if trace.prefix_hash_ids is None:
+        return {}
+    ids_of = dict(zip(trace.request_id.tolist(), trace.prefix_hash_ids))
+    by_id = {r.request_id: r for r in requests}
+    ids = trace.request_id.tolist()
+    scripted = {}
+    for row, next_row in reversed(session_pairs(trace)):   # last turns first: a turn's tokens come from its successor's
+        turn_id, next_id = ids[row], ids[next_row]
+        turn, following = by_id.get(turn_id), by_id.get(next_id)
+        if turn is None or following is None or following.num_prompt_tokens <= turn.num_prompt_tokens:
+            continue
+        num_full = turn.num_prompt_tokens // trace.prefix_block_tokens
+        if ids_of[turn_id][:num_full] != ids_of[next_id][:num_full]:
+            continue
+        stream = token_ids[next_id]
+        token_ids[turn_id] = stream[:turn.num_prompt_tokens]
+        scripted[turn_id] = stream[turn.num_prompt_tokens:turn.num_prompt_tokens + turn.num_output_tokens]
+    return scripted

@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from simulator.trace import Trace
+from simulator.trace import Trace, session_pairs
 
 
 def unbounded_prefix_hits(trace: Trace) -> np.ndarray | None:
@@ -31,9 +31,11 @@ def lru_prefix_hits(trace: Trace, cache_tokens: int) -> np.ndarray | None:
 
 
 def _prefix_hits(trace: Trace, capacity_blocks: int | None) -> np.ndarray | None:
-    """Requests one at a time in arrival order over a cache of block ids (LRU, or unbounded)."""
+    """Requests one at a time in arrival order over a cache of block ids (LRU, or unbounded). A
+    session turn also leaves the blocks of its answer, named by its next turn's ids."""
     if trace.prefix_hash_ids is None:
         return None
+    answers = _answer_ids(trace)
     cache: OrderedDict[int, None] = OrderedDict()
     hits = np.zeros(len(trace), dtype=np.int64)
     for i, ids in enumerate(trace.prefix_hash_ids):
@@ -43,9 +45,23 @@ def _prefix_hits(trace: Trace, capacity_blocks: int | None) -> np.ndarray | None
                 break
             num_hit_blocks += 1
         hits[i] = num_hit_blocks * trace.prefix_block_tokens
-        for block_id in ids:
+        for block_id in ids + answers.get(i, []):
             cache[block_id] = None
             cache.move_to_end(block_id)
         while capacity_blocks is not None and len(cache) > capacity_blocks:
             cache.popitem(last=False)
     return np.minimum(hits, trace.num_prompt_tokens - 1)
+
+
+def _answer_ids(trace: Trace) -> dict[int, list[int]]:
+    """Per row of a session turn, the ids of the next turn's blocks that lie within this turn's KV
+    (its prompt and all but the last answer token), where the next turn's ids begin with this
+    turn's full blocks (as simulator.prefix_cache.key_answers)."""
+    block, out = trace.prefix_block_tokens, {}
+    for row, next_row in session_pairs(trace):
+        mine, theirs = trace.prefix_hash_ids[row], trace.prefix_hash_ids[next_row]
+        num_full = int(trace.num_prompt_tokens[row]) // block
+        kv_blocks = int(trace.num_prompt_tokens[row] + trace.num_output_tokens[row] - 1) // block
+        if mine[:num_full] == theirs[:num_full] and kv_blocks > num_full:
+            out[row] = theirs[num_full:kv_blocks]
+    return out

@@ -229,3 +229,27 @@ def test_the_engine_aborts_a_request_its_client_gave_up_on(tiny):
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     assert all(r.status.name in ("FINISHED", "ABORTED") for r in engine.requests)
     assert (req["finish_s"].notna() ^ req["timed_out"]).all()
+
+
+def test_the_next_turn_reuses_the_answer_as_the_simulator_says(model):
+    """One session of three turns: each turn's prompt quotes the previous answer, so with caching the
+    next turn reuses the previous turn's prompt and answer blocks; engine and simulator agree, and
+    the tokens are those of a run without caching."""
+    from simulator.workload import load_workload
+    trace = load_workload("poisson:rate=1,n=1,system=40,turns=fixed:3,think=1,prompt=fixed:20,"
+                          "output=fixed:40,seed=2")
+    engine, on = serve(model, trace, prefix_caching=True)
+    _, off = serve(model, trace, prefix_caching=False)
+    assert on.tokens == off.tokens
+    sim = Simulation(trace, ConstStepModel(1.0), SimConfig(prefix_caching=True)).run()
+    cached = on.requests["num_cached_tokens"].tolist()
+    assert cached == sim.requests["num_cached_tokens"].tolist()
+    prompts = on.requests["num_prompt_tokens"].tolist()
+    # turn k's KV (prompt + all answer tokens but the last) in full 16-token blocks is reused by turn k+1
+    assert cached[1:] == [(p + 40 - 1) // 16 * 16 for p in prompts[:-1]]
+    # each answer is what the next turn's prompt quotes, and each prompt starts with the previous one
+    ids = on.requests["request_id"].tolist()
+    for turn, following, prompt in zip(ids, ids[1:], prompts):
+        stream = engine.token_ids[following]
+        assert on.tokens[turn] == stream[prompt:prompt + 40]
+        assert engine.token_ids[turn][:prompt] == stream[:prompt]

@@ -42,15 +42,16 @@ def test_closed_loop_sessions_carry_think_times_and_open_loop_ones_arrival_times
     assert opened.arrival_s[rows[(0, 1)]] > opened.arrival_s[rows[(0, 0)]]
 
 
-def test_every_turn_hits_the_previous_prompt_in_an_unbounded_cache():
+def test_every_turn_hits_the_previous_prompt_and_answer_in_an_unbounded_cache():
     trace = load_workload("poisson:rate=1,n=20,turns=uniform:2:4,think=2,prompt=uniform:20:90,"
                           "output=uniform:5:40,seed=4")
     hits = unbounded_prefix_hits(trace)
     rows = by_session(trace)
     for (session, turn), i in rows.items():
         if turn > 0:
-            previous = trace.num_prompt_tokens[rows[(session, turn - 1)]]
-            assert hits[i] == previous // 16 * 16
+            previous = rows[(session, turn - 1)]
+            kv_tokens = trace.num_prompt_tokens[previous] + trace.num_output_tokens[previous] - 1
+            assert hits[i] == kv_tokens // 16 * 16
 
 
 def test_several_system_prompts_are_shared_by_their_users():
@@ -80,3 +81,24 @@ def test_caching_serves_the_sessions_history():
 def test_bad_session_specs_say_what_is_wrong(spec, message):
     with pytest.raises(InputError, match=message):
         load_workload(spec)
+
+
+def test_a_turn_reuses_the_previous_answer_and_the_statistics_count_it():
+    """Sessions far apart in time: with an unbounded cache each turn reuses the previous turn's
+    prompt and all but the last token of its answer (in whole blocks), as vLLM caches generated
+    blocks too; `trace stats` counts the same."""
+    trace = load_workload("poisson:rate=0.01,n=3,system=40,turns=fixed:3,think=30,prompt=uniform:10:60,"
+                          "output=uniform:20:70,seed=5")
+    result = simulate(trace, LinearStepModel(5.0, 0.01, 0.0), SimConfig(scheduler="vllm"))
+    req = result.requests.set_index("request_id")
+    rows = by_session(trace)
+    for (session, turn), i in rows.items():
+        rid = int(trace.request_id[i])
+        if turn == 0:
+            continue
+        previous = rows[(session, turn - 1)]
+        kv_tokens = int(trace.num_prompt_tokens[previous] + trace.num_output_tokens[previous] - 1)
+        assert req.loc[rid, "num_cached_tokens"] == kv_tokens // 16 * 16
+    hits = unbounded_prefix_hits(trace)
+    assert req["num_cached_tokens"].tolist() == [int(hits[np.flatnonzero(trace.request_id == r)[0]])
+                                                 for r in req.index]
