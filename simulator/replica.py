@@ -62,6 +62,8 @@ class ReplicaSettings:
     step_overhead_ms: float = 0.0
     record_batches: bool = True
     prefix_caching: bool = False
+    scatter: object = None                # simulator.ranges.Scatter: step-to-step scatter of step time
+    scatter_seed: int = 0
 
 
 class Replica:
@@ -87,6 +89,11 @@ class Replica:
         self.wake_pending = False
         self.in_flight: InFlight | None = None
         self.pending_aborts: list[Request] = []   # timed out while in the step in flight
+        self.num_steps_done = 0
+        self.scatter = None                       # the factors of this replica's steps, by step number
+        if settings.scatter is not None and not settings.scatter.is_zero:
+            from simulator.ranges import ScatterSeries
+            self.scatter = ScatterSeries(settings.scatter, settings.scatter_seed, index)
 
     def abort(self, request: Request, now_s: float) -> None:
         """The client gave up at now_s: a decode run is cut there (the queue changes), and the request
@@ -120,10 +127,10 @@ class Replica:
                 return
         batch = step.batch
         row = feature_row(batch.q_lens, batch.kv_lens)
-        if self.is_feature_model:
-            duration_ms = self.model.row_ms(row) + self.step_overhead_ms
-        else:
-            duration_ms = float(self.model.step_ms(batch)) + self.step_overhead_ms
+        duration_ms = self.model.row_ms(row) if self.is_feature_model else float(self.model.step_ms(batch))
+        if self.scatter is not None:
+            duration_ms = duration_ms * float(self.scatter.take(self.num_steps_done, 1)[0])
+        duration_ms = duration_ms + self.step_overhead_ms
         self.in_flight = InFlight(self, step, now_s, duration_ms, row)   # positional: this runs every step
         self.loop.push(now_s + duration_ms / 1000.0, STEP_DONE, self.in_flight)
 
@@ -136,6 +143,8 @@ class Replica:
             durations_ms = self.model.features_ms(features)
         else:
             durations_ms = np.asarray(self.model.decode_run_ms(kv_lens, num_steps), dtype=np.float64)
+        if self.scatter is not None:
+            durations_ms = durations_ms * self.scatter.take(self.num_steps_done, num_steps)
         durations_ms = durations_ms + self.step_overhead_ms
         ends_s = np.cumsum(np.concatenate(([now_s], durations_ms / 1000.0)))   # sequential: same bits as one by one
         if self.run_horizon is not None:
@@ -170,12 +179,14 @@ class Replica:
         step, batch = run.step, run.step.batch
         if run.ends_s is not None:   # a decode run
             num_steps = len(run.durations_ms)
+            self.num_steps_done += num_steps
             features = (run.features.head(num_steps) if run.features is not None
                         else StepFeatures.decode_run(batch.kv_lens, num_steps))
             self.log.add_steps(run.ends_s[:-1], run.durations_ms, features, batch.request_ids, batch.q_lens,
                                batch.kv_lens)
             finished = self.scheduler.on_decode_run_done(step, run.ends_s)
         else:
+            self.num_steps_done += 1
             self.log.add_step(run.start_s, run.durations_ms, run.row, batch.request_ids, batch.q_lens, batch.kv_lens)
             finished = self.scheduler.on_step_done(step, now_s)
         if self.pending_aborts:

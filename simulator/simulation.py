@@ -44,6 +44,8 @@ class SimConfig:
     slo_tpot_ms: float | None = None
     prefix_caching: bool | None = None    # None: the scheduler's default (on for vllm)
     timeout_s: float | None = None        # client timeout of requests whose trace gives none
+    scatter: object = None                # simulator.ranges.Scatter: step-to-step scatter (ranges)
+    scatter_seed: int = 0
 
     @property
     def uses_prefix_caching(self) -> bool:
@@ -89,7 +91,8 @@ class Simulation:
         # Without prefix ids nothing can be reused: the counting manager does the same, faster.
         self.reuses_prefixes = self.prefix_caching and trace.prefix_hash_ids is not None
         settings = ReplicaSettings(config.scheduler, config.scheduler_config, self.num_blocks, config.block_size,
-                                   config.step_overhead_ms, config.record_batches, self.reuses_prefixes)
+                                   config.step_overhead_ms, config.record_batches, self.reuses_prefixes,
+                                   config.scatter, config.scatter_seed)
         has_turns = len(self.open_requests) < len(self.requests)
         # A router that reads the replicas' state must see it up to date when a turn is released; the
         # decode runs apply their steps only at their end, so such runs are off for closed loops.

@@ -46,6 +46,21 @@ def fraction(text: str) -> float:
 
 
 @_checked
+def scatter_cv(text: str) -> float:
+    """A coefficient of variation of step time: finite, >= 0, at most 1."""
+    return bounds.number(text, "the value", strict=False, maximum=1.0)
+
+
+@_checked
+def correlation(text: str) -> float:
+    """A lag-one autocorrelation in (-1, 1)."""
+    x = bounds.number(text, "the value", minimum=-1.0, maximum=1.0)
+    if x >= 1.0:
+        raise InputError(f"the value must be below 1, got {text}")
+    return x
+
+
+@_checked
 def seed(text: str) -> int:
     return bounds.count(text, "the seed", minimum=0, maximum=bounds.MAX_SEED)
 

@@ -43,6 +43,19 @@ def register(subparsers) -> None:
                    help="client timeout for requests whose trace gives no timeout_s: a request not finished "
                         "this long after it was sent is aborted (its KV blocks freed at the next step) and "
                         "counted in num_timeouts, not in the latencies (load tests often use 300)")
+    g = p.add_argument_group("ranges (how sure the prediction is)")
+    g.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
+                   help="also run N seeded replications, each drawing the step model's error (per T_step term, "
+                        "its tables' spread times a standard normal, held for the whole run) and the step-to-step "
+                        "scatter; summary.json gets a `ranges` block: for every figure the median and the 5th and "
+                        "95th percentiles over the replications (a 90%% interval). const:/linear: models have no "
+                        "spread: only the scatter varies (default 0: no ranges)")
+    g.add_argument("--scatter-cv", type=argtypes.scatter_cv, default=0.0,
+                   help="step-to-step scatter of step time in the replications: coefficient of variation of a "
+                        "multiplicative AR(1) factor (default 0)")
+    g.add_argument("--scatter-rho", type=argtypes.correlation, default=0.0,
+                   help="lag-one autocorrelation of that factor, in (-1, 1) (default 0)")
+    g.add_argument("--ranges-seed", type=argtypes.seed, default=0, help="seed of the replications (default 0)")
     g = p.add_argument_group("metrics and output")
     g.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None, help="TTFT SLO for attainment and goodput")
     g.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None, help="TPOT SLO for attainment and goodput")
@@ -85,8 +98,11 @@ def run(args) -> int:
     if sim.num_skipped and not args.quiet:
         print(f"stepcal: warning: skipped {sim.num_skipped} requests larger than the KV cache", file=sys.stderr)
     result = sim.run(progress=not args.quiet)
-    summary = clean_json({**result.summary, "step_model": describe_step_model(args.step_model, model),
-                          "trace": str(args.trace), "sim_wall_s": result.wall_s})
+    summary = {**result.summary, "step_model": describe_step_model(args.step_model, model),
+               "trace": str(args.trace), "sim_wall_s": result.wall_s}
+    if args.ranges:
+        summary["ranges"] = _ranges(args, trace, model, config)
+    summary = clean_json(summary)
     with atomic_output_dir(args.out) as staging:
         atomic_write_parquet(result.requests, staging / "requests.parquet")
         atomic_write_parquet(result.steps, staging / "steps.parquet")
@@ -94,8 +110,44 @@ def run(args) -> int:
         atomic_write_json(staging / "config.json", clean_json(run_config(args, config)))
     if not args.quiet:
         print(format_summary(summary))
+        if args.ranges:
+            print(format_ranges(summary["ranges"]))
         print(f"wrote {args.out}/requests.parquet, steps.parquet, summary.json")
     return 0
+
+
+def _ranges(args, trace, model, config) -> dict:
+    """The `ranges` block: what the replications drew, and each figure's median and 90% interval."""
+    import time
+
+    from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
+    scatter = Scatter(args.scatter_cv, args.scatter_rho)
+    wall0 = time.perf_counter()
+    summaries = replicate(trace, model, replace_scatter(config, scatter), args.ranges, args.ranges_seed)
+    return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
+            "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
+            "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+
+
+def format_ranges(ranges: dict) -> str:
+    """One line per latency metric: P50 and P99 as median [low, high] over the replications."""
+    stats = ranges["stats"]
+    lines = [f"ranges ({ranges['num_replications']} replications, {ranges['interval_percentiles'][0]:g}th-"
+             f"{ranges['interval_percentiles'][1]:g}th percentiles; drawn: "
+             f"{', '.join(ranges['drawn_terms']) or 'no term spread'}, scatter cv {ranges['scatter_cv']:g}):"]
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        cells = [(q, stats.get(metric, {}).get(q)) for q in ("p50", "p99")]
+        lines.append(f"  {metric:<8}" + "  ".join(f"{q} {c['median']:.4g} [{c['low']:.4g}, {c['high']:.4g}]"
+                                                for q, c in cells if c))
+    t = stats.get("throughput_rps")
+    if t:
+        lines.append(f"  throughput {t['median']:.4g} [{t['low']:.4g}, {t['high']:.4g}] req/s")
+    return "\n".join(lines)
+
+
+def replace_scatter(config, scatter):
+    from dataclasses import replace
+    return replace(config, scatter=scatter)
 
 
 def run_config(args, config) -> dict:

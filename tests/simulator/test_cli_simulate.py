@@ -130,3 +130,24 @@ def test_simulate_reuses_prefixes_and_times_out_from_the_command_line(tmp_path, 
     assert requests["num_cached_tokens"].tolist() == [0, 64, 0]
     assert summary["prefix_hit_rate"] == pytest.approx(64 / 156) and summary["num_timeouts"] == 1
     assert runs["off"][0]["prefix_hit_rate"] is None and runs["off"][1]["num_cached_tokens"].sum() == 0
+
+
+def test_simulate_ranges_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "r"
+    code, stdout, _ = run_cli(["simulate", "--trace", "poisson:rate=20,n=40,prompt=uniform:20:200,output=uniform:5:50",
+                               "--step-model", "linear:3,0.01,0.0005", "--ranges", "5", "--scatter-cv", "0.1",
+                               "--scatter-rho", "0.5", "--out", str(out)], capsys)
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    ranges = summary["ranges"]
+    assert ranges["num_replications"] == 5 and ranges["drawn_terms"] == [] and ranges["scatter_cv"] == 0.1
+    cell = ranges["stats"]["tpot_ms"]["p50"]
+    assert cell["low"] < cell["median"] < cell["high"]
+    assert "ranges (5 replications" in stdout
+
+
+@pytest.mark.parametrize("flag, value", [("--scatter-rho", "1"), ("--scatter-cv", "-0.1"), ("--ranges", "-1")])
+def test_bad_range_flags_are_one_line_exit_2(tmp_path, capsys, flag, value):
+    code, _, err = run_cli(["simulate", "--trace", "poisson:rate=1,n=2,prompt=fixed:5,output=fixed:5",
+                            "--step-model", "const:1", flag, value, "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"argument {flag}" in err

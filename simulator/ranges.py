@@ -1,0 +1,151 @@
+"""Predictions with ranges (issue 17, first part): replications of a simulation that each draw
+
+- the cost model's error: per T_step term one standard normal z, held for the whole run (a fitted
+  model is biased, not noisy): the term's time becomes time + z x its spread (the tables' own
+  spread of the regressor's trees), never below zero;
+- the device's step-to-step scatter: each step's time times (1 + e_k), e an AR(1) series with
+  coefficient of variation `cv` and lag-one autocorrelation `rho`, indexed by the replica's step
+  number, so that decode runs and step-by-step simulation draw the same factors.
+
+`replicate` runs them (seeded: replication i uses seed + i) and `ranges_block` turns their summaries
+into the `ranges` block of summary.json: for every number in the summary, the median over the
+replications and the 5th and 95th percentiles (a 90% interval).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.batch import StepFeatures
+from simulator.errors import InputError
+from simulator.step_model import FeatureStepModel, HostTermsModel
+
+INTERVAL = (5.0, 95.0)   # percentiles of the replications: a 90% interval
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """Step-to-step scatter of step time: multiplicative, AR(1)."""
+    cv: float = 0.0      # standard deviation of e_k
+    rho: float = 0.0     # lag-one autocorrelation of e_k
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.cv) and self.cv >= 0):
+            raise InputError(f"--scatter-cv must be a non-negative number, got {self.cv}")
+        if not (np.isfinite(self.rho) and -1 < self.rho < 1):
+            raise InputError(f"--scatter-rho must lie in (-1, 1), got {self.rho}")
+
+    @property
+    def is_zero(self) -> bool:
+        return self.cv == 0.0
+
+
+class ScatterSeries:
+    """The factors (1 + e_k) of one replica's steps k = 0, 1, ..., drawn in chunks as needed.
+
+    Factors are floored at 0.05: a step never takes less than 5% of its modelled time."""
+    CHUNK = 4096
+
+    def __init__(self, scatter: Scatter, seed: int, replica: int) -> None:
+        self.scatter = scatter
+        self.rng = np.random.default_rng([seed, replica, 0x73636174])
+        self.factors = np.zeros(0)
+        self._last = 0.0
+
+    def take(self, start: int, count: int) -> np.ndarray:
+        while len(self.factors) < start + count:
+            self.factors = np.concatenate((self.factors, self._chunk()))
+        return self.factors[start:start + count]
+
+    def _chunk(self) -> np.ndarray:
+        cv, rho = self.scatter.cv, self.scatter.rho
+        shocks = self.rng.standard_normal(self.CHUNK) * cv * np.sqrt(1.0 - rho * rho)
+        e = np.empty(self.CHUNK)
+        last = self._last
+        for k, shock in enumerate(shocks.tolist()):   # AR(1); a chunk of 4096 steps costs ~1 ms
+            last = rho * last + shock
+            e[k] = last
+        self._last = last
+        return np.maximum(1.0 + e, 0.05)
+
+
+class BiasedTermsModel(FeatureStepModel):
+    """T_step tables with each term moved by z_term standard deviations of its spread."""
+
+    def __init__(self, tables, z_by_term: dict[str, float]) -> None:
+        self.tables, self.z_by_term = tables, z_by_term
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        total = np.zeros(len(features))
+        for term in self.tables.terms:
+            z = self.z_by_term.get(term.name, 0.0)
+            value = term.evaluate(features)
+            if z:
+                value = value + z * term.evaluate(features, "spread_ms")
+            total = total + np.maximum(value, 0.0)
+        return np.asarray(total, dtype=np.float64) * np.ones(len(features))
+
+    def describe(self) -> str:
+        return f"{self.tables.describe()} biased by {self.z_by_term}"
+
+
+def term_names(model) -> list[str]:
+    """The T_step terms a model's error can be drawn for ([] for const:/linear: models, which have no spread)."""
+    base = model.base if isinstance(model, HostTermsModel) else model
+    terms = getattr(base, "terms", None)
+    return [t.name for t in terms] if isinstance(terms, list) else []
+
+
+def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
+    """The model with its terms' error drawn (z x spread x spread_scale); host terms kept on top."""
+    if isinstance(model, HostTermsModel):
+        return HostTermsModel(with_bias(model.base, z_by_term, spread_scale), model.terms)
+    if not term_names(model) or spread_scale == 0.0 or not any(z_by_term.values()):
+        return model
+    return BiasedTermsModel(model, {name: z * spread_scale for name, z in z_by_term.items()})
+
+
+def draw_bias(model, seed: int) -> dict[str, float]:
+    """One replication's z per term (standard normal, from the seed)."""
+    rng = np.random.default_rng([seed, 0x62696173])
+    return {name: float(rng.standard_normal()) for name in term_names(model)}
+
+
+def ranges_block(summaries: list[dict]) -> dict:
+    """{key: {"median", "low", "high"}} for every number of the summaries (nested dicts kept nested),
+    over the replications; None where a replication has no value."""
+    def walk(values: list):
+        first = values[0]
+        if isinstance(first, dict):
+            return {key: walk([v.get(key) if isinstance(v, dict) else None for v in values])
+                    for key in first if _is_numeric_tree(first[key])}
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) < len(values) or not numbers:
+            return None
+        low, median, high = np.percentile(np.asarray(numbers, dtype=np.float64), [INTERVAL[0], 50.0, INTERVAL[1]])
+        return {"median": float(median), "low": float(low), "high": float(high)}
+    return walk(summaries)
+
+
+def _is_numeric_tree(value) -> bool:
+    if isinstance(value, dict):
+        return any(_is_numeric_tree(v) for v in value.values())
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value is None
+
+
+def replicate(trace, model, config, num_replications: int, seed: int = 0, spread_scale: float = 1.0,
+              on_done=None) -> list[dict]:
+    """The summaries of num_replications simulations of `trace`, replication i drawing the model's
+    error and the scatter (config.scatter) from seed + i. `on_done(i)` after each."""
+    from dataclasses import replace
+
+    from simulator.simulation import Simulation
+    summaries = []
+    for i in range(num_replications):
+        drawn = with_bias(model, draw_bias(model, seed + i), spread_scale)
+        replication = replace(config, scatter_seed=seed + i, record_batches=False)
+        summaries.append(Simulation(trace, drawn, replication).run().summary)
+        if on_done is not None:
+            on_done(i)
+    return summaries

@@ -1,0 +1,116 @@
+"""Ranges (issue 17, first part): replications drawing the cost model's error and step scatter."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.batch import StepFeatures
+from simulator.errors import InputError
+from simulator.ranges import (
+    BiasedTermsModel,
+    Scatter,
+    ScatterSeries,
+    draw_bias,
+    ranges_block,
+    replicate,
+    term_names,
+    with_bias,
+)
+from simulator.simulation import SimConfig, simulate
+from simulator.step_model import FeatureStepModel, HostTerms, HostTermsModel, LinearStepModel
+from tests.simulator.factories import random_trace
+
+
+class FakeTerm:
+    """A T_step term: time = a + b x num_tokens ms, spread = rel x time."""
+
+    def __init__(self, name: str, a: float, b: float, rel: float) -> None:
+        self.name, self.a, self.b, self.rel = name, a, b, rel
+
+    def evaluate(self, features, which: str = "time_ms") -> np.ndarray:
+        time = self.a + self.b * np.asarray(features.num_tokens, dtype=np.float64)
+        return time * self.rel if which == "spread_ms" else time
+
+
+class FakeTables(FeatureStepModel):
+    def __init__(self, rel: float = 0.1) -> None:
+        self.terms = [FakeTerm("linear", 2.0, 0.01, rel), FakeTerm("attn", 1.0, 0.002, rel)]
+
+    def features_ms(self, features):
+        return sum(np.maximum(t.evaluate(features), 0.0) for t in self.terms) * np.ones(len(features))
+
+    def describe(self) -> str:
+        return "fake"
+
+
+TRACE = random_trace(150, seed=3, rate=4.0, max_prompt=800, max_output=120)
+
+
+def test_with_nothing_drawn_every_replication_is_the_plain_run():
+    tables = FakeTables()
+    plain = simulate(TRACE, tables, SimConfig(kv_blocks=400, record_batches=False)).summary
+    summaries = replicate(TRACE, tables, SimConfig(kv_blocks=400, scatter=Scatter(0.0)), 4, seed=7, spread_scale=0.0)
+    assert all(s == plain for s in summaries)
+    block = ranges_block(summaries)
+    assert block["ttft_ms"]["p99"] == {"median": plain["ttft_ms"]["p99"], "low": plain["ttft_ms"]["p99"],
+                                       "high": plain["ttft_ms"]["p99"]}
+
+
+def test_the_interval_widens_with_the_spread():
+    widths = []
+    for scale in (0.0, 0.5, 1.0, 2.0):
+        block = ranges_block(replicate(TRACE, FakeTables(), SimConfig(kv_blocks=400), 12, seed=1, spread_scale=scale))
+        cell = block["tpot_ms"]["p50"]
+        widths.append(cell["high"] - cell["low"])
+    assert widths[0] == 0.0 and widths == sorted(widths) and widths[-1] > widths[1] > 0
+
+
+def test_a_drawn_bias_moves_each_term_by_its_spread():
+    tables = FakeTables(rel=0.2)
+    biased = with_bias(tables, {"linear": 1.5, "attn": -1.0})
+    assert isinstance(biased, BiasedTermsModel)
+    features = StepFeatures.from_row((1, 100, 0, 0, 0, 100, 0, 0))   # one 100-token prefill
+    linear, attn = (t.evaluate(features)[0] for t in tables.terms)
+    assert biased.features_ms(features)[0] == pytest.approx(linear * (1 + 1.5 * 0.2) + attn * (1 - 0.2))
+    # host terms stay on top of the drawn tables; const:/linear: models have nothing to draw
+    hosted = with_bias(HostTermsModel(tables, HostTerms(per_step_ms=1.0)), {"linear": 1.0})
+    assert isinstance(hosted, HostTermsModel) and isinstance(hosted.base, BiasedTermsModel)
+    linear_model = LinearStepModel(1.0, 0.1, 0.0)
+    assert term_names(linear_model) == [] and with_bias(linear_model, draw_bias(linear_model, 0)) is linear_model
+    assert draw_bias(tables, 3) == draw_bias(tables, 3) != draw_bias(tables, 4)
+
+
+def test_scatter_series_has_the_asked_spread_and_autocorrelation():
+    factors = ScatterSeries(Scatter(cv=0.1, rho=0.6), seed=0, replica=0).take(0, 40_000)
+    e = factors - 1.0
+    assert e.std() == pytest.approx(0.1, rel=0.05)
+    assert np.corrcoef(e[:-1], e[1:])[0, 1] == pytest.approx(0.6, abs=0.03)
+    again = ScatterSeries(Scatter(cv=0.1, rho=0.6), seed=0, replica=0)
+    assert np.array_equal(again.take(100, 50), factors[100:150])   # the same factor for the same step
+    assert not np.array_equal(ScatterSeries(Scatter(0.1, 0.6), 0, 1).take(0, 50), factors[:50])
+
+
+@pytest.mark.parametrize("cv, rho", [(-0.1, 0.0), (0.1, 1.0), (float("nan"), 0.0)])
+def test_bad_scatter_is_refused(cv, rho):
+    with pytest.raises(InputError):
+        Scatter(cv, rho)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 30), st.floats(0.0, 0.3), st.floats(-0.5, 0.9), st.integers(0, 100),
+       st.sampled_from(["vllm", "sarathi", "continuous", "static"]), st.integers(1, 2))
+def test_scatter_keeps_the_fast_path_exact(n, cv, rho, seed, scheduler, replicas):
+    trace = random_trace(n, seed=seed, rate=20.0, max_prompt=300, max_output=80)
+    config = SimConfig(scheduler=scheduler, scatter=Scatter(cv, rho), scatter_seed=seed, num_replicas=replicas)
+    model = LinearStepModel(3.0, 0.01, 0.0005)
+    fast = simulate(trace, model, config)
+    slow = simulate(trace, model, SimConfig(**{**config.__dict__, "fast_path": False}))
+    assert fast.requests.equals(slow.requests) and fast.steps.equals(slow.steps)
+
+
+def test_ranges_block_keeps_the_summary_shape():
+    summaries = [{"a": 1.0, "b": {"p50": 2.0, "p99": None}, "name": "x", "flag": True},
+                 {"a": 3.0, "b": {"p50": 4.0, "p99": None}, "name": "x", "flag": True}]
+    block = ranges_block(summaries)
+    assert block == {"a": {"median": 2.0, "low": 1.1, "high": 2.9},
+                     "b": {"p50": {"median": 3.0, "low": 2.1, "high": 3.9}, "p99": None}}
