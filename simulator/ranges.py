@@ -135,17 +135,34 @@ def _is_numeric_tree(value) -> bool:
 
 
 def replicate(trace, model, config, num_replications: int, seed: int = 0, spread_scale: float = 1.0,
-              on_done=None) -> list[dict]:
+              workers: int = 1, on_done=None) -> list[dict]:
     """The summaries of num_replications simulations of `trace`, replication i drawing the model's
-    error and the scatter (config.scatter) from seed + i. `on_done(i)` after each."""
+    error and the scatter (config.scatter) from seed + i; `workers` > 1 runs them in a process pool
+    (the same summaries, in the same order). `on_done(i)` after each."""
+    from dataclasses import replace
+    config = replace(config, record_batches=False)
+    seeds = [seed + i for i in range(num_replications)]
+    if workers <= 1 or num_replications <= 1:
+        summaries = []
+        for i, s in enumerate(seeds):
+            summaries.append(_replication(trace, model, config, s, spread_scale))
+            if on_done is not None:
+                on_done(i)
+        return summaries
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=min(workers, num_replications)) as pool:
+        futures = [pool.submit(_replication, trace, model, config, s, spread_scale) for s in seeds]
+        summaries = []
+        for i, future in enumerate(futures):
+            summaries.append(future.result())
+            if on_done is not None:
+                on_done(i)
+        return summaries
+
+
+def _replication(trace, model, config, seed: int, spread_scale: float) -> dict:
     from dataclasses import replace
 
     from simulator.simulation import Simulation
-    summaries = []
-    for i in range(num_replications):
-        drawn = with_bias(model, draw_bias(model, seed + i), spread_scale)
-        replication = replace(config, scatter_seed=seed + i, record_batches=False)
-        summaries.append(Simulation(trace, drawn, replication).run().summary)
-        if on_done is not None:
-            on_done(i)
-    return summaries
+    drawn = with_bias(model, draw_bias(model, seed), spread_scale)
+    return Simulation(trace, drawn, replace(config, scatter_seed=seed)).run().summary

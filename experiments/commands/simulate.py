@@ -56,6 +56,8 @@ def register(subparsers) -> None:
     g.add_argument("--scatter-rho", type=argtypes.correlation, default=0.0,
                    help="lag-one autocorrelation of that factor, in (-1, 1) (default 0)")
     g.add_argument("--ranges-seed", type=argtypes.seed, default=0, help="seed of the replications (default 0)")
+    g.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
+                   help="run the replications in this many processes (same results; default 1)")
     g = p.add_argument_group("metrics and output")
     g.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None, help="TTFT SLO for attainment and goodput")
     g.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None, help="TPOT SLO for attainment and goodput")
@@ -123,10 +125,11 @@ def _ranges(args, trace, model, config) -> dict:
     from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
     scatter = Scatter(args.scatter_cv, args.scatter_rho)
     wall0 = time.perf_counter()
-    summaries = replicate(trace, model, replace_scatter(config, scatter), args.ranges, args.ranges_seed)
+    summaries = replicate(trace, model, replace_scatter(config, scatter), args.ranges, args.ranges_seed,
+                          workers=args.workers)
     return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
             "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
-            "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+            "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
 
 
 def format_ranges(ranges: dict) -> str:

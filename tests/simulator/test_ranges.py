@@ -114,3 +114,10 @@ def test_ranges_block_keeps_the_summary_shape():
     block = ranges_block(summaries)
     assert block == {"a": {"median": 2.0, "low": 1.1, "high": 2.9},
                      "b": {"p50": {"median": 3.0, "low": 2.1, "high": 3.9}, "p99": None}}
+
+
+def test_a_process_pool_gives_the_same_replications():
+    config = SimConfig(kv_blocks=400, scatter=Scatter(0.05, 0.3))
+    alone = replicate(TRACE, FakeTables(), config, 3, seed=5)
+    pooled = replicate(TRACE, FakeTables(), config, 3, seed=5, workers=2)
+    assert pooled == alone and alone[0] != alone[1]
