@@ -9,7 +9,7 @@ from the estimators so that loading tables never imports scikit-learn.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -58,6 +58,12 @@ class Term:
     def row_ms(self, row: tuple) -> float:
         """evaluate() of one batch's feature_row(), in plain floats."""
         raise NotImplementedError
+
+    def biased(self, z: float) -> Term:
+        """This term with its time moved by z spreads at every grid point: what a replication of
+        simulator.ranges draws. Interpolation is linear in the values, so evaluate() of the result
+        is evaluate(time) + z x evaluate(spread)."""
+        return replace(self, time_ms=self.time_ms + z * self.spread_ms)
 
 
 def feature_column(name: str, path) -> int:
@@ -245,6 +251,9 @@ class AdditiveStep(Term):
         for feature, knots, part in zip(self.features, self.knots, values):
             total = total + grid.interp1(getattr(f, feature), knots, part)
         return total
+
+    def biased(self, z: float) -> AdditiveStep:
+        return replace(self, values_ms=tuple(v + z * s for v, s in zip(self.values_ms, self.spreads_ms)))
 
     def row_ms(self, row: tuple) -> float:
         total = self.intercept_ms

@@ -103,7 +103,14 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
         return HostTermsModel(with_bias(model.base, z_by_term, spread_scale), model.terms)
     if not term_names(model) or spread_scale == 0.0 or not any(z_by_term.values()):
         return model
-    return BiasedTermsModel(model, {name: z * spread_scale for name, z in z_by_term.items()})
+    z_by_term = {name: z * spread_scale for name, z in z_by_term.items()}
+    if all(hasattr(term, "biased") for term in model.terms):
+        # Grid terms move their grids: the copy keeps the tables' fast one-step path.
+        import copy
+        drawn = copy.copy(model)
+        drawn.terms = [term.biased(z_by_term.get(term.name, 0.0)) for term in model.terms]
+        return drawn
+    return BiasedTermsModel(model, z_by_term)
 
 
 def draw_bias(model, seed: int) -> dict[str, float]:

@@ -119,3 +119,30 @@ def test_a_term_is_written_only_under_a_name_of_its_kind(tmp_path):
     with pytest.raises(ValueError, match="'decode_attn' is not a FeatureCurve"):
         curve.write(tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_biased_term_moves_by_z_spreads_and_keeps_its_fast_path():
+    """simulator.ranges draws a term's error by moving its grid: evaluate(time) + z x evaluate(spread),
+    on the vectorised path and the one-step path alike."""
+    additive = AdditiveStep("step", ("num_tokens", "num_seqs"), (np.array([1.0, 100.0]), np.array([1.0, 8.0])),
+                            (np.array([0.5, 2.0]), np.array([0.1, 0.4])), (np.array([0.1, 0.3]), np.array([0.0, 0.2])),
+                            1.0, "whole step")
+    f = StepFeatures.from_batches(batches())
+    for term in grid_terms() + [additive]:
+        moved = term.biased(-1.5)
+        np.testing.assert_allclose(moved.evaluate(f), term.evaluate(f) - 1.5 * term.evaluate(f, "spread_ms"))
+        np.testing.assert_array_equal(moved.evaluate(f, "spread_ms"), term.evaluate(f, "spread_ms"))
+        assert [moved.row_ms(feature_row(b.q_lens, b.kv_lens)) for b in batches()] == moved.evaluate(f).tolist()
+
+
+def test_drawn_tables_keep_the_tables_path_and_agree_with_the_generic_draw(tmp_path):
+    from simulator.ranges import BiasedTermsModel, with_bias
+    write_tables(tmp_path, grid_terms())
+    model = load_step_model(tmp_path)
+    z = {"overhead": 0.7, "decode_attn": -2.0, "prefill_attn": 1.1}
+    f = StepFeatures.from_batches(batches())
+    before = model.features_ms(f).tolist()
+    drawn = with_bias(model, z)
+    assert type(drawn) is type(model) and drawn.terms is not model.terms
+    np.testing.assert_allclose(drawn.features_ms(f), BiasedTermsModel(model, z).features_ms(f))
+    assert drawn.features_ms(f).tolist() != before and model.features_ms(f).tolist() == before
