@@ -122,3 +122,39 @@ def add_command(subparsers, name: str, summary: str, description: str, run) -> a
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(func=run)
     return parser
+
+
+def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
+    """--ranges and what the replications draw: simulate and validate."""
+    g = parser.add_argument_group("ranges (how sure the prediction is)")
+    g.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
+                   help="also run N seeded replications, each drawing the step model's error (per T_step term, "
+                        "its tables' spread times a standard normal, held for the whole run) and the step-to-step "
+                        "scatter; for every figure the median and the 5th and 95th percentiles over the "
+                        "replications (a 90%% interval). const:/linear: models have no spread: only the scatter "
+                        "varies (default 0: no ranges)")
+    g.add_argument("--scatter-cv", type=argtypes.scatter_cv, default=0.0,
+                   help="step-to-step scatter of step time in the replications: coefficient of variation of a "
+                        "multiplicative AR(1) factor (default 0)")
+    g.add_argument("--scatter-rho", type=argtypes.correlation, default=0.0,
+                   help="lag-one autocorrelation of that factor, in (-1, 1) (default 0)")
+    g.add_argument("--ranges-seed", type=argtypes.seed, default=0, help="seed of the replications (default 0)")
+    g.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
+                   help="run the replications in this many processes (same results; default 1)")
+
+
+def ranges_from_args(args, trace, model, config) -> dict | None:
+    """The `ranges` block of a simulation (simulator.ranges), or None without --ranges."""
+    if not getattr(args, "ranges", 0):
+        return None
+    import time
+    from dataclasses import replace
+
+    from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
+    scatter = Scatter(args.scatter_cv, args.scatter_rho)
+    wall0 = time.perf_counter()
+    summaries = replicate(trace, model, replace(config, scatter=scatter), args.ranges, args.ranges_seed,
+                          workers=args.workers)
+    return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
+            "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
+            "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}

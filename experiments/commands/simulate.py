@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from experiments.commands import argtypes
-from experiments.commands.flags import add_command, add_scheduler_flags
+from experiments.commands.flags import add_command, add_ranges_flags, add_scheduler_flags
 from simulator import bounds
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
@@ -43,21 +43,7 @@ def register(subparsers) -> None:
                    help="client timeout for requests whose trace gives no timeout_s: a request not finished "
                         "this long after it was sent is aborted (its KV blocks freed at the next step) and "
                         "counted in num_timeouts, not in the latencies (load tests often use 300)")
-    g = p.add_argument_group("ranges (how sure the prediction is)")
-    g.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
-                   help="also run N seeded replications, each drawing the step model's error (per T_step term, "
-                        "its tables' spread times a standard normal, held for the whole run) and the step-to-step "
-                        "scatter; summary.json gets a `ranges` block: for every figure the median and the 5th and "
-                        "95th percentiles over the replications (a 90%% interval). const:/linear: models have no "
-                        "spread: only the scatter varies (default 0: no ranges)")
-    g.add_argument("--scatter-cv", type=argtypes.scatter_cv, default=0.0,
-                   help="step-to-step scatter of step time in the replications: coefficient of variation of a "
-                        "multiplicative AR(1) factor (default 0)")
-    g.add_argument("--scatter-rho", type=argtypes.correlation, default=0.0,
-                   help="lag-one autocorrelation of that factor, in (-1, 1) (default 0)")
-    g.add_argument("--ranges-seed", type=argtypes.seed, default=0, help="seed of the replications (default 0)")
-    g.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
-                   help="run the replications in this many processes (same results; default 1)")
+    add_ranges_flags(p)
     g = p.add_argument_group("metrics and output")
     g.add_argument("--slo-ttft-ms", type=argtypes.time_ms, default=None, help="TTFT SLO for attainment and goodput")
     g.add_argument("--slo-tpot-ms", type=argtypes.time_ms, default=None, help="TPOT SLO for attainment and goodput")
@@ -77,7 +63,12 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 def run(args) -> int:
     from experiments.commands.output_paths import check_output
     check_output(args.out)
-    from experiments.commands.flags import kv_blocks_from_args, prefix_caching_from_args, scheduler_config_from_args
+    from experiments.commands.flags import (
+        kv_blocks_from_args,
+        prefix_caching_from_args,
+        ranges_from_args,
+        scheduler_config_from_args,
+    )
     from experiments.commands.output import format_summary, print_warnings
     from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
@@ -103,7 +94,7 @@ def run(args) -> int:
     summary = {**result.summary, "step_model": describe_step_model(args.step_model, model),
                "trace": str(args.trace), "sim_wall_s": result.wall_s}
     if args.ranges:
-        summary["ranges"] = _ranges(args, trace, model, config)
+        summary["ranges"] = ranges_from_args(args, trace, model, config)
     summary = clean_json(summary)
     with atomic_output_dir(args.out) as staging:
         atomic_write_parquet(result.requests, staging / "requests.parquet")
@@ -116,20 +107,6 @@ def run(args) -> int:
             print(format_ranges(summary["ranges"]))
         print(f"wrote {args.out}/requests.parquet, steps.parquet, summary.json")
     return 0
-
-
-def _ranges(args, trace, model, config) -> dict:
-    """The `ranges` block: what the replications drew, and each figure's median and 90% interval."""
-    import time
-
-    from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
-    scatter = Scatter(args.scatter_cv, args.scatter_rho)
-    wall0 = time.perf_counter()
-    summaries = replicate(trace, model, replace_scatter(config, scatter), args.ranges, args.ranges_seed,
-                          workers=args.workers)
-    return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
-            "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
-            "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
 
 
 def format_ranges(ranges: dict) -> str:
@@ -146,11 +123,6 @@ def format_ranges(ranges: dict) -> str:
     if t:
         lines.append(f"  throughput {t['median']:.4g} [{t['low']:.4g}, {t['high']:.4g}] req/s")
     return "\n".join(lines)
-
-
-def replace_scatter(config, scatter):
-    from dataclasses import replace
-    return replace(config, scatter=scatter)
 
 
 def run_config(args, config) -> dict:

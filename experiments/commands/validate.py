@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from experiments.commands import argtypes
-from experiments.commands.flags import add_command, add_measured_run_flags
+from experiments.commands.flags import add_command, add_measured_run_flags, add_ranges_flags
 
 HELP = """Replay a measured run (from `stepcal measure`) in the simulator with the same trace, scheduler
 settings and KV capacity, timing each step with --step-model, and report for TTFT, TPOT, ITL and
@@ -19,6 +19,7 @@ def register(subparsers) -> None:
     p.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every simulated step")
     p.add_argument("--out", default=None, help="output directory (default: MEASURED/validation)")
     p.add_argument("--quiet", action="store_true")
+    add_ranges_flags(p)
 
 
 def run(args) -> int:
@@ -29,8 +30,10 @@ def run(args) -> int:
         check_output(args.out)
     elif Path(args.measured).is_dir():    # otherwise the measured-run reader says what is wrong with it
         check_output(Path(args.measured) / "validation", flag="--out (default MEASURED/validation)")
+    from experiments.commands.flags import ranges_from_args
     from experiments.validation.validate import validate_run
-    validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms)
+    ranges = (lambda trace, model, config: ranges_from_args(args, trace, model, config)) if args.ranges else None
+    validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms, ranges)
     if not args.quiet:
         print(validation.table)
         print(f"wrote {validation.out}/validation.json and validation.md")

@@ -96,6 +96,7 @@ class ValidationRecord:
     step_model: str | None = None
     step_matched: StepMatched | None = None
     prefix_reuse: PrefixReuse | None = None   # when the measured run cached prefixes
+    ranges: dict | None = None                # validate --ranges: the replications and their coverage
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
         return self.metrics[metric][stat]
@@ -112,7 +113,7 @@ class ValidationRecord:
                    Preemptions(preemptions.get("measured"), preemptions.get("simulated")),
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
-                   PrefixReuse.from_dict(data.get("prefix_reuse")))
+                   PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"))
 
     def to_dict(self) -> dict:
         from simulator.metrics import clean_json
@@ -129,6 +130,7 @@ class ValidationRecord:
             "step_model": self.step_model,
             "step_matched": None if self.step_matched is None else self.step_matched.to_dict(),
             "prefix_reuse": None if self.prefix_reuse is None else self.prefix_reuse.to_dict(),
+            "ranges": self.ranges,
         })
 
 

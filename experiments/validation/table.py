@@ -29,6 +29,12 @@ def format_table(record: ValidationRecord) -> str:
     t = record.throughput_rps
     lines.append(f"| throughput_rps | | {_fmt(t.measured)} | {_fmt(t.simulated)} | {format_pct(t.error)} | "
                  f"{format_pct(t.noise_floor)} |")
+    if record.ranges is not None:
+        c = record.ranges["coverage"]
+        lines += ["", f"ranges: {record.ranges['num_replications']} replications; the measured value lies inside "
+                      f"the {record.ranges['interval_percentiles'][0]:g}th-{record.ranges['interval_percentiles'][1]:g}th "
+                      f"percentile interval in {c['num_inside']} of {c['num_cells']} cells (coverage "
+                      f"{_share(c['coverage'])}), median width {_share(c['median_relative_width'])} of the measured value"]
     reuse = record.prefix_reuse
     if reuse is not None:
         lines += ["", f"prefix cache: measured {_share(reuse.measured_hit_rate)} of prompt tokens reused, "

@@ -20,10 +20,13 @@ class Validation:
 
 
 def validate_run(measured: str | Path, step_model: str, out: str | Path | None = None,
-                 step_overhead_ms: float = 0.0) -> Validation:
+                 step_overhead_ms: float = 0.0, ranges=None) -> Validation:
     """Simulate the measured run's workload with the same scheduler settings and KV capacity, timing
     each step with `step_model`; write OUT (default MEASURED/validation): validation.json,
-    validation.md, simulated_requests.parquet and step_predictions.parquet."""
+    validation.md, simulated_requests.parquet and step_predictions.parquet.
+    `ranges(trace, model, config)`, when given, returns the ranges block of replications
+    (experiments.commands.flags.ranges_from_args); the record then says how often the measured
+    values fall inside the intervals."""
     from experiments.step_models import request_overhead_ms, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
     from simulator.measured_run import RunStats
@@ -38,6 +41,13 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     step_level = step_level_error(model, run.steps, predicted, noise_floor=step_noise_floor(run))
     record = compare(run, result.requests, RunStats.from_summary(clean_json(result.summary)), step_level,
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
+    if ranges is not None:
+        from dataclasses import replace
+
+        from experiments.validation.coverage import coverage_block
+        block = ranges(run.trace, model, config)
+        block["coverage"] = coverage_block(run.stats, block["stats"])
+        record = replace(record, ranges=block)
     table = format_table(record)
     out = Path(out) if out else Path(measured) / "validation"
     with atomic_output_dir(out) as staging:

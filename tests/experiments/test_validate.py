@@ -141,7 +141,7 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert list(record) == ["measured_run", "num_requests", "num_repeats", "num_finished_both",
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
-                            "prefix_reuse"]
+                            "prefix_reuse", "ranges"]
     assert {m: list(stats) for m, stats in record["metrics"].items()} == {
         m: ["mean", "p50", "p90", "p95", "p99"] for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
     assert list(record["metrics"]["itl_ms"]["p95"]) == list(record["throughput_rps"]) == [
@@ -169,3 +169,21 @@ def test_validate_compares_prefix_reuse_of_a_multi_turn_workload(tmp_path, capsy
     assert reuse["num_compared"] == 6 and reuse["num_same_cached"] == 6
     assert reuse["measured_hit_rate"] == reuse["simulated_hit_rate"] > 0.5
     assert "6 of 6 requests reused the same number of tokens" in (out / "validation.md").read_text()
+
+
+def test_validate_ranges_report_how_often_the_measured_values_fall_inside(measured, tmp_path):
+    out = tmp_path / "v"
+    assert main(["validate", "--measured", str(measured), "--step-model", "linear:2,0.05,0.001", "--ranges", "6",
+                 "--scatter-cv", "0.3", "--scatter-rho", "0.5", "--quiet", "--out", str(out)]) == 0
+    ranges = json.loads((out / "validation.json").read_text())["ranges"]
+    assert ranges["num_replications"] == 6 and ranges["drawn_terms"] == []   # a linear model: scatter only
+    coverage = ranges["coverage"]
+    cells = [c for stats in coverage["cells"].values() for c in stats.values() if c is not None]
+    assert coverage["num_cells"] == len(cells) >= 16
+    for cell in cells:
+        assert cell["inside"] == (cell["low"] <= cell["measured"] <= cell["high"])
+        assert cell["low"] <= cell["high"]
+    assert coverage["num_inside"] == sum(c["inside"] for c in cells)
+    assert coverage["coverage"] == pytest.approx(coverage["num_inside"] / coverage["num_cells"])
+    assert coverage["median_relative_width"] > 0
+    assert f"in {coverage['num_inside']} of {coverage['num_cells']} cells" in (out / "validation.md").read_text()
