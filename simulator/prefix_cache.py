@@ -344,25 +344,20 @@ def key_answers(trace, requests: list[Request], block_size: int) -> int:
     """Give each session turn's answer blocks the keys its next turn's prompt has for them.
 
     Turn k's KV holds its prompt and all but the last of its answer tokens; turn k+1's prompt is
-    the same stream, longer. Where turn k+1's ids start with turn k's full trace blocks (the trace
-    is consistent: `session_streams`), turn k takes turn k+1's keys for every block full within its
-    KV. Returns the number of turns extended."""
-    from simulator.trace import session_pairs
+    the same stream, longer. Where it continues turn k's (simulator.trace.continued_turns), turn k
+    takes turn k+1's keys for every block full within its KV; that includes the blocks of turn k's
+    partial last trace block, whose own id names tokens the next turn's block starts with. Returns
+    the number of turns extended."""
+    from simulator.trace import continued_turns
     by_id = {r.request_id: r for r in requests}
     ids = trace.request_id.tolist()
     extended = 0
-    for row, next_row in session_pairs(trace):
+    for row, next_row in continued_turns(trace):
         turn, following = by_id.get(ids[row]), by_id.get(ids[next_row])
-        if turn is None or following is None:
+        if turn is None or following is None or turn.prefix_keys is None or following.prefix_keys is None:
             continue
-        mine, theirs = turn.prefix_keys, following.prefix_keys
-        if mine is None or theirs is None:
-            continue
-        # the KV blocks within the turn's full trace blocks must agree; a partial last trace block
-        # has an id of its own, whose tokens are the start of the next turn's block there
-        agreed = turn.num_prompt_tokens // trace.prefix_block_tokens * trace.prefix_block_tokens // block_size
-        num_full = min(len(theirs), turn.max_kv_tokens // block_size)
-        if num_full > len(mine) and np.array_equal(theirs[:agreed], mine[:agreed]):
-            turn.prefix_keys = theirs[:num_full].copy()
+        num_full = min(len(following.prefix_keys), turn.max_kv_tokens // block_size)
+        if num_full > len(turn.prefix_keys):
+            turn.prefix_keys = following.prefix_keys[:num_full].copy()
             extended += 1
     return extended

@@ -171,3 +171,14 @@ def session_pairs(trace: Trace) -> list[tuple[int, int]]:
     order = session_order(trace).tolist()
     session = trace.session_id.tolist()
     return [(a, b) for a, b in pairwise(order) if session[a] == session[b]]
+
+
+def continued_turns(trace: Trace) -> list[tuple[int, int]]:
+    """The session_pairs whose next turn's prompt goes on from this turn's: its prefix ids begin
+    with this turn's full blocks (a consistent trace; [] without ids). A turn's answer is then the
+    stretch of the next prompt after its own."""
+    if trace.prefix_hash_ids is None:
+        return []
+    ids, block = trace.prefix_hash_ids, trace.prefix_block_tokens
+    prompt = trace.num_prompt_tokens.tolist()
+    return [(a, b) for a, b in session_pairs(trace) if ids[a][:prompt[a] // block] == ids[b][:prompt[a] // block]]

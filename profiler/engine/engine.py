@@ -36,7 +36,7 @@ from simulator.prefix_cache import key_answers
 from simulator.request import Request, Status, make_requests
 from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
 from simulator.step_log import StepLogBuilder
-from simulator.trace import Trace, session_pairs
+from simulator.trace import Trace, continued_turns
 
 
 @dataclass
@@ -281,22 +281,16 @@ def session_streams(trace: Trace, requests: list[Request], token_ids: dict[int, 
     """Make each session turn's prompt the start of its next turn's (a session is one token stream),
     and return each turn's answer as the next turn's prompt has it (request_id -> tokens).
 
-    Only where the trace is consistent: the next turn's ids begin with this turn's full trace
-    blocks. The engine emits the quoted answer instead of its own sample, so that the next turn's
-    prompt holds the tokens whose K/V this turn computed, which a prefix cache then reuses."""
-    if trace.prefix_hash_ids is None:
-        return {}
-    ids_of = dict(zip(trace.request_id.tolist(), trace.prefix_hash_ids))
+    Only where the next turn continues this one (simulator.trace.continued_turns). The engine emits
+    the quoted answer instead of its own sample, so that the next turn's prompt holds the tokens
+    whose K/V this turn computed, which a prefix cache then reuses."""
     by_id = {r.request_id: r for r in requests}
     ids = trace.request_id.tolist()
     scripted = {}
-    for row, next_row in reversed(session_pairs(trace)):   # last turns first: a turn's tokens come from its successor's
+    for row, next_row in reversed(continued_turns(trace)):   # last turns first: a turn's tokens come from its successor's
         turn_id, next_id = ids[row], ids[next_row]
         turn, following = by_id.get(turn_id), by_id.get(next_id)
         if turn is None or following is None or following.num_prompt_tokens <= turn.num_prompt_tokens:
-            continue
-        num_full = turn.num_prompt_tokens // trace.prefix_block_tokens
-        if ids_of[turn_id][:num_full] != ids_of[next_id][:num_full]:
             continue
         stream = token_ids[next_id]
         token_ids[turn_id] = stream[:turn.num_prompt_tokens]

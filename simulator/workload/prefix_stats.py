@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from simulator.trace import Trace, session_pairs
+from simulator.trace import Trace, continued_turns
 
 
 def unbounded_prefix_hits(trace: Trace) -> np.ndarray | None:
@@ -55,13 +55,12 @@ def _prefix_hits(trace: Trace, capacity_blocks: int | None) -> np.ndarray | None
 
 def _answer_ids(trace: Trace) -> dict[int, list[int]]:
     """Per row of a session turn, the ids of the next turn's blocks that lie within this turn's KV
-    (its prompt and all but the last answer token), where the next turn's ids begin with this
-    turn's full blocks (as simulator.prefix_cache.key_answers)."""
+    (its prompt and all but the last answer token), where the next turn continues this one
+    (simulator.trace.continued_turns, as simulator.prefix_cache.key_answers)."""
     block, out = trace.prefix_block_tokens, {}
-    for row, next_row in session_pairs(trace):
-        mine, theirs = trace.prefix_hash_ids[row], trace.prefix_hash_ids[next_row]
+    for row, next_row in continued_turns(trace):
         num_full = int(trace.num_prompt_tokens[row]) // block
         kv_blocks = int(trace.num_prompt_tokens[row] + trace.num_output_tokens[row] - 1) // block
-        if mine[:num_full] == theirs[:num_full] and kv_blocks > num_full:
-            out[row] = theirs[num_full:kv_blocks]
+        if kv_blocks > num_full:
+            out[row] = trace.prefix_hash_ids[next_row][num_full:kv_blocks]
     return out
