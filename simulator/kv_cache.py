@@ -84,10 +84,10 @@ class BlockManager:
         request.num_blocks = 0
 
 
-def prefix_caching_default(scheduler: str) -> bool:
-    """Automatic prefix caching is on by default for the vllm scheduler (as in vLLM's V1 engine),
+def uses_prefix_caching(scheduler: str, setting: bool | None) -> bool:
+    """--prefix-caching as set, or by default: on for the vllm scheduler (as in vLLM's V1 engine),
     off for the others."""
-    return scheduler == "vllm"
+    return scheduler == "vllm" if setting is None else setting
 
 
 def make_block_manager(num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:

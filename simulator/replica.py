@@ -202,7 +202,7 @@ class Replica:
         late = set()
         for request in aborted:
             if request.status is Status.FINISHED:
-                request.status, request.timed_out, request.finish_s = Status.ABORTED, True, None
+                request.give_up()
                 late.add(id(request))
             elif request.status is not Status.ABORTED:
                 self.scheduler.abort(request)

@@ -50,7 +50,7 @@ class Request:
     replica: int = 0
     # prefix caching (simulator.prefix_cache): keys of the full prompt blocks, blocks held, reuse
     prefix_keys: object = None          # int64 array of small non-negative keys, or None: shares nothing
-    block_ids: list | None = None       # ids of the blocks held, in token order
+    block_ids: np.ndarray | None = None   # ids of the blocks held, in token order (int64)
     num_registered_blocks: int = 0      # leading blocks whose keys are published
     num_cached_tokens: int = 0          # prompt tokens reused at the first admission
     # the client (simulator.client): a timeout, and the session's next turn in a closed loop
@@ -58,6 +58,11 @@ class Request:
     timed_out: bool = False
     think_time_s: float | None = None   # sent this long after the previous turn finished
     next_turn: Request | None = None    # the session's next closed-loop turn
+
+    def give_up(self) -> None:
+        """The client left (its timeout passed): the request ends aborted, and an answer that was
+        still to come, or came too late, does not count as finished."""
+        self.status, self.timed_out, self.finish_s = Status.ABORTED, True, None
 
     @property
     def num_known_tokens(self) -> int:
@@ -78,11 +83,12 @@ class Request:
         return self.num_prompt_tokens + self.num_output_tokens - 1
 
 
-def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
-                  skip_oversize: bool = False, prefix_caching: bool = False) -> tuple[list[Request], int]:
+def make_requests(trace: Trace, block_size: int, kv_blocks: int | None, skip_oversize: bool = False,
+                  prefix_caching: bool = False, timeout_s: float | None = None) -> tuple[list[Request], int]:
     """Request objects of a trace, and how many were skipped: a request that could never fit a KV
     cache of kv_blocks blocks fails the run with an InputError (or is skipped with skip_oversize).
-    With prefix_caching, each request carries the keys of its full prompt blocks (if the trace has ids)."""
+    With prefix_caching, each request carries the keys of its full prompt blocks (if the trace has ids);
+    timeout_s is the client timeout of requests whose trace gives none."""
     max_kv = trace.num_prompt_tokens + trace.num_output_tokens - 1
     keep = np.ones(len(trace), dtype=bool)
     if kv_blocks is not None:
@@ -110,7 +116,8 @@ def make_requests(trace: Trace, block_size: int, kv_blocks: int | None,
                         slo_ttft_ms=slo_ttft[i] if slo_ttft else None,
                         slo_tpot_ms=slo_tpot[i] if slo_tpot else None,
                         prefix_keys=keys[i] if keys is not None and len(keys[i]) else None,
-                        timeout_s=timeout[i] if timeout else None, think_time_s=think[i] if think else None)
+                        timeout_s=timeout[i] if timeout and timeout[i] is not None else timeout_s,
+                        think_time_s=think[i] if think else None)
                 for i in np.flatnonzero(keep).tolist()]
     return requests, int((~keep).sum())
 

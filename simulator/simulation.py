@@ -16,12 +16,12 @@ import numpy as np
 from simulator.client import Release, Timeout, count_timeouts, link_turns
 from simulator.errors import InputError
 from simulator.events import ARRIVAL, EventLoop, paused_gc
-from simulator.kv_cache import blocks_for, prefix_caching_default
+from simulator.kv_cache import blocks_for, uses_prefix_caching
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
 from simulator.prefix_cache import key_answers
 from simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
-from simulator.request import Status, make_requests
+from simulator.request import make_requests
 from simulator.router import make_router
 from simulator.schedulers import SchedulerConfig
 from simulator.trace import Trace
@@ -49,7 +49,7 @@ class SimConfig:
 
     @property
     def uses_prefix_caching(self) -> bool:
-        return prefix_caching_default(self.scheduler) if self.prefix_caching is None else self.prefix_caching
+        return uses_prefix_caching(self.scheduler, self.prefix_caching)
 
 
 @dataclass
@@ -71,11 +71,7 @@ class Simulation:
         self.config = config
         self.prefix_caching = config.uses_prefix_caching
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
-                                                         config.skip_oversize, self.prefix_caching)
-        if config.timeout_s is not None:
-            for request in self.requests:
-                if request.timeout_s is None:
-                    request.timeout_s = config.timeout_s
+                                                         config.skip_oversize, self.prefix_caching, config.timeout_s)
         self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
         if self.prefix_caching:
             key_answers(trace, self.requests, config.block_size)   # a turn's answer: its next turn's prefix
@@ -119,7 +115,7 @@ class Simulation:
         if request.timeout_s is not None:
             deadline_s = request.arrival_s + request.timeout_s
             if deadline_s <= now_s:   # gave up on the request path
-                request.status, request.timed_out = Status.ABORTED, True
+                request.give_up()
                 self.release_next_turns([request], deadline_s)
                 return
             self.loop.push(deadline_s, ARRIVAL, Timeout(self, request))

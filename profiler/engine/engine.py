@@ -29,7 +29,7 @@ from profiler.model import StepInputs, step_inputs
 from simulator.batch import feature_row
 from simulator.client import count_timeouts, link_turns
 from simulator.errors import InputError
-from simulator.kv_cache import blocks_for, make_block_manager, prefix_caching_default
+from simulator.kv_cache import blocks_for, make_block_manager, uses_prefix_caching
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
 from simulator.prefix_cache import key_answers
@@ -57,7 +57,7 @@ class EngineConfig:
 
     @property
     def uses_prefix_caching(self) -> bool:
-        return prefix_caching_default(self.scheduler) if self.prefix_caching is None else self.prefix_caching
+        return uses_prefix_caching(self.scheduler, self.prefix_caching)
 
 
 @dataclass
@@ -77,13 +77,9 @@ class Engine:
         self.model, self.config = model, config
         self.prefix_caching = config.uses_prefix_caching
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
-                                                        config.skip_oversize, self.prefix_caching)
+                                                        config.skip_oversize, self.prefix_caching, config.timeout_s)
         if not self.requests:
             raise InputError(f"{trace.source}: no request fits the KV cache")
-        if config.timeout_s is not None:
-            for request in self.requests:
-                if request.timeout_s is None:
-                    request.timeout_s = config.timeout_s
         self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
         self.has_prefix_ids = trace.prefix_hash_ids is not None
         num_blocks = config.kv_blocks or sum(blocks_for(r.max_kv_tokens, config.block_size) for r in self.requests)
@@ -143,7 +139,7 @@ class Engine:
         if request.timeout_s is not None:
             deadline_s = request.arrival_s + request.timeout_s
             if deadline_s <= now:   # gave up before it was served at all
-                request.status, request.timed_out = Status.ABORTED, True
+                request.give_up()
                 self._release_next_turn(request, deadline_s)
                 return
             self._seq += 1
@@ -164,7 +160,7 @@ class Engine:
         left), as in the simulator; each finished turn releases its session's next one."""
         for request in finished:
             if request.timeout_s is not None and end_s >= request.arrival_s + request.timeout_s:
-                request.status, request.timed_out, request.finish_s = Status.ABORTED, True, None
+                request.give_up()
                 self._release_next_turn(request, request.arrival_s + request.timeout_s)
             else:
                 self._release_next_turn(request, end_s)

@@ -94,13 +94,10 @@ class SchedulerBase:
         if request.status is Status.RUNNING:
             self.running.remove(request)
             self.kv.free(request)
-        else:
+        else:   # waiting: it holds no blocks (admission gives them, preemption frees them)
             self.waiting.remove(request)
-            if request.num_blocks:   # a waiting request holds none; kept for safety of the counts
-                self.kv.free(request)
         self.num_outstanding_tokens -= request.max_kv_tokens - request.num_computed_tokens
-        request.status = Status.ABORTED
-        request.timed_out = True
+        request.give_up()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
