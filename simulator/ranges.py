@@ -1,8 +1,8 @@
 """Predictions with ranges (issue 17, first part): replications of a simulation that each draw
 
 - the cost model's error: per T_step term one standard normal z, held for the whole run (a fitted
-  model is biased, not noisy): the term's time becomes time + z x its spread (the tables' own
-  spread of the regressor's trees), never below zero;
+  model is biased, not noisy): the term's grid moves to time + z x its spread (the tables' own
+  spread of the regressor's trees; `Term.biased`), never below zero as terms are;
 - the device's step-to-step scatter: each step's time times (1 + e_k), e an AR(1) series with
   coefficient of variation `cv` and lag-one autocorrelation `rho`, indexed by the replica's step
   number, so that decode runs and step-by-step simulation draw the same factors.
@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.batch import StepFeatures
 from simulator.errors import InputError
-from simulator.step_model import FeatureStepModel, HostTermsModel
+from simulator.step_model import HostTermsModel
 
 INTERVAL = (5.0, 95.0)   # percentiles of the replications: a 90% interval
 
@@ -70,26 +69,6 @@ class ScatterSeries:
         return np.maximum(1.0 + e, 0.05)
 
 
-class BiasedTermsModel(FeatureStepModel):
-    """T_step tables with each term moved by z_term standard deviations of its spread."""
-
-    def __init__(self, tables, z_by_term: dict[str, float]) -> None:
-        self.tables, self.z_by_term = tables, z_by_term
-
-    def features_ms(self, features: StepFeatures) -> np.ndarray:
-        total = np.zeros(len(features))
-        for term in self.tables.terms:
-            z = self.z_by_term.get(term.name, 0.0)
-            value = term.evaluate(features)
-            if z:
-                value = value + z * term.evaluate(features, "spread_ms")
-            total = total + np.maximum(value, 0.0)
-        return np.asarray(total, dtype=np.float64) * np.ones(len(features))
-
-    def describe(self) -> str:
-        return f"{self.tables.describe()} biased by {self.z_by_term}"
-
-
 def term_names(model) -> list[str]:
     """The T_step terms a model's error can be drawn for ([] for const:/linear: models, which have no spread)."""
     base = model.base if isinstance(model, HostTermsModel) else model
@@ -103,14 +82,11 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
         return HostTermsModel(with_bias(model.base, z_by_term, spread_scale), model.terms)
     if not term_names(model) or spread_scale == 0.0 or not any(z_by_term.values()):
         return model
-    z_by_term = {name: z * spread_scale for name, z in z_by_term.items()}
-    if all(hasattr(term, "biased") for term in model.terms):
-        # Grid terms move their grids: the copy keeps the tables' fast one-step path.
-        import copy
-        drawn = copy.copy(model)
-        drawn.terms = [term.biased(z_by_term.get(term.name, 0.0)) for term in model.terms]
-        return drawn
-    return BiasedTermsModel(model, z_by_term)
+    # Each term moves its own grid (Term.biased): the copy keeps the tables' fast one-step path.
+    import copy
+    drawn = copy.copy(model)
+    drawn.terms = [term.biased(z_by_term.get(term.name, 0.0) * spread_scale) for term in model.terms]
+    return drawn
 
 
 def draw_bias(model, seed: int) -> dict[str, float]:

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from simulator.batch import StepFeatures
 from simulator.errors import InputError
 from simulator.ranges import (
-    BiasedTermsModel,
     Scatter,
     ScatterSeries,
     draw_bias,
@@ -22,14 +21,18 @@ from tests.simulator.factories import random_trace
 
 
 class FakeTerm:
-    """A T_step term: time = a + b x num_tokens ms, spread = rel x time."""
+    """A T_step term: time = a + b x num_tokens ms, spread = rel x that; `biased` moves the time
+    by `shift` spreads, as costmodel's grid terms do."""
 
-    def __init__(self, name: str, a: float, b: float, rel: float) -> None:
-        self.name, self.a, self.b, self.rel = name, a, b, rel
+    def __init__(self, name: str, a: float, b: float, rel: float, shift: float = 0.0) -> None:
+        self.name, self.a, self.b, self.rel, self.shift = name, a, b, rel, shift
 
     def evaluate(self, features, which: str = "time_ms") -> np.ndarray:
         time = self.a + self.b * np.asarray(features.num_tokens, dtype=np.float64)
-        return time * self.rel if which == "spread_ms" else time
+        return time * self.rel if which == "spread_ms" else time * (1 + self.shift * self.rel)
+
+    def biased(self, z: float) -> "FakeTerm":
+        return FakeTerm(self.name, self.a, self.b, self.rel, self.shift + z)
 
 
 class FakeTables(FeatureStepModel):
@@ -68,13 +71,13 @@ def test_the_interval_widens_with_the_spread():
 def test_a_drawn_bias_moves_each_term_by_its_spread():
     tables = FakeTables(rel=0.2)
     biased = with_bias(tables, {"linear": 1.5, "attn": -1.0})
-    assert isinstance(biased, BiasedTermsModel)
+    assert type(biased) is FakeTables and biased.terms is not tables.terms
     features = StepFeatures.from_row((1, 100, 0, 0, 0, 100, 0, 0))   # one 100-token prefill
     linear, attn = (t.evaluate(features)[0] for t in tables.terms)
     assert biased.features_ms(features)[0] == pytest.approx(linear * (1 + 1.5 * 0.2) + attn * (1 - 0.2))
     # host terms stay on top of the drawn tables; const:/linear: models have nothing to draw
     hosted = with_bias(HostTermsModel(tables, HostTerms(per_step_ms=1.0)), {"linear": 1.0})
-    assert isinstance(hosted, HostTermsModel) and isinstance(hosted.base, BiasedTermsModel)
+    assert isinstance(hosted, HostTermsModel) and type(hosted.base) is FakeTables and hosted.base is not tables
     linear_model = LinearStepModel(1.0, 0.1, 0.0)
     assert term_names(linear_model) == [] and with_bias(linear_model, draw_bias(linear_model, 0)) is linear_model
     assert draw_bias(tables, 3) == draw_bias(tables, 3) != draw_bias(tables, 4)
