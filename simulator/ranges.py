@@ -118,29 +118,19 @@ def _is_numeric_tree(value) -> bool:
 
 
 def replicate(trace, model, config, num_replications: int, seed: int = 0, spread_scale: float = 1.0,
-              workers: int = 1, on_done=None) -> list[dict]:
+              workers: int = 1) -> list[dict]:
     """The summaries of num_replications simulations of `trace`, replication i drawing the model's
     error and the scatter (config.scatter) from seed + i; `workers` > 1 runs them in a process pool
-    (the same summaries, in the same order). `on_done(i)` after each."""
+    (the same summaries, in the same order)."""
     from dataclasses import replace
-    config = replace(config, record_batches=False)
+    from functools import partial
+    run = partial(_replication, trace, model, replace(config, record_batches=False), spread_scale=spread_scale)
     seeds = [seed + i for i in range(num_replications)]
     if workers <= 1 or num_replications <= 1:
-        summaries = []
-        for i, s in enumerate(seeds):
-            summaries.append(_replication(trace, model, config, s, spread_scale))
-            if on_done is not None:
-                on_done(i)
-        return summaries
+        return [run(s) for s in seeds]
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=min(workers, num_replications)) as pool:
-        futures = [pool.submit(_replication, trace, model, config, s, spread_scale) for s in seeds]
-        summaries = []
-        for i, future in enumerate(futures):
-            summaries.append(future.result())
-            if on_done is not None:
-                on_done(i)
-        return summaries
+        return list(pool.map(run, seeds))
 
 
 def _replication(trace, model, config, seed: int, spread_scale: float) -> dict:
