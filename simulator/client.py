@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from simulator.request import Request, Status
 from simulator.trace import Trace, session_pairs
 
@@ -63,4 +61,4 @@ class Timeout:
 
 
 def count_timeouts(requests: list[Request]) -> int:
-    return int(np.count_nonzero([r.timed_out for r in requests])) if requests else 0
+    return sum(r.timed_out for r in requests)

@@ -126,15 +126,15 @@ def _check_sessions(trace: Trace) -> None:
     for name in ("turn", "think_time_s"):
         if getattr(trace, name) is not None and trace.session_id is None:
             raise InputError(f"{src}: column {name} needs a session_id column")
-    for name, low in (("think_time_s", 0.0), ("timeout_s", 0.0)):
+    for name, positive in (("think_time_s", False), ("timeout_s", True)):
         col = getattr(trace, name)
         if col is None:
             continue
         col = col.astype(np.float64)
-        bad = np.isinf(col) | (col < low) | ((col == 0) if name == "timeout_s" else False)
+        bad = np.isinf(col) | ((col <= 0) if positive else (col < 0))   # NaN (absent) passes
         if bad.any():
             row = _first(bad)
-            kind = "positive" if name == "timeout_s" else "non-negative"
+            kind = "positive" if positive else "non-negative"
             raise InputError(f"{src}: row {row}: {name} must be {kind} seconds (or empty), got {shown(col[row])}")
     if trace.turn is not None and (trace.turn < 0).any():
         raise InputError(f"{src}: row {_first(trace.turn < 0)}: turn must not be negative")
