@@ -31,8 +31,8 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     import joblib
     directory = Path(directory)
     terms = []
-    has_ops = any(t != "step" for t in result.targets)
-    composing = has_ops and spec is not None
+    has_ops = any(t not in ("step", "host") for t in result.targets)
+    composing = (has_ops or "host" in result.targets) and spec is not None
     if axes is None:
         axes = data_axes(result, spec, parallelism, composition) if composing else Axes.default()
     if composing:
@@ -48,7 +48,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
                          "overhead or whole-step rows")
     entries = {t.name: t.write(directory) for t in terms}
     # Measured whole steps already hold every cost; composed terms are the fallback.
-    t_step_terms = ["step"] if step is not None else [t.name for t in terms]
+    t_step_terms = step_terms(result, terms) if step is not None else [t.name for t in terms]
     mode = "step" if step is not None else ("composed" if terms else "operators")
     (directory / "models").mkdir(parents=True, exist_ok=True)
     for target, fit in result.targets.items():
@@ -59,7 +59,9 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     meta = {
         "mode": mode,
         "t_step_terms": t_step_terms,
-        "missing_terms": sorted(expected_terms(spec, parallelism) - set(entries)) if mode == "composed" else [],
+        # "overhead" names the host time: the host op's term stands in for it
+        "missing_terms": sorted(expected_terms(spec, parallelism) - set(entries)
+                                - ({"overhead"} if "host" in entries else set())) if mode == "composed" else [],
         "terms": entries,
         "axes": axes.to_meta(measured_values(result.records)),
         "training_data_hash": result.data_hash,
@@ -95,6 +97,16 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     return meta
 
 
+def step_terms(result: FitResult, terms: list) -> list[str]:
+    """T_step of a whole-step fit: the step alone where engine step logs trained it (their steps
+    hold the host time), step + host where only the profiler's `step` op did (it times the device
+    part of an iteration, the `host` op the rest)."""
+    records = result.records
+    from_logs = ((records["op"] == "step") & (records["name"] == "step_log")).any()
+    has_host = any(t.name == "host" for t in terms)
+    return ["step", "host"] if has_host and not from_logs else ["step"]
+
+
 def expected_terms(spec: ModelSpec, parallelism: Parallelism) -> set[str]:
     """The terms a composed T_step of this model should have."""
     terms = {"linear", "lm_head", "decode_attn", "prefill_attn", "overhead"}
@@ -110,7 +122,7 @@ def expected_terms(spec: ModelSpec, parallelism: Parallelism) -> set[str]:
 def composed_ops(spec: ModelSpec, parallelism: Parallelism) -> str:
     """The record ops composing this model's T_step reads (what `fit` keeps by default): a whole
     directory of kernel tables also holds other models' kinds (MLA for a GQA model, say)."""
-    ops = ["gemm", "elementwise", *attention_targets(spec), "overhead", "step"]
+    ops = ["gemm", "elementwise", *attention_targets(spec), "overhead", "host", "step"]
     if parallelism.tp > 1:
         ops.append("all_reduce")
     if spec.is_moe:

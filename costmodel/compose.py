@@ -21,7 +21,7 @@ from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, collective_
 from costmodel.fitting import FitResult
 from costmodel.grid_predict import predict_grid
 from costmodel.importers.vidur import elementwise_width
-from costmodel.terms import FeatureCurve, Term
+from costmodel.terms import AdditiveStep, FeatureCurve, Term
 from simulator.errors import InputError
 from simulator.model_spec import ModelSpec, Parallelism
 
@@ -150,11 +150,21 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
                                   lm["spread_ms"].to_numpy(), "LM head GEMM at one row per sequence"))
     terms += attention_terms(result, spec, parallelism, axes)
     terms += collective_terms(result, spec, parallelism, axes, composition)
-    if "overhead" in result.targets:
+    if "host" in result.targets:   # the whole host path: input building is part of it
+        terms.append(host_term(result))
+    elif "overhead" in result.targets:
         mean, spread = _overhead_at(result, spec, axes.num_seqs)
         terms.append(FeatureCurve("overhead", "num_seqs", axes.num_seqs, mean, spread,
                                   "host overhead per step by batch size"))
     return terms
+
+
+def host_term(result: FitResult) -> AdditiveStep:
+    """The engine's host time per iteration (the profiler's `host` op), as its additive fit."""
+    fit = result.targets["host"]
+    return AdditiveStep.from_estimator(fit.estimator, "host", fit.feature_names,
+                                       "engine host path per iteration (schedule, inputs, bookkeeping): "
+                                       "intercept + a piecewise-linear function of num_seqs and of num_tokens")
 
 
 def _overhead_at(result: FitResult, spec: ModelSpec, B: np.ndarray, with_spread: bool = True):

@@ -54,6 +54,9 @@ KINDS = {
     "step": TargetKind(FEATURE_NAMES, ("num_tokens", "num_seqs", "decode_kv_sum",
                                        "prefill_attn_work"), "num_tokens"),
     "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
+    # The engine's host path: intercept + one piecewise-linear function of each (the additive
+    # regressor, as for whole steps): per-sequence and per-token work extrapolate linearly.
+    "host": TargetKind(("num_seqs", "num_tokens"), (), "num_seqs"),
     # A tensor-parallel all-reduce of num_tokens x width elements over tp GPUs.
     "all_reduce": TargetKind(("tp",), ("message_bytes", "ring_bytes"), "message_bytes"),
     # One MoE layer's experts on one GPU, one target per routing distribution ('moe:balanced').

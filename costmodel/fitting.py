@@ -80,7 +80,7 @@ def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: s
         raise InputError(f"the input mixes devices {devices}; choose one with --device")
     if dtype is not None and out["dtype"].notna().any():
         out = _select_dtype(out, dtype)
-    steps = out["op"].isin(["step", "overhead"]) & out["tp"].notna()
+    steps = out["op"].isin(["step", "overhead", "host"]) & out["tp"].notna()
     if steps.any():
         have = sorted(int(v) for v in out.loc[steps, "tp"].unique())
         wanted = have[0] if tp is None else tp

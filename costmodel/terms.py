@@ -213,12 +213,14 @@ class AdditiveStep(Term):
                            for f, k, v in zip(self.features, self.knots, self.values_ms)]
 
     @classmethod
-    def from_estimator(cls, estimator) -> AdditiveStep:
+    def from_estimator(cls, estimator, name: str = "step", features: tuple[str, ...] = tuple(FEATURE_NAMES),
+                       description: str = "whole-step time: intercept + one piecewise-linear function per "
+                                          "batch feature") -> AdditiveStep:
+        """The term of a fitted costmodel.additive.AdditiveGridRegressor whose columns are `features`."""
         knots = tuple(np.asarray(k, dtype=np.float64) for k in estimator.knots_)
         values = tuple(np.asarray(v, dtype=np.float64) for v in estimator.values_)
-        return cls("step", tuple(FEATURE_NAMES), knots, values,
-                   tuple(np.zeros(len(v)) for v in values), float(estimator.intercept_),
-                   "whole-step time: intercept + one piecewise-linear function per batch feature")
+        return cls(name, tuple(features), knots, values,
+                   tuple(np.zeros(len(v)) for v in values), float(estimator.intercept_), description)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -269,7 +271,8 @@ TERM_KINDS: dict[str, type[Term]] = {
     "all_reduce": FeatureCurve,      # tensor parallelism's collectives, by num_tokens
     "moe": FeatureCurve,             # MoE layers x routed experts, by num_tokens
     "all_to_all": FeatureCurve,      # expert parallelism's dispatch and combine, by num_tokens
-    "overhead": FeatureCurve,        # host overhead, by num_seqs
+    "overhead": FeatureCurve,        # input building, by num_seqs (profiles before the host op)
+    "host": AdditiveStep,            # the engine's host path of an iteration, by num_seqs and num_tokens
     "decode_attn": DecodeAttention,
     "prefill_attn": PrefillAttention,
     "step": AdditiveStep,

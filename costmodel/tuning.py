@@ -32,7 +32,10 @@ STARTING_POINTS = {
              "n_estimators": 60, "min_samples_leaf": 1, "max_features": 0.7},
             {"family": "rf", "n_estimators": 100, "min_samples_leaf": 2, "max_features": 1.0}],
     "step": [{"n_knots": 8, "smoothing": 1e-3}],
+    "host": [{"n_knots": 8, "smoothing": 1e-3}],
 }
+# Kinds fitted by the additive regressor (their tables are its own grids: costmodel.terms.AdditiveStep).
+ADDITIVE_KINDS = ("step", "host")
 
 
 @dataclass
@@ -42,7 +45,7 @@ class Choice:
 
 
 def default_choice(kind: str) -> Choice:
-    if kind == "step":
+    if kind in ADDITIVE_KINDS:
         return Choice("additive", {"n_knots": 8, "smoothing": 1e-3})
     return Choice("rf", {"n_estimators": 100, "min_samples_leaf": 2, "max_features": 1.0})
 
@@ -59,7 +62,7 @@ def make_storage(storage: str | None):
 
 
 def suggest(trial, kind: str, has_physics: bool) -> Choice:
-    if kind == "step":
+    if kind in ADDITIVE_KINDS:
         return Choice("additive", {"n_knots": trial.suggest_int("n_knots", 4, 16),
                                    "smoothing": trial.suggest_float("smoothing", 1e-5, 1e-1,
                                                                     log=True)})
@@ -114,7 +117,7 @@ def tune(build, X: np.ndarray, y: np.ndarray, size: np.ndarray, *, kind: str, ha
         sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(4, n_trials // 3)),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1))
     if not study.trials:
-        for params in STARTING_POINTS.get(kind if kind == "step" else "ops", []):
+        for params in STARTING_POINTS.get(kind if kind in ADDITIVE_KINDS else "ops", []):
             if has_physics or params.get("family") != "physics":
                 study.enqueue_trial(params)
     study.optimize(objective, n_trials=n_trials, timeout=timeout_s)

@@ -9,7 +9,9 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
     [attn_prefill]  num_seqs, q, s, patterns = ["uniform", "ragged"]; cases = [{q_lens, kv_lens}]
     [attn_decode]   num_seqs, s, patterns = ["uniform", "log_uniform", "one_long"]; cases = [...]
     [step]          batches = [{num_prefill, q, s, num_decode, decode_s, decode_pattern}]; cases = [...]
-    [overhead]      num_seqs, s; cases = [...]
+    [overhead]      num_seqs, s; cases = [...]    (input building only; `host` supersedes it)
+    [host]          num_seqs, s (decodes); prefill_q (one fresh prefill each); cases = [...]
+                    (the engine's whole host path of an iteration: profiler.engine.host)
     [moe]           num_tokens = [1, 2, 4, ...]; distributions = ["balanced", "power_law_1.01"]
                     (mixture-of-experts specs only: one MoE layer's routed experts)
 
@@ -31,7 +33,7 @@ from simulator.errors import InputError
 from simulator.model_spec import ModelSpec
 from simulator.readers import read_config_file
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "moe")
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe")
 MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has
 DECODE_PATTERNS = ("uniform", "log_uniform", "one_long")
 PREFILL_PATTERNS = ("uniform", "ragged")
@@ -41,6 +43,7 @@ SECTION_KEYS = {
     "attn_decode": {"num_seqs", "s", "patterns", "cases"},
     "step": {"batches", "cases"},
     "overhead": {"num_seqs", "s", "cases"},
+    "host": {"num_seqs", "s", "prefill_q", "cases"},
     "moe": {"num_tokens", "distributions"},
 }
 POWER_LAW = "power_law_"            # a routing distribution "power_law_<alpha>"
@@ -148,7 +151,10 @@ QUICK = {
         {"num_prefill": 1, "q": 64, "s": 1024, "num_decode": 64, "decode_s": 256,
          "decode_pattern": "one_long"},
     ]},
-    "overhead": {"num_seqs": [1, 8, 32, 128, 256], "s": [512]},
+    # Decodes, fresh prefills, and mixed steps of both: host time by sequences and tokens.
+    "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128], "s": [256], "prefill_q": [16, 64, 256, 1024],
+             "cases": [{"name": "mixed", "q_lens": [256] + [1] * 16, "kv_lens": [0] + [256] * 16},
+                       {"name": "mixed", "q_lens": [128, 128] + [1] * 4, "kv_lens": [0, 0] + [256] * 4}]},
     # Mixture-of-experts specs only. AIConfigurator's vLLM tables hold balanced, power_law_1.01
     # and power_law_1.2 (full takes all three), and every num_tokens of full's list.
     "moe": {"num_tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
@@ -176,7 +182,10 @@ FULL = {
         *({"num_prefill": p, "q": q, "s": 0, "num_decode": d, "decode_s": 2048}
           for p in (1, 2) for q in (256, 1024) for d in (16, 64, 128)),
     ]},
-    "overhead": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "s": [512, 4096]},
+    "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "s": [512, 4096],
+             "prefill_q": [16, 64, 256, 1024, 4096],
+             "cases": [{"name": "mixed", "q_lens": [q] + [1] * d, "kv_lens": [0] + [2048] * d}
+                       for q in (256, 1024) for d in (16, 64, 128)]},
     "moe": {"num_tokens": _FULL_M, "distributions": ["balanced", "power_law_1.01", "power_law_1.2"]},
 }
 
@@ -325,6 +334,27 @@ def _expand_overhead(section: dict, spec: ModelSpec, where: str) -> list[Point]:
     return points + _cases(section, "overhead", where)
 
 
+def check_host_batch(q_lens, kv_lens, where: str) -> None:
+    """A host point's sequences are decodes (q = 1 over s > 0) or prefills from scratch (s = 0):
+    the shapes a probe can hold an engine at without choosing the scheduler's chunks for it."""
+    for q, s in zip(q_lens, kv_lens):
+        if not ((q == 1 and s > 0) or (s == 0 and q >= 1)):
+            raise InputError(f"{where}: a host batch holds decodes (q=1, s>0) and prefills (s=0); "
+                             f"got q={q}, s={s}")
+
+
+def _expand_host(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    """Decodes (b sequences at s) and single fresh prefills of q tokens; cases for mixed steps."""
+    points = _expand_overhead({k: v for k, v in section.items() if k in ("num_seqs", "s")}, spec, where)
+    points = [Point("host", p.name, q_lens=p.q_lens, kv_lens=p.kv_lens) for p in points]
+    points += [Point("host", "prefill", q_lens=(q,), kv_lens=(0,)) for q in _ints(section, "prefill_q", where)] \
+        if "prefill_q" in section else []
+    cases = _cases(section, "host", where)
+    for i, point in enumerate(cases):
+        check_host_batch(point.q_lens, point.kv_lens, f"{where}: cases[{i}]")
+    return points + cases
+
+
 def _cases(section: dict, op: str, where: str) -> list[Point]:
     """Explicit batches: [{q_lens = [...], kv_lens = [...], name = "..."}]."""
     points = []
@@ -355,7 +385,7 @@ def _expand_moe(section: dict, spec: ModelSpec, where: str) -> list[Point]:
 
 
 _EXPANDERS = {"gemm": _expand_gemm, "attn_prefill": _expand_prefill, "attn_decode": _expand_decode,
-              "step": _expand_step, "overhead": _expand_overhead, "moe": _expand_moe}
+              "step": _expand_step, "overhead": _expand_overhead, "host": _expand_host, "moe": _expand_moe}
 
 
 # --- heterogeneous batches -----------------------------------------------------------------

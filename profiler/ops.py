@@ -3,10 +3,15 @@
 - gemm: F.linear of an [m, k] input with an [n, k] weight (what nn.Linear runs in the model).
 - attn_prefill / attn_decode: `profiler.model.attend` of one layer over caches holding s_i + q_i
   tokens (the new K/V already appended, as in the model).
-- step: `LlamaModel.forward_step` on a synthetic batch, caches rewound to s_i before each call;
-  every sequence emits a token (the LM head runs for all b rows).
+- step: `LlamaModel.run_step` and greedy sampling on a synthetic batch, caches rewound to s_i before
+  each call; every sequence emits a token (the LM head runs for all b rows). The device part of an
+  engine iteration (its `device_ms`); the inputs are built once, outside the timing. (Profiles
+  from before the `host` op timed `forward_step`, input building included.)
 - overhead: the host-side input building of a step (`prepare_step`, token tensors from Python
   ints included), for b sequences.
+- host: the engine's whole host path for one batch (profiler.engine.host.HostProbe): a real
+  iteration of the engine held at the batch, its `host_ms` (schedule, input building, appending
+  tokens, on_step_done): what a step costs besides the `step` op. Decodes and fresh prefills only.
 - moe: `profiler.moe.routed_experts` of one MoE layer (no router, no shared experts: what a
   fused-experts kernel computes) for m tokens routed as the point's distribution says
   (profiler.grid.routed_expert_ids), with the model's experts, top-k and widths.
@@ -67,6 +72,7 @@ class Kernel:
     run: Callable[[int], None]
     graph_safe: bool = False        # may be captured into a CUDA graph
     host_side: bool = False         # host work: timed with perf_counter on any device
+    self_timed: bool = False        # run(i) returns its own milliseconds (profiler.timing.SelfTimer)
 
 
 def hash_point(point: Point) -> int:
@@ -177,13 +183,15 @@ def _step(point: Point, ctx: OpContext) -> Kernel:
         cache.fill_random(s, gen)
         caches.append(cache)
     tokens = [torch.randint(0, ctx.spec.vocab_size, (q,), generator=gen) for q in point.q_lens]
-    emit = [True] * len(caches)
     kv_lens = list(point.kv_lens)
+    # Inputs are built once: building them is host work, the `host` op's (as in the engine, whose
+    # device_ms is the forward and the sampling only).
+    inputs = model.prepare_step(tokens, caches, [True] * len(caches))
 
     def run(i: int) -> None:
         for cache, s in zip(caches, kv_lens):
             cache.length = s                   # rewind: every call sees the same batch
-        model.forward_step(tokens, caches, emit)
+        model.run_step(inputs).argmax(dim=-1)   # greedy sampling, as the engine does
 
     return Kernel(run)
 
@@ -205,6 +213,12 @@ def _overhead(point: Point, ctx: OpContext) -> Kernel:
         prepare_step(ids, caches, emit, ctx.device)
 
     return Kernel(run, host_side=True)
+
+
+def _host(point: Point, ctx: OpContext) -> Kernel:
+    """One real engine iteration at the point's batch; the kernel returns its host ms itself."""
+    from profiler.engine.host import HostProbe
+    return Kernel(HostProbe(ctx.model(), point.q_lens, point.kv_lens), self_timed=True)
 
 
 def _moe(point: Point, ctx: OpContext) -> Kernel:
@@ -236,4 +250,4 @@ def _randn(shape, gen: torch.Generator, device, dtype, scale: float = 1.0) -> to
 
 
 BUILDERS = {"gemm": _gemm, "attn_prefill": _attention, "attn_decode": _attention,
-            "step": _step, "overhead": _overhead, "moe": _moe}
+            "step": _step, "overhead": _overhead, "host": _host, "moe": _moe}

@@ -229,7 +229,9 @@ class PointMeasurer:
 
 
 def default_timer(device: str, kernel):
-    from profiler.timing import CpuTimer, CudaTimer, HostTimer
+    from profiler.timing import CpuTimer, CudaTimer, HostTimer, SelfTimer
+    if kernel.self_timed:
+        return SelfTimer()
     if not device.startswith("cuda"):
         return CpuTimer()
     if kernel.host_side:

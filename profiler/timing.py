@@ -135,6 +135,21 @@ class HostTimer(CpuTimer):
         return out
 
 
+class SelfTimer:
+    """For kernels that time themselves: each call returns its own milliseconds (the host part of
+    an engine iteration, whose forward is not to be counted). A sample is the mean of `inner` calls."""
+
+    def samples(self, run: Run, num_samples: int, inner: int, first_call: int) -> list[float]:
+        out, call = [], first_call
+        for _ in range(num_samples):
+            total_ms = 0.0
+            for _ in range(inner):
+                total_ms += run(call)
+                call += 1
+            out.append(total_ms / inner)
+        return out
+
+
 class CudaTimer:
     """CUDA events around each sample; one synchronisation per batch."""
 

@@ -5,9 +5,11 @@ flags, and prints what the command prints, so every intermediate directory is wh
 hand and can be inspected or rerun on its own.
 
 Loads are set from each scheduler's measured capacity (a saturation run: every request arrives
-at once). The lowest load is the calibration run; the higher loads are held out. Three step
+at once). The lowest load is the calibration run; the higher loads are held out. Four step
 models are validated on every run:
   tables      the kernel profile and the calibration load's step logs (and the saturation runs'),
+  profiled    the profile alone, whole steps (device time) plus the engine's host path (the `host`
+              op): the path of a user without step logs; it saw no run, so every load is held out,
   kernels     the kernel profile alone: what per-operator profiles say, without the engine's host work,
   calibrated  the kernel tables plus host terms fitted to the calibration load's request log, the
               path of a user who has kernel profiles and a deployment's request log only.
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from experiments.campaign.config import CampaignConfig, load_name
+from experiments.campaign.config import PROFILED_OPS, CampaignConfig, load_name
 from experiments.campaign.headline import Headline, HeadlineRow
 from experiments.commands.output_paths import check_output
 from simulator.errors import InputError
@@ -70,6 +72,11 @@ class Campaign:
         calibration_logs = training_logs(out / "measured", c.schedulers, c.loads[0])
         self.stage("fit T_step tables (tuned)", "fit", lambda: self.fit(calibration_logs, None, out / "tables"))
         models = {s: {"tables": out / "tables"} for s in c.schedulers}
+        if c.profiled_ops():
+            self.stage("fit T_step tables from the profile alone (step + host)", "fit",
+                       lambda: self.fit([], ",".join(PROFILED_OPS), out / "tables_profiled"))
+            for s in c.schedulers:
+                models[s]["profiled"] = out / "tables_profiled"
         if c.kernel_ops():
             self.calibrate_kernel_tables(models)
         validations = []
@@ -81,7 +88,7 @@ class Campaign:
                                lambda s=s, load=load, model=model, target=target: self.validate(
                                    c.measured_dir(s, load), model, target))
                     validations.append((s, load, model_name, target))
-        report_dirs = [v[3] for v in validations if v[2] in ("tables", "calibrated")] + [out / "tables"]
+        report_dirs = [v[3] for v in validations if v[2] in ("tables", "profiled", "calibrated")] + [out / "tables"]
         self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
         return self.headline(capacity, validations)
 
@@ -161,7 +168,8 @@ class Campaign:
         """Every validation's row, read back from its validation.json; writes OUT/headline.json."""
         from experiments.validation.compare import read_record
         from simulator.io import atomic_write_bytes
-        rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0],
+        # The profiled tables saw no run: every load is held out for them.
+        rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0] or model_name == "profiled",
                                read_record(path / "validation.json"))
                 for scheduler, load, model_name, path in validations]
         headline = Headline(capacity, rows, self.c.timings, round(time.perf_counter() - self.t0, 1))

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead", "moe")   # moe: mixture-of-experts models only
+PROFILED_OPS = ("step", "host")    # what the "profiled" tables need: whole-step device time and host time
 
 
 @dataclass
@@ -22,12 +23,20 @@ class CampaignConfig:
     trials: int = 4
     grid: str = "quick"
     profile_ops: str | None = None                  # e.g. "step,overhead" (None: every op of the grid)
+    arrivals: str = "poisson"                       # or gamma:CV (bursty: CV > 1)
     seed: int = 0
     timings: dict = field(default_factory=dict)
 
     def workload(self, rate_rps: float, num_requests: int | None = None) -> str:
         n = num_requests or self.num_requests
-        return f"poisson:rate={rate_rps:.6g},n={n},prompt={self.prompt},output={self.output},seed={self.seed}"
+        process, _, cv = self.arrivals.partition(":")
+        shape = f",cv={cv}" if cv else ""
+        return f"{process}:rate={rate_rps:.6g}{shape},n={n},prompt={self.prompt},output={self.output},seed={self.seed}"
+
+    def profiled_ops(self) -> bool:
+        """Whether the profile has what tables from the profile alone need (step and host)."""
+        profiled = self.profile_ops.split(",") if self.profile_ops else list(PROFILED_OPS)
+        return all(op in profiled for op in PROFILED_OPS)
 
     def kernel_ops(self) -> list[str]:
         """The profiled per-operator kernels (the whole-step points left out), if GEMMs are among them."""

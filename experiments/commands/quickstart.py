@@ -7,11 +7,14 @@ from simulator import bounds
 
 HELP = """Run the whole pipeline on a small built-in default, on this machine's CPU with the `tiny` model:
 
-  profile   kernel sweep on the quick grid (GEMM, attention, whole steps, host overhead)
-  measure   each scheduler's capacity (saturation run), then a Poisson workload with log-normal
-            lengths at 30%, 60% and 90% of it, served for real by the torch engine, twice each
-            (interleaved: every run once, then every run again)
+  profile   kernel sweep on the quick grid (GEMM, attention, whole steps, the engine's host path)
+  measure   each scheduler's capacity (saturation run), then a Poisson (or, with --arrivals
+            gamma:CV, bursty) workload with log-normal lengths at 30%, 60% and 90% of it, served
+            for real by the torch engine, twice each (interleaved: every run once, then every
+            run again)
   fit       T_step tables (Optuna-tuned) from the profile and the 30%-load step logs ("tables"),
+            from the profile alone: whole steps plus the engine's host time ("profiled": the
+            path of a user without step logs; it saw no run, so every load is held out for it),
             and from the kernel profile alone ("kernels": no engine host work in them)
   calibrate host terms of the kernel tables from the 30%-load request logs ("calibrated")
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
@@ -37,6 +40,9 @@ def register(subparsers) -> None:
     g.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny)")
     g.add_argument("--prompt", default="lognormal:128:0.8", help="prompt length distribution (default lognormal:128:0.8)")
     g.add_argument("--output", default="lognormal:32:0.8", help="output length distribution (default lognormal:32:0.8)")
+    g.add_argument("--arrivals", type=_arrivals, default="poisson",
+                   help="arrival process of the measured workloads: poisson, or gamma:CV for bursty arrivals "
+                        "(CV > 1: the coefficient of variation of the gaps; default poisson)")
     g.add_argument("--chunk-size", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=64, help="sarathi's prefill chunk, in tokens (default 64)")
     g.add_argument("--grid", default="quick", help="profile grid: quick, full or a file (default quick)")
     g.add_argument("--profile-ops", default=None,
@@ -58,12 +64,30 @@ def run(args) -> int:
     config = CampaignConfig(out=Path(args.out), schedulers=args.schedulers, num_requests=args.num_requests,
                             repeats=args.repeats, trials=args.trials, seed=args.seed, device=args.device,
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
-                            chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops)
+                            chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops,
+                            arrivals=args.arrivals)
     headline = Campaign(config).run()
     print(format_headline(headline))
     print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
           f"(and report.md); headline numbers: {Path(args.out) / 'headline.json'}")
     return 0
+
+
+def _arrivals(text: str) -> str:
+    """poisson or gamma:CV with CV a positive number."""
+    import argparse
+    import math
+    process, _, cv = text.partition(":")
+    if process == "poisson" and not cv:
+        return text
+    if process == "gamma":
+        try:
+            value = float(cv)
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and 0 < value <= 100:
+            return text
+    raise argparse.ArgumentTypeError(f"expected poisson or gamma:CV with 0 < CV <= 100, got {text!r}")
 
 
 def _check_setup(args) -> None:

@@ -14,10 +14,14 @@ SMALL_GRID = {
     "gemm": {"m": [1, 16, 128]},
     "attn_prefill": {"num_seqs": [1], "q": [16, 64], "s": [0, 64], "patterns": ["uniform"]},
     "attn_decode": {"num_seqs": [1, 8], "s": [64, 256], "patterns": ["uniform"]},
+    # eight batches: enough rows to fit whole steps from the profile alone ("profiled")
     "step": {"batches": [{"num_decode": 1, "decode_s": 64}, {"num_decode": 8, "decode_s": 128},
-                         {"num_prefill": 1, "q": 64, "s": 0}, {"num_prefill": 1, "q": 32, "s": 0,
-                                                               "num_decode": 4, "decode_s": 64}]},
+                         {"num_decode": 2, "decode_s": 32}, {"num_decode": 4, "decode_s": 96},
+                         {"num_prefill": 1, "q": 64, "s": 0}, {"num_prefill": 1, "q": 16, "s": 0},
+                         {"num_prefill": 1, "q": 32, "s": 0, "num_decode": 4, "decode_s": 64},
+                         {"num_prefill": 1, "q": 16, "s": 0, "num_decode": 2, "decode_s": 32}]},
     "overhead": {"num_seqs": [1, 8], "s": [64]},
+    "host": {"num_seqs": [1, 2, 4, 8], "s": [32], "prefill_q": [8, 16, 32, 64]},
 }
 
 
@@ -38,14 +42,17 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
         f"profile kernels ({grid} grid)", "measure continuous capacity (saturation run)",
         "measure continuous at 30% load (repeat 1 of 2)", "measure continuous at 70% load (repeat 1 of 2)",
         "measure continuous at 70% load (repeat 2 of 2)", "measure continuous at 30% load (repeat 2 of 2)",
-        "fit T_step tables (tuned)", "fit kernel-only T_step tables",
+        "fit T_step tables (tuned)", "fit T_step tables from the profile alone (step + host)",
+        "fit kernel-only T_step tables",
         "calibrate host terms of the kernel tables on continuous at 30% load",
         *[f"simulate + validate continuous at {load} load ({model})" for load in ("30%", "70%")
-          for model in ("tables", "kernels", "calibrated")], "report"]
+          for model in ("tables", "profiled", "kernels", "calibrated")], "report"]
     rows = headline.rows
-    assert [(r.load, r.model, r.held_out) for r in rows] == [
-        (0.3, "tables", False), (0.3, "kernels", False), (0.3, "calibrated", False),
-        (0.7, "tables", True), (0.7, "kernels", True), (0.7, "calibrated", True)]
+    assert [(r.load, r.model, r.held_out) for r in rows] == [   # the profiled tables saw no run
+        (0.3, "tables", False), (0.3, "profiled", True), (0.3, "kernels", False), (0.3, "calibrated", False),
+        (0.7, "tables", True), (0.7, "profiled", True), (0.7, "kernels", True), (0.7, "calibrated", True)]
+    profiled = json.loads((out / "tables_profiled/meta.json").read_text())
+    assert profiled["t_step_terms"] == ["step", "host"]
     kernels = json.loads((out / "tables_kernels/meta.json").read_text())
     assert kernels["mode"] == "composed" and "step" not in kernels["targets"]
     for row in rows:    # each row is its validation.json, read back
@@ -67,6 +74,7 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     calibration_rows = [line for line in table if line.endswith("(calibration run)")]
     assert [line[:28] for line in calibration_rows] == [f"continuous   30% {m:<11}" for m in ("tables", "kernels",
                                                                                           "calibrated")]
+    assert "held-out runs, profiled: " in format_headline(headline)
     assert target_summary(rows) in format_headline(headline)
     printed = capsys.readouterr()
     plots = len(list((out / "report").glob("*.png")))
@@ -152,6 +160,7 @@ def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_
     (["--device", "tpu"], "--device: unknown device 'tpu'"),
     (["--chunk-size", "0"], "--chunk-size: the value must be a whole number from 1"),
     (["--num-requests", "5"], "--num-requests >= 20"),
+    (["--arrivals", "gamma:0"], "--arrivals: expected poisson or gamma:CV"),
 ])
 def test_quickstart_rejects_bad_flags_in_one_line_before_any_work(tmp_path, capsys, flags, message):
     from experiments.cli import main
@@ -205,6 +214,15 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
     assert (options.model_spec, options.trials, options.seed, options.ops, options.out) == (
         "llama-3-8b", 3, 7, None, str(tmp_path / "tables"))
     assert config.kernel_ops() == []     # no GEMMs profiled: no kernel-only tables to calibrate
+    assert not config.profiled_ops()     # no host op profiled: no tables from the profile alone
+
+
+def test_bursty_arrivals_make_a_gamma_workload(tmp_path):
+    from simulator.workload import load_workload
+    config = CampaignConfig(out=tmp_path, arrivals="gamma:4", num_requests=50)
+    spec = config.workload(2.0)
+    assert spec.startswith("gamma:rate=2,cv=4,n=50,")
+    assert len(load_workload(spec, seed=0)) == 50
 
 
 def test_fit_options_default_to_the_fit_flags():

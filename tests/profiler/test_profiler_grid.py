@@ -21,13 +21,24 @@ TINY = PRESETS["tiny"]
 def test_quick_grid_covers_every_op_with_model_shapes():
     grid = load_grid("quick", TINY)
     ops = {p.op for p in grid.points}
-    assert ops == {"gemm", "attn_prefill", "attn_decode", "step", "overhead"}
+    assert ops == {"gemm", "attn_prefill", "attn_decode", "step", "host"}   # host supersedes overhead
     gemms = [p for p in grid.points if p.op == "gemm"]
     assert {(p.name, p.n, p.k) for p in gemms if p.m == 1} == {
         (name, n, k) for name, (n, k) in TINY.gemm_shapes().items()}
     assert len({p.key for p in grid.points}) == len(grid.points)
     patterns = {p.name for p in grid.points if p.op == "attn_decode"}
     assert patterns == {"uniform", "log_uniform", "one_long"}
+
+
+def test_host_points_are_decodes_fresh_prefills_and_mixes_of_both():
+    points = [p for p in load_grid("quick", TINY).points if p.op == "host"]
+    assert len(points) >= 8     # costmodel.fitting fits a target from 8 rows
+    for p in points:
+        assert all((q == 1 and s > 0) or s == 0 for q, s in zip(p.q_lens, p.kv_lens))
+    assert {p.name for p in points} == {"decode", "prefill", "mixed"}
+    source = {"host": {"cases": [{"q_lens": [64, 1], "kv_lens": [128, 256]}]}}
+    with pytest.raises(InputError, match=r"cases\[0\]: a host batch holds decodes .* got q=64, s=128$"):
+        expand_grid("g", source, TINY)
 
 
 def test_full_grid_is_dense_at_small_m_and_reaches_16k():

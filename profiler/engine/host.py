@@ -1,0 +1,88 @@
+"""The engine's host time for one step batch: what a real iteration costs outside the forward.
+
+An iteration of profiler.engine.Engine is: the scheduler's schedule(), input building (token
+tensors, positions, masks, the paged pool's slots and read copies), the forward and greedy
+sampling (the engine's `device_ms`), appending the tokens, then the scheduler's on_step_done and
+the pool's release, which the engine charges to the next step. Its `host_ms` is the step's
+duration less `device_ms`; the profiler's `step` op times the device part alone, so that
+T_step = step + host, each measured once.
+
+HostProbe holds a real Engine at one batch shape and runs real iterations on it: the decodes are
+prefilled once (untimed) and then decode for real; prefills are fresh requests of one output
+token, added before each iteration and finished by it. What a call returns is the engine's own
+host_ms of that iteration, so the profile measures exactly what the engine's step log records.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from profiler.grid import check_host_batch
+from simulator.kv_cache import blocks_for
+from simulator.request import Request, Status
+from simulator.schedulers import SchedulerConfig
+from simulator.trace import Trace
+
+GROWTH_STEPS = 256     # decode iterations a probe serves before it is rebuilt (each adds a token per sequence)
+BLOCK_SIZE = 16        # `stepcal measure`'s default KV block size
+
+
+class HostProbe:
+    """An engine held at one step batch; each call runs one iteration and returns its host ms."""
+
+    def __init__(self, model, q_lens, kv_lens, scheduler: str = "vllm") -> None:
+        check_host_batch(q_lens, kv_lens, "host batch")
+        self.model, self.scheduler = model, scheduler
+        self.decode_kv = [int(s) for q, s in zip(q_lens, kv_lens) if s > 0]
+        self.prefill_q = [int(q) for q, s in zip(q_lens, kv_lens) if s == 0]
+        self.engine = None
+        self._next_id = 0
+
+    def __call__(self, _call: int = 0) -> float:
+        if self.engine is None or self._steps >= GROWTH_STEPS:
+            self._build()
+        engine = self.engine
+        for q in self.prefill_q:
+            engine.scheduler.add(self._prefill_request(q))
+        was_enabled = gc.isenabled()
+        gc.disable()    # as Engine.run: no collector pauses inside timed steps
+        try:
+            engine._step(engine.clock.now())
+        finally:
+            if was_enabled:
+                gc.enable()
+        self._steps += 1
+        return engine.host_ms[-1]
+
+    def _build(self) -> None:
+        """A fresh engine whose decodes have all been prefilled (their prefill steps are not timed)."""
+        from profiler.engine.engine import Engine, EngineConfig
+        decode_kv = np.asarray(self.decode_kv, dtype=np.int64)
+        num_output = GROWTH_STEPS + 2 + 4 * len(decode_kv)   # never finish while the probe runs
+        prompts = np.concatenate([decode_kv, self.prefill_q]).astype(np.int64)
+        outputs = np.concatenate([np.full(len(decode_kv), num_output), np.ones(len(self.prefill_q))]).astype(np.int64)
+        trace = Trace.from_arrays(np.zeros(len(prompts)), prompts, outputs)
+        kv_blocks = sum(blocks_for(int(p + o), BLOCK_SIZE) for p, o in zip(prompts, outputs))
+        budget = max(8192, int(prompts.sum()) + len(prompts))
+        config = EngineConfig(scheduler=self.scheduler, block_size=BLOCK_SIZE, kv_blocks=kv_blocks,
+                              prefix_caching=False, scheduler_config=SchedulerConfig(
+                                  max_num_seqs=max(256, len(prompts)), max_num_batched_tokens=budget))
+        engine = Engine(self.model, trace, config)
+        # ids 0 .. d-1 are the decodes, the next ones the prefills' prototypes (never scheduled)
+        self._prototypes = {q: engine.token_ids[len(decode_kv) + i] for i, q in enumerate(self.prefill_q)}
+        self._next_id = len(prompts)
+        engine.clock.start()
+        decodes = [r for r in engine.requests if r.request_id < len(decode_kv)]
+        for request in decodes:
+            engine.scheduler.add(request)
+        while decodes and not all(r.status is Status.RUNNING and r.num_generated_tokens > 0 for r in decodes):
+            engine._step(engine.clock.now())
+        self.engine, self._steps = engine, 0
+
+    def _prefill_request(self, q: int) -> Request:
+        """A new request of q prompt tokens and one output token: its prefill is its last step."""
+        request = Request(self._next_id, self.engine.clock.now(), q, 1)
+        self.engine.token_ids[request.request_id] = list(self._prototypes[q])
+        self._next_id += 1
+        return request

@@ -1,0 +1,76 @@
+"""The `host` op: a real engine iteration held at one batch, timed outside its forward; and the
+`step` op, which times the forward (and sampling) alone, so that T_step = step + host."""
+import pytest
+
+import profiler.engine.host as host_module
+from profiler.engine.host import HostProbe
+from profiler.grid import Point
+from profiler.ops import OpContext, build_kernel
+from profiler.sweep import default_timer
+from profiler.timing import SelfTimer, TimingPolicy, measure
+from simulator.errors import InputError
+from simulator.model_spec import PRESETS
+
+TINY = PRESETS["tiny"]
+
+
+def ctx():
+    return OpContext(TINY, "cpu", "float32", seed=3)
+
+
+def _last_step(probe):
+    steps = probe.engine.log.to_frame()
+    return steps.iloc[-1]
+
+
+@pytest.mark.parametrize("q_lens, kv_lens", [((1,) * 6, (40,) * 6), ((70,), (0,)),
+                                             ((33, 1, 1, 1), (0, 20, 20, 20))])
+def test_probe_runs_real_iterations_of_the_batch_and_returns_the_engines_host_time(q_lens, kv_lens):
+    probe = HostProbe(ctx().model(), q_lens, kv_lens)
+    for call in range(3):
+        host_ms = probe(call)
+        step = _last_step(probe)
+        assert host_ms == probe.engine.host_ms[-1] and 0 < host_ms < step["duration_ms"]
+        assert (step["num_seqs"], step["num_tokens"]) == (len(q_lens), sum(q_lens))
+        # the decodes are at their own KV length, one token more each iteration
+        decodes = [s for s in kv_lens if s > 0]
+        assert step["decode_kv_sum"] == sum(decodes) + call * len(decodes)
+
+
+def test_probe_is_rebuilt_before_its_decodes_would_finish(monkeypatch):
+    monkeypatch.setattr(host_module, "GROWTH_STEPS", 3)
+    probe = HostProbe(ctx().model(), (1, 1), (16, 16))
+    engines = set()
+    for call in range(7):
+        probe(call)
+        engines.add(id(probe.engine))
+        assert _last_step(probe)["num_seqs"] == 2
+    assert len(engines) == 3
+
+
+def test_host_batches_are_decodes_and_fresh_prefills_only():
+    with pytest.raises(InputError, match=r"host batch: a host batch holds decodes .* got q=8, s=4"):
+        HostProbe(ctx().model(), (8,), (4,))
+
+
+def test_host_kernel_times_itself():
+    kernel = build_kernel(Point("host", "decode", q_lens=(1, 1), kv_lens=(30, 30)), ctx())
+    timer = default_timer("cpu", kernel)
+    assert kernel.self_timed and isinstance(timer, SelfTimer)
+    result = measure(kernel.run, timer, TimingPolicy(max_point_s=0.05, min_repeats=3, warmup=1))
+    assert 0 < result.time_ms < 50
+
+
+def test_self_timer_averages_what_the_calls_return():
+    values = iter([1.0, 3.0, 5.0, 7.0])
+    assert SelfTimer().samples(lambda i: next(values), 2, 2, 0) == [2.0, 6.0]
+
+
+def test_step_kernel_times_the_forward_without_building_inputs(monkeypatch):
+    context = ctx()
+    kernel = build_kernel(Point("step", "decode", q_lens=(1, 1), kv_lens=(8, 9)), context)
+    calls = []
+    monkeypatch.setattr(context.model(), "prepare_step", lambda *a: calls.append(a))
+    kernel.run(0)
+    kernel.run(1)
+    assert calls == []     # built once when the kernel was: input building is the host op's
