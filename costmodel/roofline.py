@@ -21,11 +21,11 @@ import pandas as pd
 from costmodel.devices import DeviceSpec, data_document
 
 # The class of kernel each operator is timed as: its constants are shared within a class. The final
-# norm is an RMSNorm like the layers' own; greedy sampling reads each sequence's logits once and
+# norm (and MLA's latent norms) are RMSNorms like the layers' own; greedy sampling reads each sequence's logits once and
 # reduces them to one index, the access pattern of a norm's reduction over a row.
 OP_CLASSES = {"emb": "emb", "input_layernorm": "norm", "post_attention_layernorm": "norm",
-              "final_norm": "norm", "attn_rope": "rope", "mlp_act": "act", "add": "add",
-              "sampling": "norm"}
+              "final_norm": "norm", "latent_norm": "norm", "attn_rope": "rope", "mlp_act": "act",
+              "add": "add", "sampling": "norm"}
 CLASSES = ("emb", "norm", "rope", "act", "add")
 
 # Bytes an operator reads and writes per element costmodel.importers.vidur.elementwise_width() counts,
@@ -35,6 +35,7 @@ PASSES_PER_WIDTH_ELEMENT = {
     "input_layernorm": 2.0,           # width = hidden: reads x, writes norm(x) (the weight: one row)
     "post_attention_layernorm": 2.0,
     "final_norm": 2.0,
+    "latent_norm": 2.0,               # MLA: width = the query and KV latents, normed like hidden states
     "attn_rope": 2.0,                 # width = (heads + kv_heads) x head_dim: q and k rotated in place
     "mlp_act": 1.0,                   # width = 3 x ffn already counts reading gate and up, writing the product
     "add": 1.5,                       # width = 2 x hidden counts the two operands; the sum is written too
