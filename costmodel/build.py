@@ -54,6 +54,10 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     for target, fit in result.targets.items():
         joblib.dump(fit.estimator, directory / "models" / f"{_safe(target)}.joblib", compress=3)
     notes = coverage_notes(result, spec, parallelism, composition) if mode == "composed" else []
+    unmodelled = sorted({"elementwise", "sampling"} - set(entries))
+    if mode == "composed" and unmodelled:
+        notes.append(f"no {' or '.join(unmodelled)} term: no profile times that work and the profiles name no "
+                     f"device with a datasheet for a memory roofline; fit with --device-spec NAME to add it")
     if mode == "operators":
         notes = ["per-operator regressors only: fit again with --model-spec to compose T_step"]
     meta = {
@@ -63,6 +67,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "missing_terms": sorted(expected_terms(spec, parallelism) - set(entries)
                                 - ({"overhead"} if "host" in entries else set())) if mode == "composed" else [],
         "terms": entries,
+        "term_sources": {name: entry.get("source") or {"source": "data"} for name, entry in entries.items()},
         "axes": axes.to_meta(measured_values(result.records)),
         "training_data_hash": result.data_hash,
         "held_out_errors": {"overall": result.errors,
@@ -109,7 +114,7 @@ def step_terms(result: FitResult, terms: list) -> list[str]:
 
 def expected_terms(spec: ModelSpec, parallelism: Parallelism) -> set[str]:
     """The terms a composed T_step of this model should have."""
-    terms = {"linear", "lm_head", "decode_attn", "prefill_attn", "overhead"}
+    terms = {"linear", "elementwise", "lm_head", "sampling", "decode_attn", "prefill_attn", "overhead"}
     if parallelism.tp > 1:
         terms.add("all_reduce")
     if spec.is_moe:

@@ -1,12 +1,14 @@
 """Composition: the T_step terms of a model on a device, from per-operator regressors.
 
-T_step(batch) = Σ over layers of (dense GEMMs and small per-token ops at Σq tokens + attention of the
-model's kind) + the experts of mixture-of-experts layers + LM head + overhead, and the collectives
-of tensor and expert parallelism. Each term is evaluated on a grid (costmodel.tables looks it up);
+T_step(batch) = Σ over layers of (dense GEMMs at Σq tokens + attention of the model's kind) + the
+element-wise kernels (norms, RoPE, activation, residual adds, embedding) + the experts of
+mixture-of-experts layers + LM head + sampling + overhead, and the collectives of tensor and
+expert parallelism. Each term is evaluated on a grid (costmodel.tables looks it up);
 grid points past the profiled range take the regressor's own extrapolation (linear in FLOPs and
 bytes for the physics-informed family). The grids' knots: costmodel.axes (data_axes() builds them
 from the data the regressors were fitted to). Attention terms: costmodel.compose_attention;
-collectives: costmodel.compose_comm.
+collectives: costmodel.compose_comm; element-wise work and sampling (measured, or a memory
+roofline): costmodel.compose_elementwise.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pandas as pd
 from costmodel.axes import Axes, measured_values, refine_steps
 from costmodel.compose_attention import attention_terms
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, collective_terms
+from costmodel.compose_elementwise import DATA_ELEMENTWISE, roofline_device, roofline_elementwise_term, sampling_term
 from costmodel.fitting import FitResult
 from costmodel.grid_predict import predict_grid
 from costmodel.importers.vidur import elementwise_width
@@ -25,8 +28,6 @@ from costmodel.terms import AdditiveStep, FeatureCurve, Term
 from simulator.errors import InputError
 from simulator.model_spec import ModelSpec, Parallelism
 
-# Vidur's per-layer small operators; `emb` runs once per step, not per layer.
-PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 OPS_COLUMNS = ["op", "num_tokens", "time_ms", "spread_ms", "layers"]
 EXPERTS_OP = "moe_experts"
 
@@ -63,7 +64,7 @@ def _ops_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.
                 row=np.arange(len(T)), op="gemm", m=T, n=np.full(len(T), n), k=np.full(len(T), k)),
                 spec.dtype, with_spread=with_spread)
             parts.append(_op_frame(name, T, mean, spread, counts[name]))
-    for name in ("emb",) + PER_LAYER_ELEMENTWISE:
+    for name in DATA_ELEMENTWISE:
         target = f"elementwise:{name}"
         if target in result.targets:
             mean, spread = predict_grid(result, target, dict(
@@ -121,22 +122,37 @@ def _experts_ops(result, spec: ModelSpec, parallelism: Parallelism, T: np.ndarra
     return _op_frame(EXPERTS_OP, T, mean, spread, spec.num_moe_layers)
 
 
-def _layer_curve(name: str, ops: pd.DataFrame, description: str) -> FeatureCurve:
+def _layer_curve(name: str, ops: pd.DataFrame, description: str, source: dict | None = None) -> FeatureCurve:
     """Σ layers × per-layer time of `ops`, by num_tokens."""
     weighted = ops.assign(time_ms=ops["time_ms"] * ops["layers"], spread_ms=ops["spread_ms"] * ops["layers"])
     sums = weighted.groupby("num_tokens")[["time_ms", "spread_ms"]].sum()
     return FeatureCurve(name, "num_tokens", sums.index.to_numpy(dtype=np.float64), sums["time_ms"].to_numpy(),
-                        sums["spread_ms"].to_numpy(), description)
+                        sums["spread_ms"].to_numpy(), description, source)
+
+
+def _counts(ops: pd.DataFrame) -> pd.Series:
+    """The layers (calls per step) of each operator in `ops`, in their order."""
+    return ops.groupby("op", sort=False)["layers"].first()
 
 
 def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, axes: Axes,
                   ops: pd.DataFrame, composition: Composition = DEFAULT_COMPOSITION) -> list[Term]:
     terms = []
     dense = ops[ops["op"] != EXPERTS_OP]
-    if len(dense):
-        parts = " + ".join(f"{layers} x {op}" for op, layers in
-                           dense.groupby("op", sort=False)["layers"].first().items())
-        terms.append(_layer_curve("linear", dense, f"GEMMs and small ops at num_tokens: {parts}"))
+    measured_small = dense["op"].isin(DATA_ELEMENTWISE).to_numpy()
+    gemms, small = dense[~measured_small], dense[measured_small]
+    if len(gemms):
+        parts = " + ".join(f"{layers} x {op}" for op, layers in _counts(gemms).items())
+        terms.append(_layer_curve("linear", gemms, f"GEMMs at num_tokens: {parts}"))
+    device = roofline_device(result.records, composition.device_spec)
+    if len(small):
+        # Counted as Vidur's profiler times them: one residual add per layer, no final norm.
+        counts = _counts(small)
+        parts = " + ".join(f"{layers} x {op}" for op, layers in counts.items())
+        terms.append(_layer_curve("elementwise", small, f"measured element-wise operators at num_tokens: {parts}",
+                                  {"source": "data", "ops": list(counts.index)}))
+    elif device is not None:
+        terms.append(roofline_elementwise_term(spec, parallelism, axes, device))
     experts = ops[ops["op"] == EXPERTS_OP]
     if len(experts):
         routing = moe_target(result, spec, composition).split(":", 1)[1]
@@ -148,6 +164,8 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
         # One LM-head row per sequence in the step: decodes and prompts that finish emit a token.
         terms.append(FeatureCurve("lm_head", "num_seqs", axes.num_seqs, lm["time_ms"].to_numpy(),
                                   lm["spread_ms"].to_numpy(), "LM head GEMM at one row per sequence"))
+    if device is not None:
+        terms.append(sampling_term(spec, axes, device))
     terms += attention_terms(result, spec, parallelism, axes)
     terms += collective_terms(result, spec, parallelism, axes, composition)
     if "host" in result.targets:   # the whole host path: input building is part of it
@@ -192,16 +210,17 @@ def _lm_head_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, B:
 
 def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
                        composition: Composition = DEFAULT_COMPOSITION) -> dict[str, np.ndarray]:
-    """The per-token terms (linear, moe) at token counts T straight from the regressors: what
-    their tables hold at their knots, in ms per step."""
+    """The per-token terms (linear, elementwise where measured, moe) at token counts T straight from
+    the regressors: what their tables hold at their knots, in ms per step."""
     T = np.asarray(T, dtype=np.float64)
     ops = _ops_at(result, spec, parallelism, T, composition, with_spread=False) if len(T) else []
     if not len(ops):
         return {}
     # One row per operator, in T's order (_ops_at's layout), weighted by the layers that run it.
     per_op = (ops["time_ms"] * ops["layers"]).to_numpy(dtype=np.float64).reshape(-1, len(T))
-    experts = (ops["op"] == EXPERTS_OP).to_numpy()[::len(T)]
-    parts = {"linear": per_op[~experts], "moe": per_op[experts]}
+    names = ops["op"].to_numpy()[::len(T)]
+    experts, small = names == EXPERTS_OP, np.isin(names, DATA_ELEMENTWISE)
+    parts = {"linear": per_op[~experts & ~small], "elementwise": per_op[small], "moe": per_op[experts]}
     return {name: rows.sum(axis=0) for name, rows in parts.items() if len(rows)}
 
 
@@ -218,6 +237,16 @@ def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelis
     return out
 
 
+def _linear_with_elementwise(terms: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The measured element-wise operators added back into linear, as the tables held them before
+    they had a term of their own: the knots refine_steps finds (and so every table) stay the same."""
+    terms = dict(terms)
+    if "elementwise" in terms:
+        small = terms.pop("elementwise")
+        terms["linear"] = terms["linear"] + small if "linear" in terms else small
+    return terms
+
+
 def data_axes(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
               composition: Composition = DEFAULT_COMPOSITION) -> Axes:
     """The knots of every term's grid by costmodel.axes.DATA_RULE: the data's own values and a
@@ -229,7 +258,7 @@ def data_axes(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
         return np.stack(list(terms.values())) if terms else np.zeros((1, n))
 
     num_tokens = refine_steps(axes.num_tokens, measured["num_tokens"], lambda T: rows(
-        per_token_terms_ms(result, spec, parallelism, T, composition), len(T)))
+        _linear_with_elementwise(per_token_terms_ms(result, spec, parallelism, T, composition)), len(T)))
     num_seqs = refine_steps(axes.num_seqs, measured["num_seqs"], lambda B: rows(
         per_seq_terms_ms(result, spec, parallelism, B), len(B)))
     return replace(axes, num_tokens=num_tokens, num_seqs=num_seqs)

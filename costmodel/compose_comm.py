@@ -16,12 +16,15 @@ from simulator.model_spec import ModelSpec, Parallelism
 
 @dataclass(frozen=True)
 class Composition:
-    """Choices composition makes that the data do not: how tokens route to experts, and the link
-    expert parallelism's all-to-all runs over. 450 GB/s: NVLink 4, one direction, per H100/H200
-    SXM GPU (900 GB/s both ways, NVIDIA's datasheet); the latency is an assumption, stated."""
+    """Choices composition makes that the data do not: how tokens route to experts, the link
+    expert parallelism's all-to-all runs over, and the device whose datasheet the roofline terms
+    (element-wise work, sampling) read where the profiles do not name a known one. 450 GB/s:
+    NVLink 4, one direction, per H100/H200 SXM GPU (900 GB/s both ways, NVIDIA's datasheet); the
+    latency is an assumption, stated."""
     moe_distribution: str | None = None     # None: balanced where the data have it, else the least skewed
     ep_link_gbps: float = 450.0
     ep_latency_us: float = 10.0
+    device_spec: str | None = None          # a name costmodel.devices knows (--device-spec)
 
     def __post_init__(self) -> None:
         for flag, value in (("--ep-link-gbps", self.ep_link_gbps), ("--ep-latency-us", self.ep_latency_us)):

@@ -1,7 +1,7 @@
 """How far a T_step table is from the regressors it was built from.
 
-A composed per-token term's table (linear and moe by num_tokens, lm_head by num_seqs) holds, at
-each knot, the sum over layers and operators of the regressors' predictions; between knots it
+A composed per-token term's table (linear, measured elementwise and moe by num_tokens, lm_head by
+num_seqs) holds, at each knot, the sum over layers and operators of the regressors' predictions; between knots it
 is linear. This module looks the table up at every value the term's data were measured at and
 at the chunk sizes users pick, evaluates the summed regressor predictions at the same points,
 and reports the relative difference: what the table's resolution costs, apart from the
@@ -25,7 +25,7 @@ from simulator.model_spec import ModelSpec, Parallelism
 
 CHUNK_SIZES = (256, 512, 1024, 2048, 4096)
 # Term -> the axis of its table (and of the measured values in meta.json's "axes").
-PER_TOKEN_TERMS = {"linear": "num_tokens", "moe": "num_tokens", "lm_head": "num_seqs"}
+PER_TOKEN_TERMS = {"linear": "num_tokens", "elementwise": "num_tokens", "moe": "num_tokens", "lm_head": "num_seqs"}
 COLUMNS = ["term", "x", "point", "table_ms", "regressor_ms", "rel_diff"]
 
 
@@ -42,7 +42,9 @@ def compare(result, terms: list[Term], spec: ModelSpec, parallelism: Parallelism
         data = np.asarray(measured.get(axis, []), dtype=np.float64)
         chunks = np.asarray(CHUNK_SIZES, dtype=np.float64)
         x = np.concatenate([data, chunks])
-        regressor = _regressor_ms(result, spec, parallelism, composition, axis, x)[term.name]
+        regressor = _regressor_ms(result, spec, parallelism, composition, axis, x).get(term.name)
+        if regressor is None:
+            continue            # a roofline's element-wise term: a formula, no regressor to compare with
         table = grid.interp1(x, term.knots, term.time_ms)
         rows.append(pd.DataFrame({"term": term.name, "x": x,
                                   "point": np.r_[["measured"] * len(data), ["chunk"] * len(chunks)],

@@ -87,13 +87,15 @@ def _floats(frame: pd.DataFrame, column: str) -> np.ndarray:
 @dataclass(eq=False)
 class FeatureCurve(Term):
     """Time on a grid of one batch feature (num_tokens, num_seqs, ...): linear between the grid
-    points and along the end segments beyond them."""
+    points and along the end segments beyond them. `source`: where the values come from when not
+    from fitted data (a roofline's device and constants), written into the term's meta.json entry."""
     name: str
     axis: str
     knots: np.ndarray
     time_ms: np.ndarray
     spread_ms: np.ndarray
     description: str
+    source: dict | None = None
 
     def __post_init__(self) -> None:
         self._column = feature_column(self.axis, self.name)
@@ -109,6 +111,9 @@ class FeatureCurve(Term):
         return pd.DataFrame({self.axis: self.knots, "time_ms": self.time_ms,
                              "spread_ms": self.spread_ms})
 
+    def entry_extra(self) -> dict:
+        return {"source": self.source} if self.source else {}
+
     @classmethod
     def read(cls, name: str, entry: dict, frame: pd.DataFrame, path) -> FeatureCurve:
         axes = list(entry["axes"])
@@ -118,7 +123,7 @@ class FeatureCurve(Term):
         require_columns(frame, axes, path)
         frame = frame.sort_values(axes[0])
         return cls(name, axes[0], _floats(frame, axes[0]), _floats(frame, "time_ms"),
-                   _floats(frame, "spread_ms"), entry.get("description", ""))
+                   _floats(frame, "spread_ms"), entry.get("description", ""), entry.get("source"))
 
     def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
         return grid.interp1(getattr(f, self.axis), self.knots, getattr(self, which))
@@ -266,7 +271,10 @@ class AdditiveStep(Term):
 
 # The kind of each term a table directory may hold, by the term's name (its meta.json key).
 TERM_KINDS: dict[str, type[Term]] = {
-    "linear": FeatureCurve,          # layers x per-layer GEMMs and small ops, by num_tokens
+    "linear": FeatureCurve,          # layers x per-layer GEMMs (and, in tables written before the
+                                     # elementwise term, the small ops too), by num_tokens
+    "elementwise": FeatureCurve,     # norms, RoPE, activation, residual adds, embedding, by num_tokens
+    "sampling": FeatureCurve,        # greedy sampling's read of the logits, by num_seqs
     "lm_head": FeatureCurve,         # by num_seqs
     "all_reduce": FeatureCurve,      # tensor parallelism's collectives, by num_tokens
     "moe": FeatureCurve,             # MoE layers x routed experts, by num_tokens

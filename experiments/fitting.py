@@ -21,6 +21,7 @@ class FitOptions:
     moe_distribution: str | None = None
     ep_link_gbps: float = 450.0
     ep_latency_us: float = 10.0
+    device_spec: str | None = None
     regressor: str = "tuned"
     trials: int = 12
     timeout_s: float | None = None
@@ -39,6 +40,8 @@ def fit_tables(args: FitOptions) -> None:
 
     from costmodel.build import build_tables, composed_ops
     from costmodel.compose_comm import Composition
+    from costmodel.compose_elementwise import roofline_device
+    from costmodel.devices import device_spec
     from costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
     from costmodel.importers import load_profiles
     from costmodel.records import normalise_dtype
@@ -51,8 +54,10 @@ def fit_tables(args: FitOptions) -> None:
     for flag, value in (("--tp", args.tp), ("--ep", args.ep)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
+    if args.device_spec is not None:
+        device_spec(args.device_spec)           # an unknown name fails before any fitting
     parallelism = Parallelism(tp=args.tp or 1, ep=args.ep)
-    composition = Composition(args.moe_distribution, args.ep_link_gbps, args.ep_latency_us)
+    composition = Composition(args.moe_distribution, args.ep_link_gbps, args.ep_latency_us, args.device_spec)
     started = time.perf_counter()
     spec = load_model_spec(args.model_spec) if args.model_spec else None
     dtype = normalise_dtype(args.dtype) if args.dtype else (dtypes_for(spec) if spec else None)
@@ -60,6 +65,7 @@ def fit_tables(args: FitOptions) -> None:
     ops = args.ops or (composed_ops(spec, parallelism) if spec else None)
     records = select_records(load_profiles(args.profile, args.format), device=args.device,
                              dtype=dtype, tp=args.tp, ops=ops)
+    roofline_device(records, args.device_spec)  # --device-spec against the profiles' own device, before fitting
     holdout = None
     if args.holdout:
         holdout = select_records(load_profiles([args.holdout], args.format), device=args.device,
@@ -92,7 +98,7 @@ def _track(args, result, out, meta, plot):
                        register=args.register, plot_path=plot,
                        artifact_root=None if args.tracking_uri else out / "mlartifacts",
                        params={"model_spec": args.model_spec, "tp": args.tp or 1, "ep": args.ep,
-                               "dtype": args.dtype, "device": args.device,
+                               "dtype": args.dtype, "device": args.device, "device_spec": args.device_spec,
                                "inputs": " ".join(args.profile)[:500]})
     meta = {**meta, "mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
     # meta.json is rewritten whole (atomically) now that the run id is known.

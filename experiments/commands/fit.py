@@ -45,6 +45,13 @@ def register(subparsers) -> None:
                         "all-to-all data is read; 450: NVLink 4)")
     p.add_argument("--ep-latency-us", type=argtypes.non_negative, default=10.0,
                    help="fixed latency of each all-to-all (an assumption; stated in meta.json)")
+    from costmodel.devices import known_devices
+    p.add_argument("--device-spec", default=None, metavar="NAME",
+                   help="the GPU whose datasheet (memory bandwidth) the memory-roofline terms use: element-wise "
+                        "work (norms, RoPE, activation, residual adds) where no profile times it, and greedy "
+                        "sampling; needed only when the profiles do not name a known device (AIConfigurator's "
+                        "do). Known: " + ", ".join(known_devices()) + ", or a short or CUDA name (H100, "
+                        "'NVIDIA H100 80GB HBM3')")
     p.add_argument("--regressor", default="tuned", choices=["rf", "tuned"],
                    help="rf: a random forest per target; tuned: an Optuna search over forest, "
                         "extra trees, boosting and the physics-informed model")

@@ -8,6 +8,7 @@ import pytest
 from costmodel.tables import load_step_model
 from experiments.cli import main
 from simulator.batch import StepFeatures
+from simulator.model_spec import Parallelism
 from tests.costmodel.conftest import PROFILES, make_step_log, require_shared, step_ms
 
 
@@ -126,19 +127,67 @@ def test_fit_on_real_vidur_profile_composes_a_model(tmp_path):
     assert main(["fit", "--profile", str(path), "--model-spec", "llama-2-7b", "--regressor", "rf",
                  "--no-mlflow", "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["missing_terms"] == ["decode_attn", "overhead", "prefill_attn"]
-    assert any("lm_head" in note for note in meta["notes"])
+    # Vidur times the element-wise operators: they are data; sampling no profile times, and Vidur's
+    # files name no device for a roofline.
+    assert meta["missing_terms"] == ["decode_attn", "overhead", "prefill_attn", "sampling"]
+    assert meta["term_sources"]["elementwise"]["source"] == "data" and meta["term_sources"]["linear"] == {"source": "data"}
+    assert any("lm_head" in note for note in meta["notes"]) and any("--device-spec" in note for note in meta["notes"])
     assert meta["held_out_errors"]["gemm"]["random"]["mape"] < 6
     model = load_step_model(out)
     ops = pd.read_parquet(out / "ops.parquet")
     tokens = float(sorted(ops["num_tokens"].unique())[40])     # a grid point
     f = StepFeatures.from_columns({n: [tokens] if n in ("num_tokens", "prefill_tokens") else [1.0]
                                    for n in StepFeatures.__dataclass_fields__})
-    at512 = ops[ops["num_tokens"] == tokens]
-    # the linear term is 32 layers of the per-layer operators plus the embedding once
-    expected = 32 * at512.loc[at512["op"] != "emb", "time_ms"].sum() + at512.loc[
-        at512["op"] == "emb", "time_ms"].sum()
-    assert model.term_ms(f)["linear"][0] == pytest.approx(expected)
+    at = ops[ops["num_tokens"] == tokens].set_index("op")["time_ms"]
+    small = ["emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add"]
+    gemms = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    assert sorted(at.index) == sorted(small + gemms)
+    # linear: 32 layers of the GEMMs; elementwise: 32 layers of the small operators plus the embedding
+    # once. Their sum is what the linear term held before element-wise work had a term of its own.
+    parts = model.term_ms(f)
+    assert parts["linear"][0] == pytest.approx(32 * at[gemms].sum())
+    assert parts["elementwise"][0] == pytest.approx(32 * at[small[1:]].sum() + at["emb"])
+    assert parts["linear"][0] + parts["elementwise"][0] == pytest.approx(32 * at.drop("emb").sum() + at["emb"])
+
+
+def test_device_spec_adds_roofline_terms_where_no_profile_times_them(profile_file, tmp_path, capsys):
+    """The synthetic profile names no known device ('Test CPU'): --device-spec gives the roofline its
+    bandwidth. A bad name, or one that contradicts the profiles' own device, is one line, exit 2."""
+    from costmodel.compose_elementwise import roofline_elementwise_ms, sampling_ms
+    from costmodel.devices import device_spec
+    from simulator.model_spec import PRESETS
+    out = tmp_path / "t"
+    assert main(["fit", "--profile", str(profile_file), "--model-spec", "tiny", "--device-spec", "H100",
+                 "--regressor", "rf", "--no-mlflow", "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert "elementwise" in meta["t_step_terms"] and "sampling" in meta["t_step_terms"]
+    assert meta["missing_terms"] == ["overhead"]
+    source = meta["term_sources"]["elementwise"]
+    assert source["source"] == "roofline" and source["device"] == "h100_sxm"
+    assert set(source["constants"]) == {"emb", "norm", "rope", "act", "add"}
+    assert meta["term_sources"]["sampling"]["constants"].keys() == {"norm"}
+    model = load_step_model(out)
+    f = StepFeatures.from_columns({n: [300.0] if n in ("num_tokens", "prefill_tokens", "num_seqs") else [1.0]
+                                   for n in StepFeatures.__dataclass_fields__})
+    h100, tiny = device_spec("h100_sxm"), PRESETS["tiny"]
+    parts = model.term_ms(f)
+    assert parts["elementwise"][0] == pytest.approx(roofline_elementwise_ms(tiny, Parallelism(), h100, [300.0])[0][0])
+    assert parts["sampling"][0] == pytest.approx(sampling_ms(tiny, h100, [300.0])[0][0])
+
+    capsys.readouterr()
+    assert main(["fit", "--profile", str(profile_file), "--model-spec", "tiny", "--device-spec", "H999",
+                 "--no-mlflow", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stepcal: unknown device 'H999'; known: h100_sxm,") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and not (tmp_path / "bad").exists()
+
+    on_a100 = tmp_path / "a100.parquet"
+    pd.read_parquet(profile_file).assign(device_name="NVIDIA A100-SXM4-80GB").to_parquet(on_a100)
+    assert main(["fit", "--profile", str(on_a100), "--model-spec", "tiny", "--device-spec", "h100",
+                 "--no-mlflow", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("stepcal: --device-spec h100: the profiles were measured on NVIDIA A100-SXM4-80GB (a100_sxm), "
+                   "not h100_sxm\n")
 
 
 def test_import_costmodel_loads_no_torch():
