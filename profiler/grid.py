@@ -139,9 +139,20 @@ QUICK = {
                      "patterns": ["uniform", "ragged"]},
     "attn_decode": {"num_seqs": [1, 8, 32, 128], "s": [128, 1024, 4096],
                     "patterns": ["uniform", "log_uniform", "one_long"]},
+    # Whole steps from one sequence up: the profiled tables ("profiled": step + host) fit T_step on
+    # these alone, so small batches at short contexts, where most serving steps are, have points.
     "step": {"batches": [
+        {"num_decode": 1, "decode_s": 64},
         {"num_decode": 1, "decode_s": 512},
+        {"num_decode": 2, "decode_s": 128},
+        {"num_decode": 4, "decode_s": 256},
         {"num_decode": 8, "decode_s": 512},
+        {"num_decode": 16, "decode_s": 256},
+        {"num_decode": 64, "decode_s": 512},
+        {"num_prefill": 1, "q": 16, "s": 0},
+        {"num_prefill": 1, "q": 64, "s": 0},
+        {"num_prefill": 1, "q": 64, "s": 256},
+        {"num_prefill": 1, "q": 64, "s": 0, "num_decode": 4, "decode_s": 128},
         {"num_decode": 32, "decode_s": 1024},
         {"num_decode": 32, "decode_s": 1024, "decode_pattern": "log_uniform"},
         {"num_prefill": 1, "q": 128, "s": 0},
@@ -152,9 +163,10 @@ QUICK = {
          "decode_pattern": "one_long"},
     ]},
     # Decodes, fresh prefills, and mixed steps of both: host time by sequences and tokens.
-    "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128], "s": [256], "prefill_q": [16, 64, 256, 1024],
-             "cases": [{"name": "mixed", "q_lens": [256] + [1] * 16, "kv_lens": [0] + [256] * 16},
-                       {"name": "mixed", "q_lens": [128, 128] + [1] * 4, "kv_lens": [0, 0] + [256] * 4}]},
+    # Short contexts: host time barely depends on them, and each round prefills every decode first.
+    "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128], "s": [64], "prefill_q": [16, 64, 256, 512],
+             "cases": [{"name": "mixed", "q_lens": [256] + [1] * 16, "kv_lens": [0] + [64] * 16},
+                       {"name": "mixed", "q_lens": [64, 64] + [1] * 4, "kv_lens": [0, 0] + [64] * 4}]},
     # Mixture-of-experts specs only. AIConfigurator's vLLM tables hold balanced, power_law_1.01
     # and power_law_1.2 (full takes all three), and every num_tokens of full's list.
     "moe": {"num_tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
