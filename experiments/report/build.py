@@ -79,6 +79,8 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
         doc.text(f"note: {note}")
     doc.table(["metric", "stat", "measured", "simulated", "error", "noise floor"], error_rows(r))
     doc.text(step_level_text(r.step_level))
+    if r.step_split:
+        doc.table(["part of the step", "predicted ms over the measured steps", "share"], split_rows(r.step_split))
     matched = r.step_matched
     if matched:
         note = STEP_MATCHED_NOTE.format(scale=matched.scale)
@@ -95,6 +97,17 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
         title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(r.step_level.mape, signed=False)})"
         doc.image(Image(f"{name}_step_time.png", step_scatter(steps["measured_ms"], steps["predicted_ms"], title),
                         f"{name}: predicted vs measured step time"))
+
+
+def split_rows(split: dict) -> list[list[str]]:
+    """The step's parts (experiments.validation.split), and the front end per request beside them."""
+    names = {"kernels": "kernels", "elementwise": "element-wise", "host": "host",
+             "whole_step": "whole steps (all parts, fitted to measured steps)"}
+    rows = [[names[part], _num(ms), _pct(split["share"][part], signed=False)] for part, ms in split["total_ms"].items()]
+    front = split.get("front_end_ms_per_request")
+    if front:
+        rows.append(["front end (per request, TTFT and E2E; not step time)", f"{_num(front)} per request", "-"])
+    return rows
 
 
 def error_rows(record: ValidationRecord) -> list[list[str]]:

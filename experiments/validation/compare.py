@@ -97,6 +97,7 @@ class ValidationRecord:
     step_matched: StepMatched | None = None
     prefix_reuse: PrefixReuse | None = None   # when the measured run cached prefixes
     ranges: dict | None = None                # validate --ranges: the replications and their coverage
+    step_split: dict | None = None            # predicted step time by part (experiments.validation.split)
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
         return self.metrics[metric][stat]
@@ -113,7 +114,7 @@ class ValidationRecord:
                    Preemptions(preemptions.get("measured"), preemptions.get("simulated")),
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
-                   PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"))
+                   PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"))
 
     def to_dict(self) -> dict:
         from simulator.metrics import clean_json
@@ -131,6 +132,7 @@ class ValidationRecord:
             "step_matched": None if self.step_matched is None else self.step_matched.to_dict(),
             "prefix_reuse": None if self.prefix_reuse is None else self.prefix_reuse.to_dict(),
             "ranges": self.ranges,
+            "step_split": self.step_split,
         })
 
 

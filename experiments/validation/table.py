@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from experiments.validation.compare import StepMatched, ValidationRecord
+from experiments.validation.split import describe_split
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
                      "the error left comes from queueing, scheduling and KV capacity:")
@@ -51,6 +52,9 @@ def format_table(record: ValidationRecord) -> str:
         lines.append(f"step-time noise floor: the same batch in two repeats differs by {format_pct(noise.mape)} "
                      f"on average (median {format_pct(noise.median_ape)}, {noise.num_matched_steps} batches); "
                      f"their total time, repeat 1 vs repeat 0: {format_pct(noise.total_difference)}")
+    split = describe_split(record.step_split)
+    if split:
+        lines.append(split)
     if record.speed_probe_ms:
         lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "
                      + " / ".join(f"{v:.3f}" for v in record.speed_probe_ms) + " ms")

@@ -1,11 +1,12 @@
 """The work of `stepcal validate`: replay a measured run in the simulator and write the comparison."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
 from experiments.validation.measured import load_measured_run, sim_config_for
+from experiments.validation.split import step_split
 from experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
 from experiments.validation.table import format_table
 
@@ -41,9 +42,8 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     step_level = step_level_error(model, run.steps, predicted, noise_floor=step_noise_floor(run))
     record = compare(run, result.requests, RunStats.from_summary(clean_json(result.summary)), step_level,
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
+    record = replace(record, step_split=step_split(model, run.steps, request_overhead_ms(model)))
     if ranges is not None:
-        from dataclasses import replace
-
         from experiments.validation.coverage import coverage_block
         block = ranges(run.trace, model, config)
         block["coverage"] = coverage_block(run.stats, block["stats"])

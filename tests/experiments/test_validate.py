@@ -141,7 +141,8 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert list(record) == ["measured_run", "num_requests", "num_repeats", "num_finished_both",
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
-                            "prefix_reuse", "ranges"]
+                            "prefix_reuse", "ranges", "step_split"]
+    assert record["step_split"] is None     # const: has no terms to split
     assert {m: list(stats) for m, stats in record["metrics"].items()} == {
         m: ["mean", "p50", "p90", "p95", "p99"] for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
     assert list(record["metrics"]["itl_ms"]["p95"]) == list(record["throughput_rps"]) == [
