@@ -81,10 +81,11 @@ class Simulation:
             key_answers(trace, self.requests, config.block_size)   # a turn's answer: its next turn's prefix
         # When each request reaches the scheduler: its arrival plus the request path (simulator.frontend).
         self.front_end = config.front_end
+        self.reads_load = config.front_end.reads_load   # read per arrival and per planned run: a plain bool
         self.path_s = self._base_paths_s(config.front_end_seed)
         self.num_active = 0            # requests sent and not yet finished or given up (load-dependent paths)
         self.pending_entries_s: list[float] = []   # a heap: when pushed requests reach the scheduler
-        if self.front_end.reads_load:
+        if self.reads_load:
             # the delay is known only at the arrival: the trace's arrivals are the clients' send times
             arrival_s = [r.arrival_s for r in self.open_requests]
         else:
@@ -99,7 +100,7 @@ class Simulation:
                                    config.step_overhead_ms, config.record_batches, self.reuses_prefixes,
                                    config.scatter, config.scatter_seed)
         has_turns = len(self.open_requests) < len(self.requests)
-        pushes_entries = has_turns or self.front_end.reads_load   # requests enter by pushed events
+        pushes_entries = has_turns or self.reads_load   # requests enter by pushed events
         # A router that reads the replicas' state must see it up to date when a pushed request enters;
         # the decode runs apply their steps only at their end, so such runs are off then.
         plan_runs = config.fast_path and not (pushes_entries and self.router.reads_state)
@@ -142,7 +143,7 @@ class Simulation:
         return entry_s[order].tolist()
 
     def _on_arrival(self, i: int, now_s: float) -> None:
-        if self.front_end.reads_load:
+        if self.reads_load:
             self.enter_front_end(self.open_requests[i], now_s)
         else:
             self.send(self.open_requests[i], now_s)
@@ -175,7 +176,7 @@ class Simulation:
         """Requests done at now_s (finished, or given up on): they stop counting as active streams, and
         each closed-loop turn among them sends its session's next one a think time later."""
         self.num_active -= len(done)
-        reads_load = self.front_end.reads_load
+        reads_load = self.reads_load
         for request in done:
             turn = request.next_turn
             if turn is not None:
@@ -192,7 +193,7 @@ class Simulation:
         Behind a load-dependent front end the next request to reach the scheduler is the earliest
         entry already pushed; a send does not bound the run (it reads only the count of requests done,
         and a run's requests finish at its end), and an entry it pushes inside the run cuts it."""
-        if not self.front_end.reads_load:
+        if not self.reads_load:
             return self.loop.next_arrival_s(), not self.router.reads_state
         pending = self.pending_entries_s
         return (pending[0] if pending else math.inf), not self.router.reads_state
