@@ -4,14 +4,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from simulator.errors import InputError
+from simulator.frontend import FrontEnd
 from simulator.readers import read_json
 from simulator.step_model import HostTerms, HostTermsModel, parse_builtin_step_model
 
 
-def resolve_step_model(spec: str):
+def resolve_step_model(spec: str, host_defaults: str | None = None):
     """const:MS, linear:A,B,C, a T_step table directory, or a calibrated directory (`stepcal calibrate`).
 
-    Host terms in a directory's meta.json (`host_terms`) are added on top of its base model."""
+    Host terms in a directory's meta.json (`host_terms`) are added on top of its base model; with
+    `host_defaults` (an engine of experiments/data/serving_defaults.json), that engine's published
+    terms are added to a model that has none (experiments.host_defaults)."""
+    from experiments.host_defaults import with_host_defaults
+    return with_host_defaults(_resolve(spec), host_defaults, spec)
+
+
+def _resolve(spec: str):
     model = parse_builtin_step_model(spec)
     if model is not None:
         return model
@@ -51,9 +59,9 @@ def _read_meta(path: Path) -> dict:
     return read_json(meta, "the meta.json of a step-model directory, written by `stepcal fit` or `stepcal calibrate`")
 
 
-def request_overhead_ms(model) -> float:
-    """The calibrated request-path time of a model (0 when it has none)."""
-    return float(getattr(model, "per_request_ms", 0.0))
+def front_end(model) -> FrontEnd:
+    """The request path of a model (simulator.frontend): its host terms' front end, none without them."""
+    return getattr(model, "front_end", None) or FrontEnd()
 
 
 def describe_step_model(spec: str, model) -> str:

@@ -163,6 +163,8 @@ QUICK = {
          "decode_pattern": "one_long"},
     ]},
     # Decodes, fresh prefills, and mixed steps of both: host time by sequences and tokens.
+    # Input building alone (the host op's inputs part; fit takes host where both are there).
+    "overhead": {"num_seqs": [1, 8, 32, 128, 256], "s": [512]},
     # Short contexts: host time barely depends on them, and each round prefills every decode first.
     "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128], "s": [64], "prefill_q": [16, 64, 256, 512],
              "cases": [{"name": "mixed", "q_lens": [256] + [1] * 16, "kv_lens": [0] + [64] * 16},
@@ -194,6 +196,7 @@ FULL = {
         *({"num_prefill": p, "q": q, "s": 0, "num_decode": d, "decode_s": 2048}
           for p in (1, 2) for q in (256, 1024) for d in (16, 64, 128)),
     ]},
+    "overhead": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "s": [512, 4096]},
     "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "s": [512, 4096],
              "prefill_q": [16, 64, 256, 1024, 4096],
              "cases": [{"name": "mixed", "q_lens": [q] + [1] * d, "kv_lens": [0] + [2048] * d}

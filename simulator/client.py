@@ -39,7 +39,8 @@ def link_turns(trace: Trace, requests: list[Request]) -> list[Request]:
 
 @dataclass(slots=True, eq=False)
 class Release:
-    """A closed-loop turn leaves its client; `sim.send` routes it."""
+    """A request reaches the router at the end of its path (a closed-loop turn, or any request behind a
+    front end whose delay depends on the load); `sim.send` routes it."""
     sim: Simulation
     request: Request
 
@@ -57,7 +58,7 @@ class Timeout:
         request = self.request
         if request.status is not Status.FINISHED and request.status is not Status.ABORTED:
             self.sim.replicas[request.replica].abort(request, now_s)
-            self.sim.release_next_turns([request], now_s)   # the client moves on to its next turn
+            self.sim.end_requests([request], now_s)   # the client moves on (to its next turn)
 
 
 def count_timeouts(requests: list[Request]) -> int:

@@ -3,6 +3,7 @@
 - the cost model's error: per T_step term one standard normal z, held for the whole run (a fitted
   model is biased, not noisy): the term's grid moves to time + z x its spread (the tables' own
   spread of the regressor's trees; `Term.biased`), never below zero as terms are;
+- the front end's per-request delays (simulator.frontend), when they are a distribution;
 - the device's step-to-step scatter: each step's time times (1 + e_k), e an AR(1) series with
   coefficient of variation `cv` and lag-one autocorrelation `rho`, indexed by the replica's step
   number, so that decode runs and step-by-step simulation draw the same factors.
@@ -138,4 +139,4 @@ def _replication(trace, model, config, seed: int, spread_scale: float) -> dict:
 
     from simulator.simulation import Simulation
     drawn = with_bias(model, draw_bias(model, seed), spread_scale)
-    return Simulation(trace, drawn, replace(config, scatter_seed=seed)).run().summary
+    return Simulation(trace, drawn, replace(config, scatter_seed=seed, front_end_seed=seed)).run().summary

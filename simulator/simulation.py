@@ -8,6 +8,8 @@ the same logs.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -16,6 +18,7 @@ import numpy as np
 from simulator.client import Release, Timeout, count_timeouts, link_turns
 from simulator.errors import InputError
 from simulator.events import ARRIVAL, EventLoop, paused_gc
+from simulator.frontend import FrontEnd
 from simulator.kv_cache import blocks_for, uses_prefix_caching
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
@@ -36,7 +39,8 @@ class SimConfig:
     num_replicas: int = 1
     router: str = "round-robin"
     step_overhead_ms: float = 0.0         # host time added to every step
-    request_overhead_ms: float = 0.0      # request path before the scheduler sees a request (TTFT, E2E)
+    front_end: FrontEnd = field(default_factory=FrontEnd)   # request path before the scheduler (TTFT, E2E)
+    front_end_seed: int = 0               # seeds the front end's per-request draws
     fast_path: bool = True
     record_batches: bool = True           # keep each step's q_lens / kv_lens in the step log
     skip_oversize: bool = False
@@ -75,12 +79,18 @@ class Simulation:
         self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
         if self.prefix_caching:
             key_answers(trace, self.requests, config.block_size)   # a turn's answer: its next turn's prefix
-        self.request_path_s = config.request_overhead_ms / 1000.0
-        # when each request reaches the scheduler: its arrival plus the request path
-        arrival_s = np.array([r.arrival_s for r in self.open_requests], dtype=np.float64)
-        if self.request_path_s:
-            arrival_s = arrival_s + self.request_path_s
-        self.loop = EventLoop(arrival_s.tolist(), self._on_arrival)
+        # When each request reaches the scheduler: its arrival plus the request path (simulator.frontend).
+        self.front_end = config.front_end
+        self.reads_load = config.front_end.reads_load   # read per arrival and per planned run: a plain bool
+        self.path_s = self._base_paths_s(config.front_end_seed)
+        self.num_active = 0            # requests sent and not yet finished or given up (load-dependent paths)
+        self.pending_entries_s: list[float] = []   # a heap: when pushed requests reach the scheduler
+        if self.reads_load:
+            # the delay is known only at the arrival: the trace's arrivals are the clients' send times
+            arrival_s = [r.arrival_s for r in self.open_requests]
+        else:
+            arrival_s = self._entry_times_s()
+        self.loop = EventLoop(arrival_s, self._on_arrival)
         self.num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, config.block_size)
                                                          for r in self.requests))
         self.router = make_router(config.router)
@@ -90,12 +100,13 @@ class Simulation:
                                    config.step_overhead_ms, config.record_batches, self.reuses_prefixes,
                                    config.scatter, config.scatter_seed)
         has_turns = len(self.open_requests) < len(self.requests)
-        # A router that reads the replicas' state must see it up to date when a turn is released; the
-        # decode runs apply their steps only at their end, so such runs are off for closed loops.
-        plan_runs = config.fast_path and not (has_turns and self.router.reads_state)
+        pushes_entries = has_turns or self.reads_load   # requests enter by pushed events
+        # A router that reads the replicas' state must see it up to date when a pushed request enters;
+        # the decode runs apply their steps only at their end, so such runs are off then.
+        plan_runs = config.fast_path and not (pushes_entries and self.router.reads_state)
         self.replicas = [Replica(self.loop, i, settings, step_model, plan_runs=plan_runs,
                                  run_horizon=self._run_horizon,
-                                 on_finished=self.release_next_turns if has_turns else None)
+                                 on_finished=self.end_requests if pushes_entries else None)
                          for i in range(config.num_replicas)]
         self.schedulers = [r.scheduler for r in self.replicas]
 
@@ -106,8 +117,44 @@ class Simulation:
             self.loop.run(progress)
             return self._result(time.perf_counter() - wall0)
 
+    def _base_paths_s(self, seed: int) -> dict[int, float] | float:
+        """Each request's path without the load part, by request id; one float when all are equal."""
+        fe = self.front_end
+        if fe.sigma == 0 and fe.per_prompt_token_ms == 0:
+            return fe.median_ms / 1000.0
+        ids = np.array([r.request_id for r in self.requests], dtype=np.int64)
+        prompts = np.array([r.num_prompt_tokens for r in self.requests], dtype=np.int64)
+        return dict(zip(ids.tolist(), fe.base_delays_s(ids, prompts, seed).tolist()))
+
+    def path_of(self, request) -> float:
+        paths = self.path_s
+        return paths if isinstance(paths, float) else paths[request.request_id]
+
+    def _entry_times_s(self) -> list[float]:
+        """When the open requests reach the scheduler, sorted; open_requests is put in that order."""
+        arrival_s = np.array([r.arrival_s for r in self.open_requests], dtype=np.float64)
+        if isinstance(self.path_s, float):
+            if self.path_s:
+                arrival_s = arrival_s + self.path_s
+            return arrival_s.tolist()
+        entry_s = arrival_s + np.array([self.path_of(r) for r in self.open_requests], dtype=np.float64)
+        order = np.argsort(entry_s, kind="stable")   # requests sent together keep their trace order
+        self.open_requests = [self.open_requests[i] for i in order.tolist()]
+        return entry_s[order].tolist()
+
     def _on_arrival(self, i: int, now_s: float) -> None:
-        self.send(self.open_requests[i], now_s)
+        if self.reads_load:
+            self.enter_front_end(self.open_requests[i], now_s)
+        else:
+            self.send(self.open_requests[i], now_s)
+
+    def enter_front_end(self, request, now_s: float) -> None:
+        """The client sends `request` at now_s: it reaches the router after its path, which grows with
+        the streams already active (a pushed entry, which cuts decode runs planned past it)."""
+        path_s = self.path_of(request) + self.front_end.per_stream_ms * self.num_active / 1000.0
+        self.num_active += 1
+        heapq.heappush(self.pending_entries_s, now_s + path_s)
+        self.loop.push(now_s + path_s, ARRIVAL, Entry(self, request))
 
     def send(self, request, now_s: float, cut_runs: bool = False) -> None:
         """A request reaches the router at now_s (its arrival plus the request path). A turn released
@@ -116,7 +163,7 @@ class Simulation:
             deadline_s = request.arrival_s + request.timeout_s
             if deadline_s <= now_s:   # gave up on the request path
                 request.give_up()
-                self.release_next_turns([request], deadline_s)
+                self.end_requests([request], deadline_s)
                 return
             self.loop.push(deadline_s, ARRIVAL, Timeout(self, request))
         if cut_runs:
@@ -125,19 +172,31 @@ class Simulation:
         index = self.router.pick(self.schedulers)
         self.replicas[index].add(request, now_s)
 
-    def release_next_turns(self, done, now_s: float) -> None:
-        """Each closed-loop turn done at now_s (finished, or given up on) sends its session's next
-        one a think time later."""
+    def end_requests(self, done, now_s: float) -> None:
+        """Requests done at now_s (finished, or given up on): they stop counting as active streams, and
+        each closed-loop turn among them sends its session's next one a think time later."""
+        self.num_active -= len(done)
+        reads_load = self.reads_load
         for request in done:
             turn = request.next_turn
             if turn is not None:
                 turn.arrival_s = now_s + turn.think_time_s
-                self.loop.push(turn.arrival_s + self.request_path_s, ARRIVAL, Release(self, turn))
+                if reads_load:
+                    self.loop.push(turn.arrival_s, ARRIVAL, Sent(self, turn))
+                else:
+                    self.loop.push(turn.arrival_s + self.path_of(turn), ARRIVAL, Release(self, turn))
 
     def _run_horizon(self) -> tuple[float, bool]:
         """A decode run ends at the next arrival. It may include the step in flight then, since
-        nothing reads the replica's state at an arrival, unless the router does."""
-        return self.loop.next_arrival_s(), not self.router.reads_state
+        nothing reads the replica's state at an arrival, unless the router does.
+
+        Behind a load-dependent front end the next request to reach the scheduler is the earliest
+        entry already pushed; a send does not bound the run (it reads only the count of requests done,
+        and a run's requests finish at its end), and an entry it pushes inside the run cuts it."""
+        if not self.reads_load:
+            return self.loop.next_arrival_s(), not self.router.reads_state
+        pending = self.pending_entries_s
+        return (pending[0] if pending else math.inf), not self.router.reads_state
 
     def _result(self, wall_s: float) -> SimResult:
         requests = request_log(self.requests)
@@ -151,6 +210,27 @@ class Simulation:
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})
         return SimResult(requests, steps, summary, itl_s, itl_w, self.num_skipped, wall_s)
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """A request behind a load-dependent front end reaches the router (the earliest pending entry)."""
+    sim: Simulation
+    request: object
+
+    def fire(self, now_s: float) -> None:
+        heapq.heappop(self.sim.pending_entries_s)
+        self.sim.send(self.request, now_s, cut_runs=True)
+
+
+@dataclass(slots=True, eq=False)
+class Sent:
+    """A closed-loop turn leaves its client and enters a load-dependent front end."""
+    sim: Simulation
+    request: object
+
+    def fire(self, now_s: float) -> None:
+        self.sim.enter_front_end(self.request, now_s)
 
 
 def simulate(trace: Trace, step_model, config: SimConfig | None = None) -> SimResult:

@@ -9,6 +9,7 @@ import numpy as np
 
 from simulator.batch import StepBatch, StepFeatures, feature_row
 from simulator.errors import InputError
+from simulator.frontend import FrontEnd
 
 
 @runtime_checkable
@@ -97,11 +98,23 @@ def parse_builtin_step_model(spec: str) -> FeatureStepModel | None:
 @dataclass(frozen=True)
 class HostTerms:
     """Engine host work that kernel profiles miss, in ms: per step, per sequence, per token of a step;
-    per request (the request path before the scheduler sees it, e.g. HTTP and tokenisation: TTFT only)."""
+    and the request path before the scheduler sees a request (HTTP, tokenisation: TTFT and E2E only),
+    simulator.frontend.FrontEnd: per request (a log-normal's median, and its sigma), per prompt token,
+    and per stream active at the request's arrival. A meta.json with only the first four keys (before
+    the front end was a distribution) is the constant case."""
     per_step_ms: float = 0.0
     per_seq_ms: float = 0.0
     per_token_ms: float = 0.0
     per_request_ms: float = 0.0
+    per_request_sigma: float = 0.0
+    per_prompt_token_ms: float = 0.0
+    per_stream_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise InputError(f"host_terms: {name} must be a finite number >= 0, got {value!r}")
 
     @classmethod
     def from_dict(cls, data: dict | None) -> HostTerms:
@@ -114,10 +127,14 @@ class HostTerms:
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
+    @property
+    def front_end(self) -> FrontEnd:
+        return FrontEnd(self.per_request_ms, self.per_request_sigma, self.per_prompt_token_ms, self.per_stream_ms)
+
 
 class HostTermsModel(FeatureStepModel):
-    """A base model plus calibrated host terms. `per_request_ms` is not step time: the simulator
-    delays each request's entry into the scheduler by it (see SimConfig.request_overhead_ms)."""
+    """A base model plus calibrated host terms. The request path is not step time: the simulator
+    delays each request's entry into the scheduler by it (`front_end`, see SimConfig.front_end)."""
 
     def __init__(self, base, terms: HostTerms) -> None:
         self.base, self.terms = base, terms
@@ -125,6 +142,10 @@ class HostTermsModel(FeatureStepModel):
     @property
     def per_request_ms(self) -> float:
         return self.terms.per_request_ms
+
+    @property
+    def front_end(self) -> FrontEnd:
+        return self.terms.front_end
 
     def _extra(self, num_seqs, num_tokens):
         t = self.terms
@@ -167,6 +188,10 @@ class ScaledStepModel(FeatureStepModel):
     @property
     def per_request_ms(self) -> float:
         return float(getattr(self.base, "per_request_ms", 0.0))
+
+    @property
+    def front_end(self) -> FrontEnd:
+        return getattr(self.base, "front_end", FrontEnd())
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
         return self.factor * self.base.features_ms(features)

@@ -41,7 +41,7 @@ def run_errors(run, model, config, seeds: int, noise: StepNoise | None) -> list[
 
 
 def campaign(root: Path, seeds: int) -> list[str]:
-    from experiments.step_models import request_overhead_ms, resolve_step_model
+    from experiments.step_models import front_end, resolve_step_model
     from experiments.validation.compare import rescaled_to_total
     from experiments.validation.measured import load_measured_run, sim_config_for
     from experiments.validation.steps import step_level_error
@@ -55,7 +55,7 @@ def campaign(root: Path, seeds: int) -> list[str]:
         for k, (run, own_noise) in enumerate(zip(runs, noises)):
             # the lowest load's scatter is the one simulated: the others are held out
             scaled = rescaled_to_total(model, step_level_error(model, run.steps).total_error)
-            config = dataclasses.replace(sim_config_for(run, 0.0, request_overhead_ms(model)), fast_path=False)
+            config = dataclasses.replace(sim_config_for(run, 0.0, front_end(model)), fast_path=False)
             label = f"{sched.name} {run.path.name}" + (" (noise fitted here)" if k == 0 else "")
             own_text = f"{own_noise.sigma_log:.3f}, {own_noise.rho:.3f}" if own_noise else "-"
             for name, n in (("steady", None), ("noisy", noises[0])):

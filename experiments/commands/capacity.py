@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from experiments.commands import argtypes
 from experiments.commands.flags import STEP_MODEL_HELP, add_command, add_scheduler_flags
+from experiments.host_defaults import add_host_defaults_flag
 from simulator import bounds
 
 HELP = """Find the highest request rate (the trace's arrivals rescaled to that mean rate) at which the
@@ -36,6 +37,7 @@ def register(subparsers) -> None:
                    help="keep only requests arriving in the first S seconds (of the trace as given)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed for generated workloads (default 0)")
     p.add_argument("--step-model", required=True, help=STEP_MODEL_HELP)
+    add_host_defaults_flag(p)
     p.add_argument("--model-spec", default=None,
                    help="model preset, ModelSpec file or Hugging Face config.json: KV bytes per token for --disaggregated, and --device-memory-gb")
     add_scheduler_flags(p)
@@ -99,7 +101,7 @@ def run(args) -> int:
     from experiments.capacity.plot import plot_capacity
     from experiments.commands.flags import kv_blocks_from_args, prefix_caching_from_args, scheduler_config_from_args
     from experiments.commands.output import print_warnings
-    from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
+    from experiments.step_models import describe_step_model, front_end, resolve_step_model
     from simulator.errors import InputError
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
@@ -110,7 +112,7 @@ def run(args) -> int:
         raise InputError("capacity needs an SLO: give --slo-ttft-ms and/or --slo-tpot-ms")
     split = parse_split(args.disaggregated) if args.disaggregated else None
     num_replicas = _aggregated_replicas(args.replicas, split)
-    model = resolve_step_model(args.step_model)
+    model = resolve_step_model(args.step_model, args.host_defaults)
     trace = load_workload(args.trace, trace_format=args.trace_format, num_requests=args.num_requests,
                           duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
@@ -121,7 +123,7 @@ def run(args) -> int:
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), num_replicas=num_replicas,
                        router=args.router, step_overhead_ms=args.step_overhead_ms, skip_oversize=args.skip_oversize,
-                       request_overhead_ms=request_overhead_ms(model),
+                       front_end=front_end(model),
                        slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
                        prefix_caching=prefix_caching_from_args(args))
     deployments = {"aggregated": RateEvaluator(trace, aggregated(model, config))}

@@ -5,6 +5,7 @@ import sys
 
 from experiments.commands import argtypes
 from experiments.commands.flags import add_command, add_ranges_flags, add_scheduler_flags
+from experiments.host_defaults import add_host_defaults_flag
 from simulator import bounds
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--trace-format", default=None, help="force the trace format (default: auto-detect)")
     p.add_argument("--step-model", required=True, help="const:MS, linear:A,B,C (A + B·num_tokens + "
                    "C·Σ(s_i+q_i) ms) or a T_step table directory from `stepcal fit`")
+    add_host_defaults_flag(p)
     p.add_argument("--model-spec", default=None, help="model preset, ModelSpec file or Hugging Face config.json (needed for --device-memory-gb)")
     add_scheduler_flags(p)
     g = p.add_argument_group("replicas and workload")
@@ -70,20 +72,20 @@ def run(args) -> int:
         scheduler_config_from_args,
     )
     from experiments.commands.output import format_summary, print_warnings
-    from experiments.step_models import describe_step_model, request_overhead_ms, resolve_step_model
+    from experiments.step_models import describe_step_model, front_end, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
     from simulator.metrics import clean_json
     from simulator.simulation import SimConfig, Simulation
     from simulator.workload import load_workload
 
-    model = resolve_step_model(args.step_model)
+    model = resolve_step_model(args.step_model, args.host_defaults)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                        block_size=args.block_size, kv_blocks=kv_blocks_from_args(args),
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
-                       request_overhead_ms=request_overhead_ms(model),
+                       front_end=front_end(model),
                        fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
                        skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
                        prefix_caching=prefix_caching_from_args(args), timeout_s=args.timeout_s)

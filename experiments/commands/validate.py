@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from experiments.commands import argtypes
 from experiments.commands.flags import add_command, add_measured_run_flags, add_ranges_flags
+from experiments.host_defaults import add_host_defaults_flag
 
 HELP = """Replay a measured run (from `stepcal measure`) in the simulator with the same trace, scheduler
 settings and KV capacity, timing each step with --step-model, and report for TTFT, TPOT, ITL and
@@ -16,6 +17,7 @@ log) and OUT/step_predictions.parquet (each measured step: features, measured_ms
 def register(subparsers) -> None:
     p = add_command(subparsers, "validate", "compare the simulator with a measured run", HELP, run)
     add_measured_run_flags(p)
+    add_host_defaults_flag(p)
     p.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every simulated step")
     p.add_argument("--out", default=None, help="output directory (default: MEASURED/validation)")
     p.add_argument("--quiet", action="store_true")
@@ -33,7 +35,8 @@ def run(args) -> int:
     from experiments.commands.flags import ranges_from_args
     from experiments.validation.validate import validate_run
     ranges = (lambda trace, model, config: ranges_from_args(args, trace, model, config)) if args.ranges else None
-    validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms, ranges)
+    validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms, ranges,
+                              host_defaults=args.host_defaults)
     if not args.quiet:
         print(validation.table)
         print(f"wrote {validation.out}/validation.json and validation.md")

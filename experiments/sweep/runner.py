@@ -47,7 +47,7 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     """Simulate one point; the row holds the point's settings, the summary and each SLO's attainment."""
     import numpy as np
 
-    from experiments.step_models import request_overhead_ms
+    from experiments.step_models import front_end
     from simulator.metrics import slo_summary
     from simulator.schedulers import SchedulerConfig
     from simulator.simulation import SimConfig, Simulation
@@ -61,7 +61,7 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     config = SimConfig(scheduler=point.scheduler, scheduler_config=scheduler_config, block_size=context.block_size,
                        kv_blocks=context.kv_blocks, num_replicas=point.num_replicas, router=context.router,
                        step_overhead_ms=context.step_overhead_ms, record_batches=False,
-                       request_overhead_ms=request_overhead_ms(context.step_models[point.step_model]))
+                       front_end=front_end(context.step_models[point.step_model]))
     wall0 = time.perf_counter()
     result = Simulation(trace, context.step_models[point.step_model], config).run()
     row = {**asdict(point), "rate_rps": point.rate_rps if point.rate_rps is not None else mean_rate_rps(trace)}

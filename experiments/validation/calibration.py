@@ -4,18 +4,38 @@ The terms (per step, per sequence, per token of a step; per request for the requ
 found by simulating the measured workload with the base step model plus the terms and matching
 the measured TTFT, TPOT and E2E distributions: a bounded Powell search over four numbers, each
 evaluation one deterministic simulation.
+
+Then the front end's shape (simulator.frontend): the per-request delay's log-normal sigma and its
+per-stream part, with its median searched again, matching besides TTFT quantiles among the requests
+that arrived at light and at heavy load (experiments.validation.request_stats). They are kept only
+where they cut that loss by a quarter, as the per-sequence and per-token terms are. Every
+evaluation simulates with the same front-end seed, so the loss is a smooth function of the terms
+(common random numbers) and the search can compare them.
+
+Each fitted term gets a standard error: the sandwich (J'J)^-1 J' S J (J'J)^-1 of the least-squares
+fit, with J the sensitivity of the log statistics to the terms (central differences, two simulations
+per term) and S the covariance of the measured log statistics (a block bootstrap over the measured
+requests, no simulation) plus the simulation's own scatter over front-end seeds. It costs 2k + 4
+simulations for k terms, where refitting bootstrap resamples would cost a whole search each.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from experiments.validation.errors import stat_error
+from experiments.validation.errors import relative_error, stat_error
 from experiments.validation.measured import MeasuredRun, sim_config_for
+from experiments.validation.request_stats import (
+    FRONT_OBJECTIVE,
+    LoadGroups,
+    active_at_arrival,
+    bootstrap_log_covariance,
+    group_stats,
+)
 from simulator.measured_run import RunStats
 from simulator.step_model import HostTerms, HostTermsModel
 
@@ -23,10 +43,16 @@ from simulator.step_model import HostTerms, HostTermsModel
 OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90"),
              ("tpot_ms", "mean"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
              ("e2e_ms", "p50"), ("e2e_ms", "p90"))
-TERM_NAMES = tuple(f.name for f in fields(HostTerms))    # the search vector's order
+TERM_NAMES = ("per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms")   # the first search's vector
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
+SHAPE_TERMS = ("per_request_ms", "per_request_sigma", "per_stream_ms")   # the front end's distribution
 START = 0.01       # where a term's search starts, in units of its scale
-MIN_GAIN = 0.25    # per-sequence and per-token terms must cut the loss by a quarter to be kept
+SHAPE_START_SIGMA = 0.3   # a moderate spread, where the data cannot suggest one
+SHAPE_MIN_BUDGET = 40     # simulations of the shape search, at least: Powell needs a few per line search
+CONSTANT_BUDGET = 15      # simulations of the best constant front end the shape must beat
+MIN_GAIN = 0.25    # per-sequence, per-token and front-end shape terms must cut the loss by a quarter to be kept
+FD_STEP = 0.05     # finite-difference step of the uncertainty, in units of each term's scale
+SIM_SEEDS = 4      # other front-end seeds that measure the simulation's own scatter at the fit
 
 Errors = dict   # (metric, statistic) -> relative error of the simulated statistic (None where undefined)
 
@@ -40,13 +66,24 @@ class Calibration:
     errors_after: Errors
     num_simulations: int
     wall_s: float
+    front_end: dict = field(default_factory=dict)      # the shape fit: kept?, its loss and errors
+    std_err: dict = field(default_factory=dict)        # fitted term -> standard error (None: not identifiable)
 
     def to_dict(self) -> dict:
         """The `calibration` record of meta.json (errors keyed "metric.stat")."""
+        front = {**self.front_end, "errors_before": _keyed(self.front_end.get("errors_before", {})),
+                 "errors_after": _keyed(self.front_end.get("errors_after", {})),
+                 "objective": [f"{m}.{s}" for m, s in FRONT_OBJECTIVE]}
         return {"host_terms": self.terms.to_dict(), "loss_before": self.loss_before, "loss_after": self.loss_after,
                 "errors_before": _keyed(self.errors_before), "errors_after": _keyed(self.errors_after),
                 "num_simulations": self.num_simulations, "wall_s": self.wall_s,
-                "objective": [f"{m}.{s}" for m, s in OBJECTIVE]}
+                "objective": [f"{m}.{s}" for m, s in OBJECTIVE], "front_end": front,
+                "uncertainty": {"std_err": self.std_err, "method": UNCERTAINTY_METHOD}}
+
+
+UNCERTAINTY_METHOD = ("sandwich (J'J)^-1 J'SJ (J'J)^-1 of the least-squares fit: J by central differences of the "
+                      "log statistics, S = block-bootstrap covariance of the measured log statistics (repeat 0's "
+                      "requests, 200 resamples) + the simulation's scatter over 4 front-end seeds")
 
 
 def _keyed(errors: Errors) -> dict:
@@ -72,56 +109,220 @@ def _term_vector(**values: float) -> np.ndarray:
     return x
 
 
-def _host_terms(x: np.ndarray, scale: np.ndarray) -> HostTerms:
-    return HostTerms(**{name: float(v) for name, v in zip(TERM_NAMES, x * scale)})
+class _Fit:
+    """Simulations of the measured workload under candidate terms, and their errors (cached by terms)."""
+
+    def __init__(self, run: MeasuredRun, base_model) -> None:
+        self.run, self.base_model = run, base_model
+        self.groups = LoadGroups.of(run.requests)
+        self.measured_front = group_stats(run.requests, self.groups)
+        self.cache: dict = {}
+        self.covariances: dict = {}
+        self.count = 0
+
+    def simulate(self, terms: HostTerms, seed: int = 0):
+        from simulator.simulation import simulate
+        self.count += 1
+        config = replace(sim_config_for(self.run, 0.0, terms.front_end), front_end_seed=seed)
+        return simulate(self.run.trace, HostTermsModel(self.base_model, terms), config)
+
+    def stats(self, terms: HostTerms, seed: int = 0) -> dict:
+        """{(metric, stat): simulated value} over OBJECTIVE and FRONT_OBJECTIVE."""
+        key = (terms, seed)
+        if key not in self.cache:
+            result = self.simulate(terms, seed)
+            simulated = RunStats.from_summary(result.summary)
+            stats = {(m, s): simulated.stat(m, s) for m, s in OBJECTIVE}
+            stats.update(group_stats(result.requests, self.groups))
+            self.cache[key] = stats
+        return self.cache[key]
+
+    def log_covariance(self, keys) -> np.ndarray:
+        """Bootstrap covariance of the measured log statistics `keys` (computed once per key set)."""
+        keys = tuple(keys)
+        if keys not in self.covariances:
+            self.covariances[keys] = bootstrap_log_covariance(self.run.requests, self.groups, list(keys))
+        return self.covariances[keys]
+
+    def noise_floor(self, keys) -> float:
+        """The loss a true model would show from the measured statistics' sampling noise alone."""
+        keys = [k for k in keys if (self.measured(k) or 0) > 0]
+        variances = np.diag(self.log_covariance(keys)) if keys else np.array([])
+        variances = variances[np.isfinite(variances)]
+        return float(variances.mean()) if len(variances) else 0.0
+
+    def measured(self, key) -> float | None:
+        return self.measured_front[key] if key in self.measured_front else self.run.stats.stat(*key)
+
+    def errors(self, terms: HostTerms, keys=OBJECTIVE) -> Errors:
+        stats = self.stats(terms)
+        return {k: relative_error(stats[k], self.measured(k)) for k in keys}
 
 
-def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300) -> Calibration:
+def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: HostTerms | None = None,
+              uncertainty: bool = True) -> Calibration:
+    """Fit the host terms of `base_model` on `run`. `start` (e.g. an engine's published defaults) is where
+    the search starts; its per-prompt-token term is kept as it is (a workload of similar prompts cannot
+    tell it from the median). Stage budgets: max_simulations for the step terms (a third for the first
+    two, the rest for all four), a third of it for the front end's shape; plus 2k + 4 for the uncertainty."""
     from scipy.optimize import minimize
-
-    from simulator.simulation import simulate
     t0 = time.perf_counter()
-    count = 0
+    fit = _Fit(run, base_model)
+    start = start or HostTerms()
     scale = _step_scale_ms(run)
+    fixed = {"per_prompt_token_ms": start.per_prompt_token_ms}
 
-    def evaluate(x: np.ndarray) -> tuple[float, Errors]:
-        nonlocal count
-        count += 1
-        terms = _host_terms(np.maximum(x, 0.0), scale)
-        model = HostTermsModel(base_model, terms)
-        summary = simulate(run.trace, model, sim_config_for(run, 0.0, terms.per_request_ms)).summary
-        errors = _errors(run, summary)
-        return _loss(errors), errors
+    def step_terms(x: np.ndarray) -> HostTerms:
+        return HostTerms(**{name: float(v) for name, v in zip(TERM_NAMES, np.maximum(x, 0.0) * scale)}, **fixed)
 
-    def search(x0: np.ndarray, names: tuple[str, ...], budget: int) -> tuple[np.ndarray, float, Errors]:
+    def search(x0: np.ndarray, names: tuple[str, ...], budget: int) -> tuple[np.ndarray, float]:
         free = [TERM_NAMES.index(name) for name in names]
 
         def full(z):
             x = np.zeros(len(TERM_NAMES))
             x[free] = z
             return x
-        result = minimize(lambda z: evaluate(full(z))[0], x0=x0[free], method="Powell",
+        result = minimize(lambda z: _loss(fit.errors(step_terms(full(z)))), x0=x0[free], method="Powell",
                           bounds=[(0.0, 2.0)] * len(free), options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
         best = full(np.maximum(result.x, 0.0))
-        return (best, *evaluate(best))
+        return best, _loss(fit.errors(step_terms(best)))
 
     none = np.zeros(len(TERM_NAMES))
-    loss0, errors0 = evaluate(none)
+    terms0 = step_terms(none)
+    errors0 = fit.errors(terms0)
+    loss0 = _loss(errors0)
     # The terms are in units of a typical measured step, so that one step size suits all four.
     # Per step and per request first; per sequence and per token only where they earn their place:
     # at a low calibration load most steps hold one or two sequences, so a per-sequence term is
     # nearly a per-step one and the fit cannot tell them apart, and the wrong pick extrapolates
     # badly (one quickstart chose 0.79 ms per sequence instead of per step, and its 90% load came
     # out 3x too slow).
-    best, loss1, errors1 = search(np.full(len(TERM_NAMES), START), FIRST_TERMS, max_simulations // 3)
+    x_start = np.array([getattr(start, name) / s if getattr(start, name) > 0 else START
+                        for name, s in zip(TERM_NAMES, scale)])
+    best, loss1 = search(x_start, FIRST_TERMS, max_simulations // 3)
+    fitted = list(FIRST_TERMS)
     if loss1 > 0:
-        x4, loss4, errors4 = search(best + _term_vector(per_seq_ms=START, per_token_ms=START), TERM_NAMES,
-                                    max_simulations - max_simulations // 3)
+        x4, loss4 = search(best + _term_vector(per_seq_ms=START, per_token_ms=START), TERM_NAMES,
+                           max_simulations - max_simulations // 3)
         if loss4 < (1.0 - MIN_GAIN) * loss1:
-            best, loss1, errors1 = x4, loss4, errors4
+            best, loss1, fitted = x4, loss4, list(TERM_NAMES)
     if loss1 > loss0:   # never return terms worse than none
-        best, loss1, errors1 = none, loss0, errors0
-    return Calibration(_host_terms(best, scale), loss0, loss1, errors0, errors1, count, time.perf_counter() - t0)
+        best, loss1, fitted = none, loss0, []
+    terms = step_terms(best)
+    terms, front = _fit_shape(fit, terms, max(SHAPE_MIN_BUDGET, max_simulations // 3))
+    if front["kept"]:
+        fitted += [name for name in SHAPE_TERMS if name not in fitted]
+    errors1 = fit.errors(terms)
+    std_err = _std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted else {}
+    return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
+                       front, std_err)
+
+
+def _shape_scale(run: MeasuredRun) -> np.ndarray:
+    """Units of the shape search: a typical TTFT for the median, 1 for sigma, and that TTFT per typical
+    number of active streams for the per-stream term."""
+    ttft_ms = run.stats.stat("ttft_ms", "p50") or run.stats.stat("tpot_ms", "p50") or 1.0
+    requests = run.requests
+    active = active_at_arrival(requests["arrival_s"].to_numpy(), requests["finish_s"].to_numpy())
+    return np.array([ttft_ms, 1.0, ttft_ms / max(float(np.mean(active)), 1.0)])
+
+
+def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dict]:
+    """Search the front end's median, sigma and per-stream term with the step terms held; keep them
+    where they cut the loss over OBJECTIVE and FRONT_OBJECTIVE by a quarter against the best constant
+    front end (the first search matched the summary statistics only, so its median is searched again
+    on this loss before the comparison)."""
+    from scipy.optimize import minimize, minimize_scalar
+    keys = OBJECTIVE + FRONT_OBJECTIVE
+    scale = _shape_scale(fit.run)
+
+    def shaped(z: np.ndarray) -> HostTerms:
+        return replace(terms, **{name: float(v) for name, v in zip(SHAPE_TERMS, np.maximum(z, 0.0) * scale)})
+
+    def loss(z: np.ndarray) -> float:
+        return _loss(fit.errors(shaped(z), keys))
+    first = _loss(fit.errors(terms, keys))
+    best_median = minimize_scalar(lambda m: loss(np.array([m, 0.0, 0.0])), bounds=(0.0, 2.0), method="bounded",
+                                  options={"xatol": 1e-3, "maxiter": CONSTANT_BUDGET})
+    constant = shaped(np.array([best_median.x, 0.0, 0.0]))
+    before = _loss(fit.errors(constant, keys))
+    z0 = np.clip(_shape_start(fit, terms) / scale, START, 1.9)
+    result = minimize(loss, x0=z0, method="Powell", bounds=[(0.0, 2.0), (0.0, 2.0), (0.0, 2.0)],
+                      options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
+    candidate = shaped(result.x)
+    after = _loss(fit.errors(candidate, keys))
+    # A shape that buys the front-end quantiles with the summary statistics is not an explanation of
+    # them: the summary loss may not grow by more than the quarter the shape must win.
+    summary_holds = _loss(fit.errors(candidate)) <= (1.0 + MIN_GAIN) * _loss(fit.errors(constant)) + 1e-12
+    # Nor is a shape kept that fits the measured run's sampling noise: below the loss a true model
+    # would show from that noise alone (the mean bootstrap variance of the log statistics), there is
+    # nothing left to explain.
+    noise_floor = fit.noise_floor(keys)
+    kept = after < (1.0 - MIN_GAIN) * before and before > noise_floor and summary_holds
+    if kept:
+        final = candidate
+    else:   # the median searched again stays where it also fits the summary statistics better
+        final = constant if _loss(fit.errors(constant)) < _loss(fit.errors(terms)) else terms
+    return final, {"kept": bool(kept), "loss_first": first, "loss_before": before, "loss_after": after,
+                   "noise_floor": noise_floor,
+                   "errors_before": fit.errors(terms, FRONT_OBJECTIVE),
+                   "errors_after": fit.errors(final, FRONT_OBJECTIVE)}
+
+
+def _shape_start(fit: _Fit, terms: HostTerms) -> np.ndarray:
+    """Where the shape search starts: near the answer, from one simulation without a front end. A
+    request's measured TTFT minus its simulated one is about its front-end delay; the slope of that
+    difference on the streams active at the request's arrival is the per-stream term, and the log of
+    what remains gives the median and sigma (its mean and standard deviation). Queueing that the
+    delays themselves cause is missed, which the search then corrects."""
+    bare = replace(terms, per_request_ms=0.0, per_request_sigma=0.0, per_stream_ms=0.0)
+    simulated = fit.simulate(bare).requests.set_index("request_id")["ttft_ms"]
+    measured = fit.run.requests
+    diff_ms = measured["ttft_ms"].to_numpy() - simulated.reindex(measured["request_id"]).to_numpy()
+    active = active_at_arrival(measured["arrival_s"].to_numpy(), measured["finish_s"].to_numpy()).astype(float)
+    ok = np.isfinite(diff_ms)
+    per_stream = 0.0
+    if ok.sum() > 2 and np.var(active[ok]) > 0:
+        per_stream = max(float(np.polyfit(active[ok], diff_ms[ok], 1)[0]), 0.0)
+    rest = diff_ms - per_stream * active
+    positive = ok & (rest > 0)
+    if positive.sum() < 2:
+        return np.array([max(terms.per_request_ms, 0.0), SHAPE_START_SIGMA, per_stream])
+    logs = np.log(rest[positive])
+    return np.array([math.exp(float(logs.mean())), float(logs.std()), per_stream])
+
+
+def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool) -> dict:
+    """Standard error of each fitted term (its units), None where no statistic moves with it."""
+    keys = [k for k in (OBJECTIVE + FRONT_OBJECTIVE if with_front else OBJECTIVE)
+            if (fit.measured(k) or 0) > 0 and (fit.stats(terms).get(k) or 0) > 0]
+    if not keys:
+        return dict.fromkeys(fitted)
+
+    def log_stats(t: HostTerms, seed: int = 0) -> np.ndarray:
+        stats = fit.stats(t, seed)
+        return np.array([math.log(stats[k]) if stats.get(k) and stats[k] > 0 else math.nan for k in keys])
+    scales = dict(zip(TERM_NAMES, _step_scale_ms(fit.run))) | dict(zip(SHAPE_TERMS[1:], _shape_scale(fit.run)[1:]))
+    scales["per_request_ms"] = _shape_scale(fit.run)[0]
+    center = log_stats(terms)
+    jac = np.zeros((len(keys), len(fitted)))
+    for j, name in enumerate(fitted):
+        value, h = getattr(terms, name), FD_STEP * scales[name]
+        up = log_stats(replace(terms, **{name: value + h}))
+        if value - h >= 0:
+            jac[:, j] = (up - log_stats(replace(terms, **{name: value - h}))) / (2 * h)
+        else:
+            jac[:, j] = (up - center) / h
+    covariance = fit.log_covariance(keys)
+    if terms.per_request_sigma > 0:   # the simulation's own scatter over front-end seeds
+        draws = np.array([log_stats(terms, seed) for seed in range(1, SIM_SEEDS + 1)] + [center])
+        covariance = covariance + np.diag(np.nanvar(draws, axis=0, ddof=1))
+    ok = np.all(np.isfinite(jac), axis=1) & np.isfinite(np.diag(covariance))
+    jac, covariance = jac[ok], covariance[np.ix_(ok, ok)]
+    inverse = np.linalg.pinv(jac.T @ jac)
+    sandwich = inverse @ jac.T @ covariance @ jac @ inverse
+    moves = np.linalg.norm(jac, axis=0) > 1e-12
+    return {name: (float(math.sqrt(max(sandwich[j, j], 0.0))) if moves[j] else None) for j, name in enumerate(fitted)}
 
 
 def _step_scale_ms(run: MeasuredRun) -> np.ndarray:
@@ -139,11 +340,11 @@ def _step_scale_ms(run: MeasuredRun) -> np.ndarray:
 
 
 def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
-                         max_simulations: int = 300) -> Calibration:
+                         max_simulations: int = 300, host_defaults: str | None = None) -> Calibration:
     """The work of `stepcal calibrate`: fit host terms of `step_model` (re-fitted from its base when it
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
-    naming the model)."""
+    naming the model). `host_defaults` names an engine whose published terms start the search."""
     import shutil
     import tempfile
 
@@ -156,7 +357,11 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     run = load_measured_run(measured)
     model = resolve_step_model(step_model)
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top
-    result = calibrate(run, base, max_simulations=max_simulations)
+    start = None
+    if host_defaults is not None:
+        from experiments.host_defaults import host_defaults as engine_defaults
+        start = engine_defaults(host_defaults)
+    result = calibrate(run, base, max_simulations=max_simulations, start=start)
     source = Path(step_model)
     with atomic_output_dir(out) as staging:
         if source.is_dir():
@@ -168,6 +373,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         else:
             meta = {"kind": "builtin", "step_model": step_model}
         meta["host_terms"] = result.terms.to_dict()
-        meta["calibration"] = clean_json({**result.to_dict(), "measured_run": str(measured)})
+        meta["calibration"] = clean_json({**result.to_dict(), "measured_run": str(measured),
+                                          "host_defaults": host_defaults})
         atomic_write_json(staging / "meta.json", meta)
     return result

@@ -51,13 +51,15 @@ def mean_over_repeats(runs: list[RunStats]) -> RunStats:
     return RunStats(metrics, mean([r.throughput_rps for r in runs]))
 
 
-def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, request_overhead_ms: float = 0.0):
-    """The simulator settings that replay the measured run: same scheduler, budget, KV capacity."""
+def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=None):
+    """The simulator settings that replay the measured run: same scheduler, budget, KV capacity; the
+    request path `front_end` (simulator.frontend.FrontEnd, none by default)."""
+    from simulator.frontend import FrontEnd
     from simulator.schedulers import SchedulerConfig
     from simulator.simulation import SimConfig
     meta = run.meta
     return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
                      block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
-                     request_overhead_ms=request_overhead_ms, record_batches=False,
+                     front_end=front_end or FrontEnd(), record_batches=False,
                      prefix_caching=meta.get("prefix_caching", False),   # runs before issue 15 had none
                      timeout_s=meta.get("timeout_s"))

@@ -50,6 +50,22 @@ def step_split(model, steps, front_end_ms: float | None) -> dict | None:
             "num_steps": int(len(steps)), "front_end_ms_per_request": front_end_ms}
 
 
+def mean_front_end_ms(front, trace, simulated_requests, seed: int) -> float | None:
+    """The front end's mean delay per request in a simulated run (None without a front end): its
+    fixed and per-token parts from the trace, its per-stream part from the streams the simulated
+    run had in the system at each arrival (arrived before it, not finished by then)."""
+    if front.is_zero:
+        return None
+    delays_ms = 1000.0 * front.base_delays_s(trace.request_id, trace.num_prompt_tokens, seed)
+    if front.per_stream_ms > 0:
+        arrival = simulated_requests["arrival_s"].to_numpy(dtype=np.float64)
+        finish = np.sort(simulated_requests["finish_s"].to_numpy(dtype=np.float64))   # NaN (never) last
+        started = np.searchsorted(np.sort(arrival), arrival, side="left")
+        ended = np.searchsorted(finish, arrival, side="right")
+        delays_ms = delays_ms.mean() + front.per_stream_ms * np.maximum(started - ended, 0)
+    return float(np.mean(delays_ms))
+
+
 def describe_split(split: dict | None) -> str | None:
     """One line for validation.md."""
     if not split:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
 from experiments.validation.measured import load_measured_run, sim_config_for
-from experiments.validation.split import step_split
+from experiments.validation.split import mean_front_end_ms, step_split
 from experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
 from experiments.validation.table import format_table
 
@@ -21,28 +21,30 @@ class Validation:
 
 
 def validate_run(measured: str | Path, step_model: str, out: str | Path | None = None,
-                 step_overhead_ms: float = 0.0, ranges=None) -> Validation:
+                 step_overhead_ms: float = 0.0, ranges=None, host_defaults: str | None = None) -> Validation:
     """Simulate the measured run's workload with the same scheduler settings and KV capacity, timing
     each step with `step_model`; write OUT (default MEASURED/validation): validation.json,
     validation.md, simulated_requests.parquet and step_predictions.parquet.
     `ranges(trace, model, config)`, when given, returns the ranges block of replications
     (experiments.commands.flags.ranges_from_args); the record then says how often the measured
-    values fall inside the intervals."""
-    from experiments.step_models import request_overhead_ms, resolve_step_model
+    values fall inside the intervals. `host_defaults` names an engine whose published host terms are
+    added to a step model without calibrated ones (experiments.host_defaults)."""
+    from experiments.step_models import front_end, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
     from simulator.measured_run import RunStats
     from simulator.metrics import clean_json
     from simulator.simulation import simulate
 
     run = load_measured_run(measured)
-    model = resolve_step_model(step_model)
-    config = sim_config_for(run, step_overhead_ms, request_overhead_ms(model))
+    model = resolve_step_model(step_model, host_defaults)
+    config = sim_config_for(run, step_overhead_ms, front_end(model))
     result = simulate(run.trace, model, config)
     predicted = predict_steps(model, run.steps)
     step_level = step_level_error(model, run.steps, predicted, noise_floor=step_noise_floor(run))
     record = compare(run, result.requests, RunStats.from_summary(clean_json(result.summary)), step_level,
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
-    record = replace(record, step_split=step_split(model, run.steps, request_overhead_ms(model)))
+    front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
+    record = replace(record, step_split=step_split(model, run.steps, front_ms))
     if ranges is not None:
         from experiments.validation.coverage import coverage_block
         block = ranges(run.trace, model, config)

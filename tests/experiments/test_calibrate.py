@@ -41,8 +41,8 @@ def test_calibration_recovers_host_time_a_base_model_misses(measured):
     from simulator.simulation import simulate
     steps = measured.steps
     step_ms = float(steps["duration_ms"].mean())
-    truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured)).summary
-    run = replace(measured, stats=RunStats.from_summary(truth))
+    truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured))
+    run = replace(measured, stats=RunStats.from_summary(truth.summary), requests=truth.requests)
     result = calibrate(run, LinearStepModel(step_ms / 2, 0.0, 0.0), max_simulations=120)
     assert result.loss_after < result.loss_before / 4
     # with the terms, the model's time for the measured batches is near the true step time again (it
@@ -60,7 +60,7 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
                  "--max-simulations", "60", "--quiet", "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
     assert meta["kind"] == "builtin" and meta["step_model"] == "const:1"
-    assert set(meta["host_terms"]) == {"per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms"}
+    assert set(meta["host_terms"]) == set(HostTerms().to_dict())
     model = resolve_step_model(str(out))
     assert isinstance(model, HostTermsModel) and model.terms.to_dict() == meta["host_terms"]
     calibration = meta["calibration"]
@@ -85,7 +85,8 @@ def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     from simulator.simulation import simulate
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTermsModel(base, HostTerms(1.5, 0.0, 0.0, 0.0))
-    run = replace(measured, stats=RunStats.from_summary(simulate(measured.trace, truth, sim_config_for(measured)).summary))
+    simulated = simulate(measured.trace, truth, sim_config_for(measured))
+    run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests)
     result = calibrate(run, base, max_simulations=150)
     assert result.terms.per_seq_ms == 0.0 and result.terms.per_token_ms == 0.0
     assert result.terms.per_step_ms == pytest.approx(1.5, rel=0.1)
@@ -93,10 +94,70 @@ def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
 
 
 def test_search_terms_are_the_host_terms_in_their_natural_units(measured):
-    """The search vector is HostTerms' fields in order; each term's unit is a typical step, per
-    sequence and per token of a step, and a typical TTFT for the request path."""
-    assert TERM_NAMES == tuple(HostTerms().to_dict())
+    """The first search's vector is HostTerms' first four fields in order (the front end's shape is
+    searched after); each term's unit is a typical step, per sequence and per token of a step, and a
+    typical TTFT for the request path."""
+    assert TERM_NAMES == tuple(HostTerms().to_dict())[:4]
     step_ms, ttft_ms = measured.stats.stat("tpot_ms", "p50"), measured.stats.stat("ttft_ms", "p50")
     seqs, tokens = measured.steps["num_seqs"].mean(), measured.steps["num_tokens"].mean()
     assert _step_scale_ms(measured).tolist() == pytest.approx([step_ms, step_ms / max(seqs, 1.0),
                                                                step_ms / max(tokens, 1.0), ttft_ms])
+
+
+def synthetic_run(trace, model, front_end_seed: int):
+    """A measured run that is a simulation: its request log, step log and statistics, as validate and
+    calibrate read them (front-end draws seeded apart from calibration's own seed 0)."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from experiments.validation.measured import MeasuredRun
+    from simulator.schedulers import SchedulerConfig
+    from simulator.simulation import SimConfig, simulate
+    config = SimConfig(scheduler="vllm", front_end=model.front_end, front_end_seed=front_end_seed,
+                       record_batches=False)
+    result = simulate(trace, model, config)
+    meta = {"scheduler": "vllm", "scheduler_config": asdict(SchedulerConfig()), "block_size": 16, "kv_blocks": None,
+            "prefix_caching": False}
+    return MeasuredRun(Path("synthetic"), meta, trace, result.requests, result.steps,
+                       RunStats.from_summary(result.summary))
+
+
+def test_calibration_recovers_a_front_end_distribution_and_its_load_part():
+    """A run served with a log-normal request path (median 25 ms, sigma 0.5) and 3 ms per active stream,
+    drawn with another seed than calibration simulates with: the fit recovers the three from the
+    TTFT distribution, each within three of its standard errors (and the step terms stay near zero,
+    the base model being the true one)."""
+    from simulator.workload import load_workload
+    base = LinearStepModel(4.0, 0.02, 0.0005)
+    truth = HostTerms(per_request_ms=25.0, per_request_sigma=0.5, per_stream_ms=3.0)
+    trace = load_workload("poisson:rate=12,n=300,prompt=uniform:64:512,output=uniform:16:128", seed=3)
+    run = synthetic_run(trace, HostTermsModel(base, truth), front_end_seed=99)
+    # 90 (+ 70 + 15) simulations, about 10 s: with a third of that, the first search stops before it
+    # has separated per-step time from the front end's tail
+    result = calibrate(run, base, max_simulations=90)
+    assert result.front_end["kept"]
+    t, err = result.terms, result.std_err
+    for name, tolerance in (("per_request_ms", 0.2), ("per_request_sigma", 0.25), ("per_stream_ms", 0.4)):
+        true = getattr(truth, name)
+        assert getattr(t, name) == pytest.approx(true, rel=tolerance), name
+        assert err[name] is not None and 0 < err[name] < true, name
+        assert abs(getattr(t, name) - true) < 3 * err[name] + 0.02 * true, name
+    assert t.per_step_ms < 0.5
+    # the calibrated model reproduces the TTFT tail that was not fitted
+    assert result.errors_after[("ttft_ms", "p90")] == pytest.approx(0.0, abs=0.05)
+
+
+def test_calibration_keeps_a_constant_front_end_constant(measured):
+    """A run whose request path is a constant: the shape terms do not earn their place."""
+    from dataclasses import replace
+
+    from experiments.validation.measured import sim_config_for
+    from simulator.simulation import simulate
+    base = LinearStepModel(1.0, 0.02, 0.0005)
+    truth = HostTerms(per_step_ms=0.5, per_request_ms=6.0)
+    simulated = simulate(measured.trace, HostTermsModel(base, truth), sim_config_for(measured, 0.0, truth.front_end))
+    run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests)
+    result = calibrate(run, base, max_simulations=150)
+    assert not result.front_end["kept"]
+    assert result.terms.per_request_sigma == 0.0 and result.terms.per_stream_ms == 0.0
+    assert result.terms.per_request_ms == pytest.approx(6.0, rel=0.15)

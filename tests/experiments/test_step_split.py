@@ -65,3 +65,15 @@ def test_the_report_shows_each_part_and_the_front_end_apart():
     assert [r[0] for r in rows] == ["kernels", "element-wise", "host",
                                     "front end (per request, TTFT and E2E; not step time)"]
     assert rows[-1][1:] == ["2.5 per request", "-"]
+
+
+def test_the_front_ends_mean_delay_counts_the_streams_each_arrival_found():
+    from experiments.validation.split import mean_front_end_ms
+    from simulator.frontend import FrontEnd
+    from simulator.trace import Trace
+    trace = Trace.from_arrays([0.0, 1.0, 2.0], [10, 20, 30], [5, 5, 5])
+    # the first is still in the system at 1.0 and 2.0, the second left at 1.5
+    requests = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "finish_s": [3.0, 1.5, 4.0]})
+    front = FrontEnd(median_ms=2.0, per_prompt_token_ms=0.1, per_stream_ms=1.0)
+    assert mean_front_end_ms(front, trace, requests, seed=0) == pytest.approx(2.0 + 0.1 * 20 + (0 + 1 + 1) / 3)
+    assert mean_front_end_ms(FrontEnd(), trace, requests, seed=0) is None

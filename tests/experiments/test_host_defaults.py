@@ -1,0 +1,95 @@
+"""--host-defaults: an engine's published host-time and front-end terms (experiments/data/serving_defaults.json)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from experiments.host_defaults import DEFAULTS_PATH, ENGINE_NAMES, host_defaults, read_serving_defaults
+from simulator.step_model import HostTerms
+
+TRACE = "poisson:rate=20,n=200,prompt=uniform:256:1024,output=uniform:8:64"
+
+
+def test_every_default_names_its_source_and_derivation():
+    data = read_serving_defaults()
+    assert tuple(data["engines"]) == ENGINE_NAMES
+    sources = data["sources"]
+    for source in sources.values():
+        assert source["url"].startswith("https://") and source["title"] and source["measured"] and source["setup"]
+    for engine, entry in data["engines"].items():
+        assert set(entry["terms"]) == set(HostTerms().to_dict()), engine
+        for name, term in entry["terms"].items():
+            assert len(term["derivation"]) > 30, (engine, name)
+            assert all(s in sources for s in term["sources"]), (engine, name)
+            if term["value"] != 0:       # a number needs a measurement behind it
+                assert term["sources"], (engine, name)
+            else:                        # a zero says why it is zero
+                assert "left 0" in term["derivation"].lower() or "no published" in term["derivation"].lower()
+        assert host_defaults(engine) == HostTerms.from_dict({k: t["value"] for k, t in entry["terms"].items()})
+
+
+def test_the_defaults_file_is_package_data():
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert 'experiments = ["data/*.json"]' in pyproject
+    assert DEFAULTS_PATH.parent.name == "data" and DEFAULTS_PATH.exists()
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_host_defaults_change_the_prediction(tmp_path):
+    base = ["simulate", "--trace", TRACE, "--step-model", "linear:5,0.01,0.0002", "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*base, "--host-defaults", "vllm", "--out", str(tmp_path / "vllm")]) == 0
+    plain, vllm = _summary(tmp_path / "plain"), _summary(tmp_path / "vllm")
+    terms = host_defaults("vllm")
+    # the prompt-token term delays every request by 0.0028 ms x its prompt: at least 0.7 ms here
+    assert vllm["ttft_ms"]["p50"] > plain["ttft_ms"]["p50"] + 256 * terms.per_prompt_token_ms
+    assert vllm["tpot_ms"]["p50"] > plain["tpot_ms"]["p50"]      # per-sequence host time per step
+    assert "host terms" in vllm["step_model"]
+
+
+def test_host_defaults_on_calibrated_terms_is_refused_in_one_line(tmp_path, capsys):
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    (cal / "meta.json").write_text(json.dumps({"kind": "builtin", "step_model": "const:5",
+                                               "host_terms": {"per_step_ms": 0.5, "per_request_ms": 3.0}}))
+    code = main(["simulate", "--trace", TRACE, "--step-model", str(cal), "--host-defaults", "vllm", "--quiet",
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "already has calibrated host terms" in err
+
+
+@pytest.mark.parametrize("terms, needle", [({"per_request_sigma": -0.5}, "per_request_sigma"),
+                                           ({"per_stream_ms": "x"}, "finite numbers"),
+                                           ({"per_stream_sec": 1.0}, "unknown keys")])
+def test_a_bad_front_end_value_exits_2_in_one_line(terms, needle, tmp_path, capsys):
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    (cal / "meta.json").write_text(json.dumps({"kind": "builtin", "step_model": "const:5", "host_terms": terms}))
+    code = main(["simulate", "--trace", TRACE, "--step-model", str(cal), "--quiet", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and needle in err and err.startswith("stepcal:")
+
+
+def test_an_unknown_engine_is_an_argument_error_in_one_line(tmp_path, capsys):
+    code = main(["simulate", "--trace", TRACE, "--step-model", "const:5", "--host-defaults", "sglang",
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "--host-defaults" in err
+
+
+def test_validate_and_calibrate_take_the_defaults(tmp_path):
+    run = tmp_path / "m"
+    assert main(["measure", "--trace", "poisson:rate=30,n=30,prompt=uniform:8:80,output=uniform:2:16",
+                 "--scheduler", "continuous", "--quiet", "--out", str(run)]) == 0
+    assert main(["validate", "--measured", str(run), "--step-model", "const:1", "--host-defaults", "vllm-async",
+                 "--quiet", "--out", str(tmp_path / "v")]) == 0
+    assert main(["calibrate", "--measured", str(run), "--step-model", "const:1", "--host-defaults", "vllm",
+                 "--max-simulations", "20", "--quiet", "--out", str(tmp_path / "c")]) == 0
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    assert meta["host_terms"]["per_prompt_token_ms"] == host_defaults("vllm").per_prompt_token_ms   # held
+    assert meta["calibration"]["host_defaults"] == "vllm"
+    assert set(meta["calibration"]["uncertainty"]["std_err"]) <= set(HostTerms().to_dict())
