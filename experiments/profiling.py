@@ -13,9 +13,11 @@ OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe")
 
 def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str | None = None,
                     grid: str = "quick", dtype: str | None = None, threads: int = 1, max_minutes: float | None = None,
-                    shard: str = "0/1", seed: int = 0, retry_failed: bool = False, progress: bool = True):
+                    shard: str = "0/1", seed: int = 0, retry_failed: bool = False, progress: bool = True,
+                    rounds: int | None = None):
     """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result.
-    `ops` None: every op the model has (moe for mixture-of-experts models only)."""
+    `ops` None: every op the model has (moe for mixture-of-experts models only). `rounds`: passes
+    over the grid instead of the grid's own number (the quickstart splits them over its run)."""
     from profiler.grid import load_grid, ops_for, parse_shard
     from simulator.model_spec import load_model_spec
 
@@ -35,6 +37,9 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     points = load_grid(grid, spec).for_ops(op_names)
     if not points.points:
         raise InputError(f"--grid {grid}: no points for ops {','.join(op_names)}")
+    if rounds is not None:
+        from dataclasses import replace
+        points = replace(points, timing={**points.timing, "rounds": rounds})
 
     from profiler.sweep import SweepConfig, run_sweep
     config = SweepConfig(spec=spec, device=device, dtype=dtype, ops=op_names, grid=points,

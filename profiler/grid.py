@@ -11,7 +11,7 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
     [step]          batches = [{num_prefill, q, s, num_decode, decode_s, decode_pattern}]; cases = [...]
     [overhead]      num_seqs, s; cases = [...]    (input building only; `host` supersedes it)
     [host]          num_seqs, s (decodes); prefill_q (one fresh prefill each); cases = [...]
-                    (the engine's whole host path of an iteration: profiler.engine.host)
+                    (the engine's whole host path of an iteration: profiler.engine.probe)
     [moe]           num_tokens = [1, 2, 4, ...]; distributions = ["balanced", "power_law_1.01"]
                     (mixture-of-experts specs only: one MoE layer's routed experts)
 
@@ -349,11 +349,16 @@ def _expand_overhead(section: dict, spec: ModelSpec, where: str) -> list[Point]:
     return points + _cases(section, "overhead", where)
 
 
+def is_probe_batch(q_lens, kv_lens) -> bool:
+    """Whether every sequence is a decode (q = 1 over s > 0) or a prefill from scratch (s = 0): the
+    batches an engine can be held at (profiler.engine.probe) without choosing the scheduler's chunks."""
+    return all((q == 1 and s > 0) or (s == 0 and q >= 1) for q, s in zip(q_lens, kv_lens))
+
+
 def check_host_batch(q_lens, kv_lens, where: str) -> None:
-    """A host point's sequences are decodes (q = 1 over s > 0) or prefills from scratch (s = 0):
-    the shapes a probe can hold an engine at without choosing the scheduler's chunks for it."""
+    """A host point's batch is one an engine can be held at (is_probe_batch)."""
     for q, s in zip(q_lens, kv_lens):
-        if not ((q == 1 and s > 0) or (s == 0 and q >= 1)):
+        if not is_probe_batch([q], [s]):
             raise InputError(f"{where}: a host batch holds decodes (q=1, s>0) and prefills (s=0); "
                              f"got q={q}, s={s}")
 

@@ -3,13 +3,14 @@
 - gemm: F.linear of an [m, k] input with an [n, k] weight (what nn.Linear runs in the model).
 - attn_prefill / attn_decode: `profiler.model.attend` of one layer over caches holding s_i + q_i
   tokens (the new K/V already appended, as in the model).
-- step: `LlamaModel.run_step` and greedy sampling on a synthetic batch, caches rewound to s_i before
-  each call; every sequence emits a token (the LM head runs for all b rows). The device part of an
-  engine iteration (its `device_ms`); the inputs are built once, outside the timing. (Profiles
-  from before the `host` op timed `forward_step`, input building included.)
+- step: the device part of an engine iteration (its `device_ms`: the forward and greedy sampling),
+  every sequence emitting a token: timed inside a real engine held at the batch where one can be
+  (decodes and fresh prefills: profiler.engine.probe), else on the engine's paged KV pool with the
+  inputs built once (a chunk over a cached prefix). (Profiles from before the `host` op timed
+  `forward_step` on contiguous caches, input building included.)
 - overhead: the host-side input building of a step (`prepare_step`, token tensors from Python
   ints included), for b sequences.
-- host: the engine's whole host path for one batch (profiler.engine.host.HostProbe): a real
+- host: the engine's whole host path for one batch (profiler.engine.probe.EngineProbe): a real
   iteration of the engine held at the batch, its `host_ms` (schedule, input building, appending
   tokens, on_step_done): what a step costs besides the `step` op. Decodes and fresh prefills only.
 - moe: `profiler.moe.routed_experts` of one MoE layer (no router, no shared experts: what a
@@ -28,12 +29,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from profiler.grid import Point, routed_expert_ids
+from profiler.grid import Point, is_probe_batch, routed_expert_ids
 from profiler.model import KVCache, LlamaModel, attend, prepare_step, torch_dtype
 from profiler.moe import routed_experts
 from simulator.model_spec import ModelSpec
 
 MAX_BUFFER_SETS = 8
+STEP_BLOCK_SIZE = 16     # the engine's default KV block size (`stepcal measure`)
 
 
 @dataclass
@@ -176,21 +178,48 @@ def _attention(point: Point, ctx: OpContext) -> Kernel:
 
 
 def _step(point: Point, ctx: OpContext) -> Kernel:
+    """The engine's device work of one iteration (its device_ms): timed inside a real engine held at
+    the batch where one can be (profiler.engine.probe), else on the engine's own KV pool."""
+    if is_probe_batch(point.q_lens, point.kv_lens):
+        from profiler.engine.probe import EngineProbe
+        return Kernel(EngineProbe(ctx.model(), point.q_lens, point.kv_lens, part="device"), self_timed=True)
+    return _paged_step(point, ctx)
+
+
+def _paged_step(point: Point, ctx: OpContext) -> Kernel:
+    """The engine's device work of one iteration outside an engine: its paged KV pool (stores into the blocks, and on
+    the CPU into each sequence's read copy, which attention reads; a gather of the blocks on CUDA),
+    the forward and greedy sampling, in a tight loop: 5-10% faster than inside the engine on the
+    CPU (on contiguous caches, 11-22%: tiny, 1 to 16 decodes, interleaved in one process)."""
+    from profiler.engine.paged import PagedKVCache, default_read_copies
+    from profiler.model import step_inputs
     model, gen = ctx.model(), ctx.generator(point)
-    caches = []
-    for q, s in zip(point.q_lens, point.kv_lens):
-        cache = model.new_cache(capacity=s + q)
-        cache.fill_random(s, gen)
-        caches.append(cache)
-    tokens = [torch.randint(0, ctx.spec.vocab_size, (q,), generator=gen) for q in point.q_lens]
-    kv_lens = list(point.kv_lens)
+    q_lens, kv_lens = list(point.q_lens), list(point.kv_lens)
+    tables, start = [], 0
+    for q, s in zip(q_lens, kv_lens):   # each sequence on consecutive blocks of its own
+        count = -(-(s + q) // STEP_BLOCK_SIZE)
+        tables.append(list(range(start, start + count)))
+        start += count
+    pool = PagedKVCache.for_model(model, STEP_BLOCK_SIZE, start, read_copies=default_read_copies(ctx.device))
+    pool.reserve(start)
+    pool.data.normal_(generator=gen if pool.data.device.type == "cpu" else None)   # the cached K/V: noise
+    copies = []
+    if pool.read_copies is not None:
+        for request_id, (q, s) in enumerate(zip(q_lens, kv_lens)):
+            # The engine's copies grow by doubling: past its prefill a sequence's copy holds about twice
+            # its tokens, and attention reads a strided view of it (slower than a whole tensor).
+            copy = pool.read_copies[request_id] = model.new_cache(capacity=s + q if s == 0 else max(s + q, 2 * s))
+            copy.fill_random(s, gen)
+            copies.append(copy)
+    tokens = [torch.randint(0, ctx.spec.vocab_size, (q,), generator=gen) for q in q_lens]
     # Inputs are built once: building them is host work, the `host` op's (as in the engine, whose
     # device_ms is the forward and the sampling only).
-    inputs = model.prepare_step(tokens, caches, [True] * len(caches))
+    kv = pool.step_kv(list(range(len(q_lens))), tables, kv_lens, q_lens)
+    inputs = step_inputs(tokens, kv_lens, [True] * len(q_lens), ctx.device, kv)
 
     def run(i: int) -> None:
-        for cache, s in zip(caches, kv_lens):
-            cache.length = s                   # rewind: every call sees the same batch
+        for copy, s in zip(copies, kv_lens):
+            copy.length = s                    # rewind: every call sees the same batch
         model.run_step(inputs).argmax(dim=-1)   # greedy sampling, as the engine does
 
     return Kernel(run)
@@ -217,8 +246,8 @@ def _overhead(point: Point, ctx: OpContext) -> Kernel:
 
 def _host(point: Point, ctx: OpContext) -> Kernel:
     """One real engine iteration at the point's batch; the kernel returns its host ms itself."""
-    from profiler.engine.host import HostProbe
-    return Kernel(HostProbe(ctx.model(), point.q_lens, point.kv_lens), self_timed=True)
+    from profiler.engine.probe import EngineProbe
+    return Kernel(EngineProbe(ctx.model(), point.q_lens, point.kv_lens, part="host"), self_timed=True)
 
 
 def _moe(point: Point, ctx: OpContext) -> Kernel:

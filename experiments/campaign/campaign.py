@@ -44,6 +44,7 @@ class Campaign:
     def __init__(self, config: CampaignConfig) -> None:
         self.c = config
         self.t0 = time.perf_counter()
+        self.profiled: list[str] = []     # profile directories written (profile, profile_late)
 
     def stage(self, title: str, command: str, work: Callable[[], T]) -> T:
         """Run one stage: its line on stderr, its time in the timings; a failure names the stage."""
@@ -61,7 +62,7 @@ class Campaign:
     def run(self) -> Headline:
         c, out = self.c, self.c.out
         check_output(out, staged=False)   # before minutes of profiling, not after
-        self.stage(f"profile kernels ({c.grid} grid)", "profile", self.profile)
+        self.stage(f"profile kernels ({c.grid} grid)", "profile", lambda: self.profile("profile", late=False))
         capacity = {}
         for s in c.schedulers:
             workload = c.workload(10_000.0, max(60, c.num_requests // 2))
@@ -69,6 +70,10 @@ class Campaign:
                                  lambda s=s, w=workload: self.measure(s, w, c.measured_dir(s)))
             capacity[s] = summary["throughput_rps"]
         self.measure_interleaved(capacity)
+        late_rounds = self.profile_rounds()[1]
+        if late_rounds:
+            self.stage(f"profile kernels again ({late_rounds} more rounds)", "profile",
+                       lambda: self.profile("profile_late", late=True))
         calibration_logs = training_logs(out / "measured", c.schedulers, c.loads[0])
         self.stage("fit T_step tables (tuned)", "fit", lambda: self.fit(calibration_logs, None, out / "tables"))
         models = {s: {"tables": out / "tables"} for s in c.schedulers}
@@ -92,11 +97,31 @@ class Campaign:
         self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
         return self.headline(capacity, validations)
 
-    def profile(self) -> None:
+    def profile_rounds(self) -> tuple[int | None, int]:
+        """The grid's passes, split: the first half before the measurements, the rest after them, so
+        that the profile, like the interleaved measured repeats, spans the machine's drift over the
+        campaign (on this project's VMs its speed moves 10-30% over minutes, and a profile taken at
+        the start alone put whole-step tables 15-25% off runs measured minutes later, one way or
+        the other)."""
+        from profiler.grid import load_grid
+        from simulator.model_spec import load_model_spec
+        try:
+            rounds = int(load_grid(self.c.grid, load_model_spec(self.c.model_spec)).timing.get("rounds", 1))
+        except InputError:
+            return None, 0     # the profile stage says what is wrong with the grid
+        return rounds - rounds // 2, rounds // 2
+
+    def profile_files(self) -> list[str]:
+        """The profiles taken so far (before and after the measurements)."""
+        return [str(self.c.out / name / "profile.parquet") for name in self.profiled]
+
+    def profile(self, name: str, late: bool) -> None:
         from experiments.profiling import describe_sweep, profile_kernels
         c = self.c
-        result = profile_kernels(c.model_spec, str(c.out / "profile"), device=c.device, ops=c.profile_ops,
-                                 grid=c.grid, progress=False)
+        rounds = self.profile_rounds()[1 if late else 0]
+        result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops,
+                                 grid=c.grid, progress=False, rounds=rounds)
+        self.profiled.append(name)
         print(describe_sweep(result), file=sys.stderr)
         if not result.complete:
             raise StageExit(3)
@@ -120,7 +145,7 @@ class Campaign:
     def fit(self, logs: list[Path], ops: str | None, out: Path) -> None:
         from experiments.fitting import FitOptions, fit_tables
         c = self.c
-        fit_tables(FitOptions(profile=[str(c.out / "profile" / "profile.parquet"), *map(str, logs)], out=str(out),
+        fit_tables(FitOptions(profile=[*self.profile_files(), *map(str, logs)], out=str(out),
                               ops=ops, model_spec=c.model_spec, regressor="tuned", trials=c.trials, seed=c.seed))
 
     def validate(self, measured: Path, step_model: Path, out: Path) -> None:

@@ -7,7 +7,9 @@ from simulator import bounds
 
 HELP = """Run the whole pipeline on a small built-in default, on this machine's CPU with the `tiny` model:
 
-  profile   kernel sweep on the quick grid (GEMM, attention, whole steps, the engine's host path)
+  profile   kernel sweep on the quick grid (GEMM, attention, whole steps, the engine's host path):
+            half of its rounds now, the other half after the measurements, so that the profile
+            spans the machine's drift over the campaign as the interleaved repeats do
   measure   each scheduler's capacity (saturation run), then a Poisson (or, with --arrivals
             gamma:CV, bursty) workload with log-normal lengths at 30%, 60% and 90% of it, served
             for real by the torch engine, twice each (interleaved: every run once, then every

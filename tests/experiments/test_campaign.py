@@ -10,7 +10,7 @@ from experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, Head
 from simulator.errors import InputError
 
 SMALL_GRID = {
-    "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 1},
+    "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 2},   # one before the measurements, one after
     "gemm": {"m": [1, 16, 128]},
     "attn_prefill": {"num_seqs": [1], "q": [16, 64], "s": [0, 64], "patterns": ["uniform"]},
     "attn_decode": {"num_seqs": [1, 8], "s": [64, 256], "patterns": ["uniform"]},
@@ -33,7 +33,7 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
                             repeats=2, trials=1, grid=str(grid), prompt="uniform:8:48", output="uniform:2:10")
     headline = Campaign(config).run()
     out = tmp_path / "qs"
-    for path in ("profile/profile.parquet", "tables/meta.json", "calibrated/continuous/meta.json",
+    for path in ("profile/profile.parquet", "profile_late/profile.parquet", "tables/meta.json", "calibrated/continuous/meta.json",
                  "measured/continuous/load_30/repeat_1/steps.parquet", "report/report.html", "headline.json"):
         assert (out / path).exists(), path
     saturation = json.loads((out / "measured/continuous/saturation/summary.json").read_text())
@@ -42,7 +42,7 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
         f"profile kernels ({grid} grid)", "measure continuous capacity (saturation run)",
         "measure continuous at 30% load (repeat 1 of 2)", "measure continuous at 70% load (repeat 1 of 2)",
         "measure continuous at 70% load (repeat 2 of 2)", "measure continuous at 30% load (repeat 2 of 2)",
-        "fit T_step tables (tuned)", "fit T_step tables from the profile alone (step + host)",
+        "profile kernels again (1 more rounds)", "fit T_step tables (tuned)", "fit T_step tables from the profile alone (step + host)",
         "fit kernel-only T_step tables",
         "calibrate host terms of the kernel tables on continuous at 30% load",
         *[f"simulate + validate continuous at {load} load ({model})" for load in ("30%", "70%")
@@ -182,7 +182,7 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
     calls = {}
 
     def profile_kernels(model_spec, out, **kwargs):
-        calls["profile"] = {"model_spec": model_spec, "out": out, **kwargs}
+        calls.setdefault("profile", []).append({"model_spec": model_spec, "out": out, **kwargs})
         return SimpleNamespace(complete=True)
 
     def measure_trace(trace, spec, config, out, **kwargs):
@@ -201,8 +201,10 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
                             schedulers=("sarathi",), chunk_size=512, num_requests=200, trials=3, seed=7)
     with pytest.raises(_StopAfterFit):
         Campaign(config).run()
-    assert calls["profile"] == {"model_spec": "llama-3-8b", "out": str(tmp_path / "profile"), "device": "cuda",
-                                "ops": "step,overhead", "grid": "quick", "progress": False}
+    # the quick grid's six rounds: three before the measurements, three after them
+    assert calls["profile"] == [
+        {"model_spec": "llama-3-8b", "out": str(tmp_path / name), "device": "cuda", "ops": "step,overhead",
+         "grid": "quick", "progress": False, "rounds": 3} for name in ("profile", "profile_late")]
     [(trace, spec, engine, out, kwargs)] = calls["measure"]     # the saturation run
     workload = "poisson:rate=10000,n=100,prompt=lognormal:128:0.8,output=lognormal:32:0.8,seed=7"
     assert kwargs == {"device": "cuda", "trace_source": workload} and out == str(tmp_path / "measured/sarathi/saturation")
@@ -210,7 +212,7 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
     assert (engine.scheduler, engine.scheduler_config.chunk_size, engine.scheduler_config.max_num_seqs,
             engine.block_size, engine.kv_blocks, engine.seed) == ("sarathi", 512, 256, 16, None, 7)
     options = calls["fit"]
-    assert options.profile == [str(tmp_path / "profile/profile.parquet"),
+    assert options.profile == [str(tmp_path / "profile/profile.parquet"), str(tmp_path / "profile_late/profile.parquet"),
                                str(tmp_path / "measured/sarathi/saturation/repeat_0/steps.parquet")]
     assert (options.model_spec, options.trials, options.seed, options.ops, options.out) == (
         "llama-3-8b", 3, 7, None, str(tmp_path / "tables"))

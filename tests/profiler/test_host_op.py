@@ -1,9 +1,10 @@
 """The `host` op: a real engine iteration held at one batch, timed outside its forward; and the
 `step` op, which times the forward (and sampling) alone, so that T_step = step + host."""
 import pytest
+import torch
 
-import profiler.engine.host as host_module
-from profiler.engine.host import HostProbe
+import profiler.engine.probe as probe_module
+from profiler.engine.probe import EngineProbe
 from profiler.grid import Point
 from profiler.ops import OpContext, build_kernel
 from profiler.sweep import default_timer
@@ -26,7 +27,7 @@ def _last_step(probe):
 @pytest.mark.parametrize("q_lens, kv_lens", [((1,) * 6, (40,) * 6), ((70,), (0,)),
                                              ((33, 1, 1, 1), (0, 20, 20, 20))])
 def test_probe_runs_real_iterations_of_the_batch_and_returns_the_engines_host_time(q_lens, kv_lens):
-    probe = HostProbe(ctx().model(), q_lens, kv_lens)
+    probe = EngineProbe(ctx().model(), q_lens, kv_lens)
     for call in range(3):
         host_ms = probe(call)
         step = _last_step(probe)
@@ -38,8 +39,8 @@ def test_probe_runs_real_iterations_of_the_batch_and_returns_the_engines_host_ti
 
 
 def test_probe_is_rebuilt_before_its_decodes_would_finish(monkeypatch):
-    monkeypatch.setattr(host_module, "GROWTH_STEPS", 3)
-    probe = HostProbe(ctx().model(), (1, 1), (16, 16))
+    monkeypatch.setattr(probe_module, "GROWTH_STEPS", 3)
+    probe = EngineProbe(ctx().model(), (1, 1), (16, 16))
     engines = set()
     for call in range(7):
         probe(call)
@@ -50,7 +51,7 @@ def test_probe_is_rebuilt_before_its_decodes_would_finish(monkeypatch):
 
 def test_host_batches_are_decodes_and_fresh_prefills_only():
     with pytest.raises(InputError, match=r"host batch: a host batch holds decodes .* got q=8, s=4"):
-        HostProbe(ctx().model(), (8,), (4,))
+        EngineProbe(ctx().model(), (8,), (4,))
 
 
 def test_host_kernel_times_itself():
@@ -66,11 +67,31 @@ def test_self_timer_averages_what_the_calls_return():
     assert SelfTimer().samples(lambda i: next(values), 2, 2, 0) == [2.0, 6.0]
 
 
-def test_step_kernel_times_the_forward_without_building_inputs(monkeypatch):
+def test_step_op_times_the_engines_device_part_inside_an_engine_where_it_can():
+    kernel = build_kernel(Point("step", "decode", q_lens=(1, 1), kv_lens=(8, 9)), ctx())
+    assert kernel.self_timed and kernel.run.part == "device"
+    device_ms = kernel.run(0)
+    assert device_ms == kernel.run.engine.device_ms[-1] > 0
+
+
+def test_step_op_runs_a_chunk_over_a_prefix_on_the_engines_pool_without_building_inputs(monkeypatch):
+    import profiler.model as model_module
     context = ctx()
-    kernel = build_kernel(Point("step", "decode", q_lens=(1, 1), kv_lens=(8, 9)), context)
-    calls = []
-    monkeypatch.setattr(context.model(), "prepare_step", lambda *a: calls.append(a))
+    point = Point("step", "mixed", q_lens=(24, 1), kv_lens=(40, 9))     # no engine holds a chunk at 40
+    kernel = build_kernel(point, context)
+    assert not kernel.self_timed
+    built, outputs = [], []
+    monkeypatch.setattr(model_module, "step_inputs", lambda *a: built.append(a))
+    original = context.model().run_step
+
+    def capture(inputs):
+        assert inputs.kv_lens == [40, 9]
+        out = original(inputs)
+        outputs.append(out)
+        return out
+
+    monkeypatch.setattr(context.model(), "run_step", capture)
     kernel.run(0)
     kernel.run(1)
-    assert calls == []     # built once when the kernel was: input building is the host op's
+    assert built == []     # built once when the kernel was: input building is the host op's
+    torch.testing.assert_close(outputs[0], outputs[1])   # the read copies rewound: the same batch

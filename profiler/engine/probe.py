@@ -1,4 +1,4 @@
-"""The engine's host time for one step batch: what a real iteration costs outside the forward.
+"""One step batch timed inside the engine: real iterations of profiler.engine.Engine held at it.
 
 An iteration of profiler.engine.Engine is: the scheduler's schedule(), input building (token
 tensors, positions, masks, the paged pool's slots and read copies), the forward and greedy
@@ -7,10 +7,14 @@ the pool's release, which the engine charges to the next step. Its `host_ms` is 
 duration less `device_ms`; the profiler's `step` op times the device part alone, so that
 T_step = step + host, each measured once.
 
-HostProbe holds a real Engine at one batch shape and runs real iterations on it: the decodes are
+EngineProbe holds a real Engine at one batch shape and runs real iterations on it: the decodes are
 prefilled once (untimed) and then decode for real; prefills are fresh requests of one output
-token, added before each iteration and finished by it. What a call returns is the engine's own
-host_ms of that iteration, so the profile measures exactly what the engine's step log records.
+token, added before each iteration and finished by it. A call returns the engine's own host_ms
+(the `host` op) or device_ms (the `step` op) of that iteration, so the profile measures exactly
+what the engine's step log records. Timed apart from the engine, the forward alone ran 5-20%
+faster than inside it on the CPU (the host work between steps evicts what a tight loop keeps in
+the caches; tiny, 1 to 16 decodes, interleaved in one process), so whole steps are timed here
+too wherever a probe can hold the batch.
 """
 from __future__ import annotations
 
@@ -28,12 +32,18 @@ GROWTH_STEPS = 256     # decode iterations a probe serves before it is rebuilt (
 BLOCK_SIZE = 16        # `stepcal measure`'s default KV block size
 
 
-class HostProbe:
-    """An engine held at one step batch; each call runs one iteration and returns its host ms."""
+PARTS = ("host", "device")
 
-    def __init__(self, model, q_lens, kv_lens, scheduler: str = "vllm") -> None:
+
+class EngineProbe:
+    """An engine held at one step batch; each call runs one iteration and returns the ms of its
+    `part`: host (the engine's host_ms) or device (its device_ms: the forward and sampling)."""
+
+    def __init__(self, model, q_lens, kv_lens, part: str = "host", scheduler: str = "vllm") -> None:
         check_host_batch(q_lens, kv_lens, "host batch")
-        self.model, self.scheduler = model, scheduler
+        if part not in PARTS:
+            raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+        self.model, self.scheduler, self.part = model, scheduler, part
         self.decode_kv = [int(s) for q, s in zip(q_lens, kv_lens) if s > 0]
         self.prefill_q = [int(q) for q, s in zip(q_lens, kv_lens) if s == 0]
         self.engine = None
@@ -53,7 +63,7 @@ class HostProbe:
             if was_enabled:
                 gc.enable()
         self._steps += 1
-        return engine.host_ms[-1]
+        return engine.host_ms[-1] if self.part == "host" else engine.device_ms[-1]
 
     def _build(self) -> None:
         """A fresh engine whose decodes have all been prefilled (their prefill steps are not timed)."""
