@@ -67,3 +67,16 @@ def front_end(model) -> FrontEnd:
 def describe_step_model(spec: str, model) -> str:
     describe = getattr(model, "describe", None)
     return describe() if callable(describe) else str(spec)
+
+
+def stored_scatter(step_model: str) -> dict:
+    """The step-time scatter stored with a step-model directory (meta.json's `scatter`, written by
+    `stepcal calibrate`: cv, rho, run_cv); {} for built-in models and directories without one."""
+    meta = Path(step_model) / "meta.json" if step_model else None
+    if meta is None or not meta.is_file():
+        return {}
+    scatter = read_json(meta, "the meta.json of a step-model directory").get("scatter")
+    if scatter is not None and not (isinstance(scatter, dict) and all(
+            isinstance(scatter.get(k, 0.0), (int, float)) for k in ("cv", "rho", "run_cv"))):
+        raise InputError(f"{meta}: scatter must be an object of numbers cv, rho, run_cv, got {scatter!r}")
+    return scatter or {}

@@ -6,7 +6,10 @@
 - the front end's per-request delays (simulator.frontend), when they are a distribution;
 - the device's step-to-step scatter: each step's time times (1 + e_k), e an AR(1) series with
   coefficient of variation `cv` and lag-one autocorrelation `rho`, indexed by the replica's step
-  number, so that decode runs and step-by-step simulation draw the same factors.
+  number, so that decode runs and step-by-step simulation draw the same factors;
+- the device's speed over a whole run: every step of a replica times one log-normal level of mean
+  one and coefficient of variation `run_cv` (a shared machine runs the same workload 5-30% faster
+  or slower from one run to the next: the measured repeats' difference in total step time).
 
 `replicate` runs them (seeded: replication i uses seed + i) and `ranges_block` turns their summaries
 into the `ranges` block of summary.json: for every number in the summary, the median over the
@@ -26,19 +29,22 @@ INTERVAL = (5.0, 95.0)   # percentiles of the replications: a 90% interval
 
 @dataclass(frozen=True)
 class Scatter:
-    """Step-to-step scatter of step time: multiplicative, AR(1)."""
+    """Scatter of step time: multiplicative, AR(1) from step to step, times a level per run."""
     cv: float = 0.0      # standard deviation of e_k
     rho: float = 0.0     # lag-one autocorrelation of e_k
+    run_cv: float = 0.0  # coefficient of variation of the run's speed level
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.cv) and self.cv >= 0):
             raise InputError(f"--scatter-cv must be a non-negative number, got {self.cv}")
         if not (np.isfinite(self.rho) and -1 < self.rho < 1):
             raise InputError(f"--scatter-rho must lie in (-1, 1), got {self.rho}")
+        if not (np.isfinite(self.run_cv) and self.run_cv >= 0):
+            raise InputError(f"--scatter-run-cv must be a non-negative number, got {self.run_cv}")
 
     @property
     def is_zero(self) -> bool:
-        return self.cv == 0.0
+        return self.cv == 0.0 and self.run_cv == 0.0
 
 
 class ScatterSeries:
@@ -52,6 +58,10 @@ class ScatterSeries:
         self.rng = np.random.default_rng([seed, replica, 0x73636174])
         self.factors = np.zeros(0)
         self._last = 0.0
+        # the run's speed: log-normal of mean one (its own stream: the step factors do not move with it)
+        sigma = float(np.sqrt(np.log1p(scatter.run_cv ** 2)))
+        z = float(np.random.default_rng([seed, replica, 0x7370656564]).standard_normal())
+        self.level = float(np.exp(sigma * z - sigma * sigma / 2.0))
 
     def take(self, start: int, count: int) -> np.ndarray:
         while len(self.factors) < start + count:
@@ -67,7 +77,7 @@ class ScatterSeries:
             last = rho * last + shock
             e[k] = last
         self._last = last
-        return np.maximum(1.0 + e, 0.05)
+        return np.maximum(1.0 + e, 0.05) * self.level
 
 
 def term_names(model) -> list[str]:

@@ -133,14 +133,29 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
                         "scatter; for every figure the median and the 5th and 95th percentiles over the "
                         "replications (a 90%% interval). const:/linear: models have no spread: only the scatter "
                         "varies (default 0: no ranges)")
-    g.add_argument("--scatter-cv", type=argtypes.scatter_cv, default=0.0,
+    g.add_argument("--scatter-cv", type=argtypes.scatter_cv, default=None,
                    help="step-to-step scatter of step time in the replications: coefficient of variation of a "
-                        "multiplicative AR(1) factor (default 0)")
-    g.add_argument("--scatter-rho", type=argtypes.correlation, default=0.0,
-                   help="lag-one autocorrelation of that factor, in (-1, 1) (default 0)")
+                        "multiplicative AR(1) factor (default: the scatter measured on the device and stored "
+                        "with the tables by `stepcal calibrate`, meta.json's scatter; else 0)")
+    g.add_argument("--scatter-rho", type=argtypes.correlation, default=None,
+                   help="lag-one autocorrelation of that factor, in (-1, 1) (default: the tables' measured one, "
+                        "else 0)")
+    g.add_argument("--scatter-run-cv", type=argtypes.scatter_cv, default=None,
+                   help="the device's speed over a whole run: coefficient of variation of one log-normal level "
+                        "per replication that multiplies every step (default: the tables' measured one, from the "
+                        "two repeats' total step times; else 0)")
     g.add_argument("--ranges-seed", type=argtypes.seed, default=0, help="seed of the replications (default 0)")
     g.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
                    help="run the replications in this many processes (same results; default 1)")
+
+
+def scatter_source(args, stored: dict) -> str:
+    """Where the replications' scatter came from: any flag given, else the tables, else none."""
+    flags = ("scatter_cv", "scatter_rho", "scatter_run_cv")
+    given = [getattr(args, f, None) is not None for f in flags]
+    if all(given) or (any(given) and not stored):
+        return "flags"
+    return "flags and tables" if any(given) else ("tables" if stored else "none")
 
 
 def ranges_from_args(args, trace, model, config) -> dict | None:
@@ -150,11 +165,18 @@ def ranges_from_args(args, trace, model, config) -> dict | None:
     import time
     from dataclasses import replace
 
+    from experiments.step_models import stored_scatter
     from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
-    scatter = Scatter(args.scatter_cv, args.scatter_rho)
+    stored = stored_scatter(getattr(args, "step_model", ""))
+    def chosen(flag: str, key: str) -> float:
+        value = getattr(args, flag, None)
+        return stored.get(key, 0.0) if value is None else value
+    scatter = Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"))
     wall0 = time.perf_counter()
     summaries = replicate(trace, model, replace(config, scatter=scatter), args.ranges, args.ranges_seed,
                           workers=args.workers)
     return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
             "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
+            "scatter_run_cv": scatter.run_cv,
+            "scatter_source": scatter_source(args, stored),
             "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}

@@ -375,5 +375,28 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         meta["host_terms"] = result.terms.to_dict()
         meta["calibration"] = clean_json({**result.to_dict(), "measured_run": str(measured),
                                           "host_defaults": host_defaults})
+        scatter = measured_scatter(run)
+        if scatter is not None:
+            meta["scatter"] = scatter
         atomic_write_json(staging / "meta.json", meta)
     return result
+
+
+def measured_scatter(run) -> dict | None:
+    """The step-to-step scatter of step time on the device that ran `run`, from its two repeats
+    (experiments.validation.noise): what `--ranges` replications draw by default with these
+    tables. None for a run of one repeat."""
+    from experiments.validation.noise import run_noise
+    from experiments.validation.steps import step_noise_floor
+    noise, floor = run_noise(run), step_noise_floor(run)
+    if noise is None or floor is None:
+        return None
+    # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
+    cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
+    # The two repeats' totals differ by the machine's speed: log(T1 / T0) has variance 2 sigma_run^2
+    # (one pair: a rough estimate, and what the measured run says).
+    sigma_run = abs(float(np.log1p(floor.total_difference))) / np.sqrt(2.0)
+    run_cv = float(np.sqrt(np.expm1(sigma_run ** 2)))
+    return {"cv": min(cv, 1.0), "rho": noise.rho, "run_cv": run_cv, "source": "two repeats of the "
+            "measured run: the log ratio of the batches both ran, as an AR(1) process "
+            "(experiments.validation.noise), and the ratio of their total step times (run_cv)"}

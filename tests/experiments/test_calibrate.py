@@ -161,3 +161,32 @@ def test_calibration_keeps_a_constant_front_end_constant(measured):
     assert not result.front_end["kept"]
     assert result.terms.per_request_sigma == 0.0 and result.terms.per_stream_ms == 0.0
     assert result.terms.per_request_ms == pytest.approx(6.0, rel=0.15)
+
+
+def test_calibrate_stores_the_measured_scatter_and_ranges_draw_it(tmp_path):
+    """Two repeats of a run give the device's step-time scatter (experiments.validation.noise) and
+    the run-to-run speed; calibrate stores them with the tables, and --ranges takes them unless
+    flags say otherwise."""
+    run = tmp_path / "run"
+    assert main(["measure", "--trace", "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12",
+                 "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(run)]) == 0
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(run), "--step-model", "const:1", "--max-simulations", "30",
+                 "--quiet", "--out", str(out)]) == 0
+    scatter = json.loads((out / "meta.json").read_text())["scatter"]
+    from experiments.validation.noise import run_noise
+    from experiments.validation.steps import step_noise_floor
+    noise, floor = run_noise(load_measured_run(run)), step_noise_floor(load_measured_run(run))
+    assert scatter["cv"] == pytest.approx(np.sqrt(np.expm1(noise.sigma_log ** 2))) and scatter["rho"] == noise.rho
+    assert scatter["run_cv"] == pytest.approx(np.sqrt(np.expm1(np.log1p(floor.total_difference) ** 2 / 2)))
+
+    def ranges_of(*flags):
+        v = tmp_path / f"v{len(flags)}"
+        assert main(["validate", "--measured", str(run), "--step-model", str(out), "--ranges", "3", "--quiet",
+                     "--out", str(v), *flags]) == 0
+        return json.loads((v / "validation.json").read_text())["ranges"]
+    stored = ranges_of()
+    assert (stored["scatter_cv"], stored["scatter_rho"], stored["scatter_run_cv"], stored["scatter_source"]) == (
+        scatter["cv"], scatter["rho"], scatter["run_cv"], "tables")
+    given = ranges_of("--scatter-cv", "0", "--scatter-rho", "0", "--scatter-run-cv", "0")
+    assert (given["scatter_cv"], given["scatter_run_cv"], given["scatter_source"]) == (0.0, 0.0, "flags")

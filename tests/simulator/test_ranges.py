@@ -93,10 +93,22 @@ def test_scatter_series_has_the_asked_spread_and_autocorrelation():
     assert not np.array_equal(ScatterSeries(Scatter(0.1, 0.6), 0, 1).take(0, 50), factors[:50])
 
 
-@pytest.mark.parametrize("cv, rho", [(-0.1, 0.0), (0.1, 1.0), (float("nan"), 0.0)])
-def test_bad_scatter_is_refused(cv, rho):
+def test_a_runs_speed_level_scales_every_step_alike_with_mean_one():
+    levels = [ScatterSeries(Scatter(run_cv=0.2), seed=s, replica=0).take(0, 64) for s in range(2000)]
+    for factors in levels[:5]:
+        assert np.all(factors == factors[0]) and factors[0] != 1.0   # one level for the whole run
+    first = np.array([f[0] for f in levels])
+    assert first.mean() == pytest.approx(1.0, abs=0.02) and first.std() == pytest.approx(0.2, rel=0.1)
+    steps = ScatterSeries(Scatter(0.1, 0.6), seed=3, replica=0).take(0, 100)
+    both = ScatterSeries(Scatter(0.1, 0.6, run_cv=0.2), seed=3, replica=0)
+    np.testing.assert_allclose(both.take(0, 100), steps * both.level)   # the step factors do not move
+
+
+@pytest.mark.parametrize("cv, rho, run_cv", [(-0.1, 0.0, 0.0), (0.1, 1.0, 0.0), (float("nan"), 0.0, 0.0),
+                                             (0.1, 0.0, -0.2)])
+def test_bad_scatter_is_refused(cv, rho, run_cv):
     with pytest.raises(InputError):
-        Scatter(cv, rho)
+        Scatter(cv, rho, run_cv)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
