@@ -143,8 +143,10 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
                    help="run the replications in this many processes (same results; default 1)")
 
 
-def ranges_from_args(args, trace, model, config) -> dict | None:
-    """The `ranges` block of a simulation (simulator.ranges), or None without --ranges."""
+def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dict | None:
+    """The `ranges` block of a simulation (simulator.ranges), or None without --ranges. With `quantiles`,
+    the block also holds `replica_quantiles`: a DataFrame of each replication's latency at the quantiles
+    of experiments.replications (for the report's CDF bands), which the caller stores apart."""
     if not getattr(args, "ranges", 0):
         return None
     import time
@@ -152,9 +154,26 @@ def ranges_from_args(args, trace, model, config) -> dict | None:
 
     from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
     scatter = Scatter(args.scatter_cv, args.scatter_rho)
+    config = replace(config, scatter=scatter)
     wall0 = time.perf_counter()
-    summaries = replicate(trace, model, replace(config, scatter=scatter), args.ranges, args.ranges_seed,
-                          workers=args.workers)
-    return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
-            "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
-            "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+    table = None
+    if quantiles:
+        from experiments.replications import (
+            ReplicaPool,
+            keep_summary_and_quantiles,
+            quantile_frame,
+            replication_seeds,
+        )
+        seeds = replication_seeds(args.ranges, args.ranges_seed)
+        with ReplicaPool(trace, model, config, args.workers) as pool:
+            kept = pool.map(keep_summary_and_quantiles, seeds)
+        summaries = [summary for summary, _ in kept]
+        table = quantile_frame(seeds, [q for _, q in kept])
+    else:
+        summaries = replicate(trace, model, config, args.ranges, args.ranges_seed, workers=args.workers)
+    block = {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
+             "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
+             "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+    if table is not None:
+        block["replica_quantiles"] = table
+    return block
