@@ -68,14 +68,14 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     wall0 = time.perf_counter()
     result = Simulation(trace, model, config).run()
     row = {**asdict(point), "rate_rps": point.rate_rps if point.rate_rps is not None else mean_rate_rps(trace)}
-    row.update(figures(result, context.slos))
+    row.update(figure_columns(result, context.slos))
     if context.ranges is not None:
         row.update(range_columns(trace, model, config, context.ranges, context.slos))
     row[WALL_COLUMN] = time.perf_counter() - wall0
     return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
 
 
-def figures(result, slos: tuple[Slo, ...]) -> dict:
+def figure_columns(result, slos: tuple[Slo, ...]) -> dict:
     """A run's figure columns: the summary's scalars, each latency statistic, each SLO's attainment and goodput."""
     from simulator.metrics import slo_summary
     summary = result.summary
@@ -99,7 +99,7 @@ def range_columns(trace, model, config, ranges: SweepRanges, slos: tuple[Slo, ..
     from experiments.replications import replication_seeds, run_replica
     from simulator.ranges import Scatter, ranges_block
     config = replace(config, scatter=Scatter(ranges.scatter_cv, ranges.scatter_rho))
-    rows = [figures(run_replica(trace, model, config, seed), slos)
+    rows = [figure_columns(run_replica(trace, model, config, seed), slos)
             for seed in replication_seeds(ranges.num_replications, ranges.seed)]
     block = ranges_block(rows)
     return {f"{name}.{suffix}": (None if block.get(name) is None else block[name][suffix])
