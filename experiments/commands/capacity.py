@@ -25,8 +25,9 @@ simulated. It prints e.g. "capacity 6.2 req/s (90% interval 5.7-6.6)": the media
 then the lower bound's and the upper bound's. A bound that does not cross the target within the
 searched limits (--rate-min / --rate-max, else the start / 2^20 and x 2^20) is reported as beyond
 them, not as a number. The replications run in --workers processes that each load the trace and the
-step model once. Costs N simulations per rate probed against 1, on about twice as many rates (three
-searches); the line printed states both. Aggregated deployments only.
+step model once. Costs N simulations per rate probed against 1, on somewhat more rates (three
+searches that share their bracketing probes; 11 rates against 9 on a 1,000-request trace); the line
+printed states both. Aggregated deployments only.
 
 Writes OUT/capacity.json (max_rate_rps, goodput_rps and the metrics at that rate, the check above it,
 every probe; with --ranges a `ranges` block: max_rate_rps as {median, low, high} with null where a
