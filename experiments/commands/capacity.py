@@ -200,9 +200,10 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
     from dataclasses import replace
 
     from experiments.capacity.ranges import ReplicatedRates, ranges_record, search_capacity_ranges
+    from experiments.commands.flags import scatter_from_args
     from experiments.replications import ReplicaPool, keep_summary, replication_seeds
-    from simulator.ranges import Scatter, term_names
-    scatter = Scatter(args.scatter_cv, args.scatter_rho)
+    from simulator.ranges import term_names
+    scatter = scatter_from_args(args)
     wall0 = time.perf_counter()
     with ReplicaPool(trace, model, replace(config, scatter=scatter), args.workers) as pool:
         replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate),

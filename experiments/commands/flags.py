@@ -143,6 +143,12 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
                    help="run the replications in this many processes (same results; default 1)")
 
 
+def scatter_from_args(args):
+    """The replications' Scatter from --scatter-cv and --scatter-rho (simulate, validate, capacity)."""
+    from simulator.ranges import Scatter
+    return Scatter(args.scatter_cv, args.scatter_rho)
+
+
 def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dict | None:
     """The `ranges` block of a simulation (simulator.ranges), or None without --ranges. With `quantiles`,
     the block also holds `replica_quantiles`: a DataFrame of each replication's latency at the quantiles
@@ -152,8 +158,8 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
     import time
     from dataclasses import replace
 
-    from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
-    scatter = Scatter(args.scatter_cv, args.scatter_rho)
+    from simulator.ranges import INTERVAL, ranges_block, replicate, term_names
+    scatter = scatter_from_args(args)
     config = replace(config, scatter=scatter)
     wall0 = time.perf_counter()
     table = None
