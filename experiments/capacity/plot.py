@@ -26,6 +26,9 @@ def plot_capacity(records: dict[str, dict], slo_ttft_ms: float | None, slo_tpot_
             top.axvline(record["max_rate_rps"], color=color, linestyle=":", linewidth=1.5,
                         label=f"{label}: max rate {record['max_rate_rps']:.3g} req/s")
             bottom.axvline(record["max_rate_rps"], color=color, linestyle=":", linewidth=1.5)
+        if record.get("ranges"):
+            plot_attainment_band(top, record["ranges"], color)
+            plot_latency_bands(bottom, record["ranges"], color)
         check = record.get("check_above")
         if check is not None:
             top.plot([check["rate_rps"]], [check["slo_attainment"]], "X", color=color, markersize=10,
@@ -50,6 +53,33 @@ def plot_capacity(records: dict[str, dict], slo_ttft_ms: float | None, slo_tpot_
     plain_log_ticks(bottom.yaxis)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_attainment_band(ax, ranges: dict, color) -> None:
+    """The replications' attainment: 90% band and median over the rates they were probed at, and the
+    capacity's interval as a shaded span (to the searched limit where a bound lies beyond it)."""
+    probes = [p for p in ranges["probes"] if p.get("slo_attainment")]
+    rates = [p["rate_rps"] for p in probes]
+    n = ranges["num_replications"]
+    ax.fill_between(rates, [p["slo_attainment"]["low"] for p in probes],
+                    [p["slo_attainment"]["high"] for p in probes], color=color, alpha=0.2, step=None,
+                    label=f"attainment, 90% band of {n} replications")
+    ax.plot(rates, [p["slo_attainment"]["median"] for p in probes], ".--", color=color, linewidth=1,
+            label="attainment, median of the replications")
+    curves = ranges["curves"]
+    low, high = (curves[k]["max_rate_rps"] or curves[k]["limit_rps"] for k in ("low", "high"))
+    if low is not None and high is not None:
+        from experiments.capacity.ranges import rate_text
+        ax.axvspan(low, high, color=color, alpha=0.08,
+                   label=f"capacity, 90% interval {rate_text(curves['low'])} to {rate_text(curves['high'])}")
+
+
+def plot_latency_bands(ax, ranges: dict, color) -> None:
+    """The 90% band of P99 TTFT and TPOT over the replications, at the rates they were probed at."""
+    for key in ("ttft_p99_ms", "tpot_p99_ms"):
+        probes = [p for p in ranges["probes"] if p.get(key)]
+        ax.fill_between([p["rate_rps"] for p in probes], [p[key]["low"] for p in probes],
+                        [p[key]["high"] for p in probes], color=color, alpha=0.15)
 
 
 def _title(slo_ttft_ms, slo_tpot_ms) -> str:

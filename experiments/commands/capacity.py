@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from experiments.commands import argtypes
-from experiments.commands.flags import STEP_MODEL_HELP, add_command, add_scheduler_flags
+from experiments.commands.flags import STEP_MODEL_HELP, add_command, add_ranges_flags, add_scheduler_flags
 from experiments.host_defaults import add_host_defaults_flag
 from simulator import bounds
 
@@ -16,8 +16,25 @@ With --disaggregated P:D it also searches a prefill/decode-disaggregated deploym
 D decode replicas, and compares it with an aggregated one of the same number of devices (P + D
 replicas). TTFT there includes the KV transfer and the decode queue (see simulator/disaggregation.py).
 
+With --ranges N it also runs N seeded replications at each rate it probes (replication i draws the
+step model's error and the step scatter from --ranges-seed + i, the same draw at every rate, so each
+replication's attainment against rate is one curve). The median of the N attainments is the central
+curve, their 5th and 95th percentiles the lower and upper bounds; the same bracket-and-bisect search
+runs on each, from the same start, within the same limits, to the same tolerance, sharing the rates
+simulated. It prints e.g. "capacity 6.2 req/s (90% interval 5.7-6.6)": the median curve's crossing,
+then the lower bound's and the upper bound's. A bound that does not cross the target within the
+searched limits (--rate-min / --rate-max, else the start / 2^20 and x 2^20) is reported as beyond
+them, not as a number. The replications run in --workers processes that each load the trace and the
+step model once. Costs N simulations per rate probed against 1, on somewhat more rates (three
+searches that share their bracketing probes; 11 rates against 9 on a 1,000-request trace); the line
+printed states both. Aggregated deployments only.
+
 Writes OUT/capacity.json (max_rate_rps, goodput_rps and the metrics at that rate, the check above it,
-every probe) and OUT/capacity.png (attainment and P99 TTFT / TPOT against rate).
+every probe; with --ranges a `ranges` block: max_rate_rps as {median, low, high} with null where a
+curve is beyond the searched range, `curves` with each search (beyond: "above" / "below", limit_rps),
+`probes` with each figure's median, low and high per rate, num_simulations and wall_s) and
+OUT/capacity.png (attainment and P99 TTFT / TPOT against rate; with --ranges the attainment's 90%
+band and the interval of the capacity).
 
 examples:
   stepcal capacity --trace ../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
@@ -25,7 +42,10 @@ examples:
       --slo-ttft-ms 500 --slo-tpot-ms 50 --out runs/capacity
   stepcal capacity --trace poisson:n=2000,prompt=lognormal:512:1.0,output=uniform:16:256 \\
       --step-model linear:8,0.03,0.0002 --slo-ttft-ms 500 --slo-tpot-ms 50 \\
-      --disaggregated 1:1 --model-spec llama-3-8b --kv-transfer-gbps 25 --out runs/pd"""
+      --disaggregated 1:1 --model-spec llama-3-8b --kv-transfer-gbps 25 --out runs/pd
+  stepcal capacity --trace poisson:n=500,prompt=uniform:32:512,output=uniform:8:128 \
+      --step-model tables/tiny --slo-ttft-ms 300 --slo-tpot-ms 40 \
+      --ranges 20 --scatter-cv 0.05 --scatter-rho 0.5 --workers 2 --out runs/capacity_ranges"""
 
 
 def register(subparsers) -> None:
@@ -69,6 +89,7 @@ def register(subparsers) -> None:
                    help="fixed cost of one KV transfer, ms (default 0.5)")
     g.add_argument("--kv-transfer-gbps", type=argtypes.positive, default=25.0,
                    help="KV transfer bandwidth in GB/s (10^9 bytes/s; default 25, a PCIe 4/5 or IB link)")
+    add_ranges_flags(p)
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--out", required=True, help="output directory")
 
@@ -87,6 +108,8 @@ def parse_split(text: str) -> tuple[int, int]:
 
 
 def run(args) -> int:
+    import time
+
     from experiments.commands.output_paths import check_output
     check_output(args.out)
     from experiments.capacity import (
@@ -111,6 +134,9 @@ def run(args) -> int:
     if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
         raise InputError("capacity needs an SLO: give --slo-ttft-ms and/or --slo-tpot-ms")
     split = parse_split(args.disaggregated) if args.disaggregated else None
+    if args.ranges and split is not None:
+        raise InputError("--ranges: the replications model aggregated replicas only (the disaggregated "
+                         "simulation draws no scatter); run --ranges without --disaggregated")
     num_replicas = _aggregated_replicas(args.replicas, split)
     model = resolve_step_model(args.step_model, args.host_defaults)
     trace = load_workload(args.trace, trace_format=args.trace_format, num_requests=args.num_requests,
@@ -135,11 +161,18 @@ def run(args) -> int:
 
     records = {}
     for label, evaluate in deployments.items():
+        wall0 = time.perf_counter()
         result = search_capacity(evaluate, start_rps=start_rps, target_attainment=args.attainment,
                                  tolerance=args.tolerance, min_rps=args.rate_min, max_rps=args.rate_max)
         records[label] = capacity_record(result, check_above(evaluate, result))
+        plain_wall_s = time.perf_counter() - wall0
         if not args.quiet:
             print(format_record(f"{label} ({_describe(label, num_replicas, split)})", records[label]))
+    if args.ranges:
+        from experiments.capacity.ranges import format_ranges
+        records["aggregated"]["ranges"] = _capacity_ranges(args, trace, model, config, start_rps)
+        if not args.quiet:
+            print(format_ranges(records["aggregated"]["ranges"], len(deployments["aggregated"].cache), plain_wall_s))
 
     out = {**records["aggregated"], "deployment": _describe("aggregated", num_replicas, split),
            "num_replicas": num_replicas, "scheduler": args.scheduler, "slo_ttft_ms": args.slo_ttft_ms,
@@ -158,6 +191,29 @@ def run(args) -> int:
     if not args.quiet:
         print(f"wrote {args.out}/capacity.json, capacity.png")
     return 0
+
+
+def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
+    """The `ranges` block of capacity.json (experiments.capacity.ranges): N replications per rate probed,
+    run in --workers processes that share the trace and the step model."""
+    import time
+    from dataclasses import replace
+
+    from experiments.capacity.ranges import ReplicatedRates, ranges_record, search_capacity_ranges
+    from experiments.commands.flags import scatter_from_args
+    from experiments.replications import ReplicaPool, keep_summary, replication_seeds
+    from simulator.ranges import term_names
+    scatter = scatter_from_args(args)
+    wall0 = time.perf_counter()
+    with ReplicaPool(trace, model, replace(config, scatter=scatter), args.workers) as pool:
+        replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate),
+                                     tuple(replication_seeds(args.ranges, args.ranges_seed)))
+        curves = search_capacity_ranges(replicated, start_rps=start_rps, target_attainment=args.attainment,
+                                        tolerance=args.tolerance, min_rps=args.rate_min, max_rps=args.rate_max)
+    settings = {"seed": args.ranges_seed, "drawn_terms": term_names(model), "scatter_cv": scatter.cv,
+                "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv, "workers": args.workers,
+                "wall_s": time.perf_counter() - wall0}
+    return ranges_record(curves, replicated, settings)
 
 
 def disagg_config_from_args(args, config, split: tuple[int, int]):

@@ -158,25 +158,53 @@ def scatter_source(args, stored: dict) -> str:
     return "flags and tables" if any(given) else ("tables" if stored else "none")
 
 
-def ranges_from_args(args, trace, model, config) -> dict | None:
-    """The `ranges` block of a simulation (simulator.ranges), or None without --ranges."""
+def scatter_from_args(args):
+    """The replications' Scatter (simulate, validate, capacity): each of --scatter-cv, --scatter-rho and
+    --scatter-run-cv where given, else the step model's stored one (meta.json scatter), else 0."""
+    from experiments.step_models import stored_scatter
+    from simulator.ranges import Scatter
+    stored = stored_scatter(getattr(args, "step_model", ""))
+
+    def chosen(flag: str, key: str) -> float:
+        value = getattr(args, flag, None)
+        return stored.get(key, 0.0) if value is None else value
+    return Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"))
+
+
+def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dict | None:
+    """The `ranges` block of a simulation (simulator.ranges), or None without --ranges. With `quantiles`,
+    the block also holds `replica_quantiles`: a DataFrame of each replication's latency at the quantiles
+    of experiments.replications (for the report's CDF bands), which the caller stores apart."""
     if not getattr(args, "ranges", 0):
         return None
     import time
     from dataclasses import replace
 
     from experiments.step_models import stored_scatter
-    from simulator.ranges import INTERVAL, Scatter, ranges_block, replicate, term_names
-    stored = stored_scatter(getattr(args, "step_model", ""))
-    def chosen(flag: str, key: str) -> float:
-        value = getattr(args, flag, None)
-        return stored.get(key, 0.0) if value is None else value
-    scatter = Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"))
+    from simulator.ranges import INTERVAL, ranges_block, replicate, term_names
+    scatter = scatter_from_args(args)
+    config = replace(config, scatter=scatter)
     wall0 = time.perf_counter()
-    summaries = replicate(trace, model, replace(config, scatter=scatter), args.ranges, args.ranges_seed,
-                          workers=args.workers)
-    return {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
-            "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
-            "scatter_run_cv": scatter.run_cv,
-            "scatter_source": scatter_source(args, stored),
-            "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+    table = None
+    if quantiles:
+        from experiments.replications import (
+            ReplicaPool,
+            keep_summary_and_quantiles,
+            quantile_frame,
+            replication_seeds,
+        )
+        seeds = replication_seeds(args.ranges, args.ranges_seed)
+        with ReplicaPool(trace, model, config, args.workers) as pool:
+            kept = pool.map(keep_summary_and_quantiles, seeds)
+        summaries = [summary for summary, _ in kept]
+        table = quantile_frame(seeds, [q for _, q in kept])
+    else:
+        summaries = replicate(trace, model, config, args.ranges, args.ranges_seed, workers=args.workers)
+    block = {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
+             "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
+             "scatter_run_cv": scatter.run_cv,
+             "scatter_source": scatter_source(args, stored_scatter(getattr(args, "step_model", ""))),
+             "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+    if table is not None:
+        block["replica_quantiles"] = table
+    return block

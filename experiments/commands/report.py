@@ -7,7 +7,10 @@ HELP = """Write OUT/report.md and a self-contained OUT/report.html (plots embedd
 beside them, from one or more directories:
   - a validation directory (from `stepcal validate`): CDFs of TTFT, TPOT and E2E, measured vs
     simulated; predicted vs measured step time; the error table with the noise floor and the
-    step-level MAPE;
+    step-level MAPE. A validation with ranges (`validate --ranges N`) adds to the CDFs the band of
+    the N simulated replications (at each cumulative share, the 5th to 95th percentile of their
+    latencies, from ranges_percentiles.parquet) and their median curve, and to the error table each
+    cell's 90% interval and whether the measured value lies inside;
   - a T_step table directory (from `stepcal fit` / `calibrate`): the cost model's held-out errors
     from its meta.json, and a heatmap of T_step over batch size and KV length (pure decode).
 --step-model linear:A,B,C (repeatable) adds the heatmap of a built-in model.

@@ -15,6 +15,14 @@ Writes OUT/summaries.parquet (one row per point: settings, throughput, mean/P50/
 TTFT, TPOT, ITL and E2E, and each SLO's attainment and goodput), OUT/pareto.png (throughput against
 P99 latency, the Pareto front, the best point per SLO) and OUT/sweep.json.
 
+Ranges: with `ranges = N` in the config (and optionally scatter_cv, scatter_rho, ranges_seed), every
+point also runs N seeded replications, each drawing the step model's error per T_step term and the
+step-to-step scatter, and its row gains <column>.median, <column>.low and <column>.high (the median and
+the 5th and 95th percentiles over the replications) for every figure column; the plain columns stay the
+plain run's, and pareto.png shows each point's interval as error bars. A point's replications run in
+the worker that runs the point. The ranges settings are part of each point's key, so a point stored
+without ranges and rerun with them is a new point (simulated again), never mixed with the old result.
+
 config example (see experiments/sweep/config.py for every key):
   trace = "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
   duration_s = 600

@@ -11,7 +11,11 @@ E2E the measured and simulated mean, P50, P90, P95, P99 and the relative error o
 measured run-to-run noise floor beside it when the run has repeats), the throughput error, and the
 step-level error (MAPE of predicted vs measured step time on the measured step log).
 Writes OUT/validation.json, OUT/validation.md, OUT/simulated_requests.parquet (the simulated request
-log) and OUT/step_predictions.parquet (each measured step: features, measured_ms, predicted_ms)."""
+log) and OUT/step_predictions.parquet (each measured step: features, measured_ms, predicted_ms).
+With --ranges N, validation.json gains a `ranges` block (each figure's median and 90% interval over the
+replications, and the coverage: how often the measured value lies inside), and
+OUT/ranges_percentiles.parquet holds each replication's TTFT, TPOT and E2E at the quantiles 0, 0.01, ...,
+1 (columns replication, seed, metric, quantile, value_ms): `stepcal report` draws the CDF bands from it."""
 
 
 def register(subparsers) -> None:
@@ -32,9 +36,12 @@ def run(args) -> int:
         check_output(args.out)
     elif Path(args.measured).is_dir():    # otherwise the measured-run reader says what is wrong with it
         check_output(Path(args.measured) / "validation", flag="--out (default MEASURED/validation)")
+    from functools import partial
+
     from experiments.commands.flags import ranges_from_args
     from experiments.validation.validate import validate_run
-    ranges = (lambda trace, model, config: ranges_from_args(args, trace, model, config)) if args.ranges else None
+    # ranges(trace, model, config); the replications' quantiles go to ranges_percentiles.parquet
+    ranges = partial(ranges_from_args, args, quantiles=True) if args.ranges else None
     validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms, ranges,
                               host_defaults=args.host_defaults)
     if not args.quiet:

@@ -77,7 +77,11 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
              f"{r.num_finished_only_simulated} only simulated.")
     for note in v.notes:
         doc.text(f"note: {note}")
-    doc.table(["metric", "stat", "measured", "simulated", "error", "noise floor"], error_rows(r))
+    if r.ranges:
+        from experiments.report.ranges import ranges_text
+        doc.text(ranges_text(r.ranges))
+    header = ["metric", "stat", "measured", "simulated", "error", "noise floor"]
+    doc.table(header + (["90% interval", "measured inside"] if r.ranges else []), error_rows(r))
     doc.text(step_level_text(r.step_level))
     if r.step_split:
         doc.table(["part of the step", "predicted ms over the measured steps", "share"], split_rows(r.step_split))
@@ -89,8 +93,16 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     runs = {"measured": v.measured_requests, "simulated": v.simulated_requests}
     if any(frame is not None for frame in runs.values()):
         from experiments.report.plots import latency_cdfs
-        doc.image(Image(f"{name}_latency_cdf.png", latency_cdfs(runs, f"{name}: measured vs simulated"),
-                        f"{name}: CDFs of TTFT, TPOT and E2E, measured vs simulated"))
+        bands = None
+        caption = f"{name}: CDFs of TTFT, TPOT and E2E, measured vs simulated"
+        if v.replica_quantiles is not None:
+            from experiments.report.ranges import cdf_bands
+            bands = cdf_bands(v.replica_quantiles)
+            if bands:
+                count = next(iter(bands.values())).num_replications
+                caption += f", with the 90% band of {count} simulated replications"
+        doc.image(Image(f"{name}_latency_cdf.png", latency_cdfs(runs, f"{name}: measured vs simulated", bands),
+                        caption))
     steps = v.step_predictions
     if steps is not None and len(steps) and {"measured_ms", "predicted_ms"} <= set(steps.columns):
         from experiments.report.plots import step_scatter
@@ -111,10 +123,15 @@ def split_rows(split: dict) -> list[list[str]]:
 
 
 def error_rows(record: ValidationRecord) -> list[list[str]]:
+    """One row per metric and statistic, and throughput; with ranges, each cell's interval and whether the
+    measured value lies inside it."""
+    from experiments.report.ranges import interval_cells
     cells = [(metric, stat, cell) for metric, stats in record.metrics.items() for stat, cell in stats.items()]
     cells.append(("throughput_rps", "", record.throughput_rps))
     return [[metric, stat, _num(cell.measured), _num(cell.simulated), _pct(cell.error),
-             _pct(cell.noise_floor, signed=False)] for metric, stat, cell in cells]
+             _pct(cell.noise_floor, signed=False)]
+            + (interval_cells(record.ranges, metric, stat, cell.measured) if record.ranges else [])
+            for metric, stat, cell in cells]
 
 
 def step_level_text(s: StepLevelError) -> str:

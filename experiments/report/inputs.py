@@ -20,6 +20,7 @@ class ValidationInput:
     measured_requests: object | None   # DataFrame, every repeat of the measured run pooled
     step_predictions: object | None    # DataFrame with measured_ms, predicted_ms (empty for imported runs)
     notes: list[str] = field(default_factory=list)
+    replica_quantiles: object | None = None   # DataFrame of validate --ranges' replications (CDF bands)
 
 
 @dataclass
@@ -33,6 +34,8 @@ class TablesInput:
 
 # What `stepcal validate` writes (validation.md, for people, is not read back).
 VALIDATION_FILES = ("validation.json", "simulated_requests.parquet", "step_predictions.parquet")
+RANGES_PERCENTILES = "ranges_percentiles.parquet"    # written by validate --ranges only
+QUANTILE_COLUMNS = ("replication", "metric", "quantile", "value_ms")
 LATENCY_COLUMNS = ("request_id", "finish_s", "ttft_ms", "tpot_ms", "e2e_ms")
 # Directories whose meta.json makes them a step model a report can describe: fitted tables, and a
 # built-in model calibrated by `stepcal calibrate`.
@@ -72,7 +75,14 @@ def load_validation(path: Path) -> ValidationInput:
         repeats = [read_parquet(d / REQUESTS, "a measured run's request log", LATENCY_COLUMNS)
                    for d in repeat_dirs(measured_dir)]
         measured = pd.concat(repeats, ignore_index=True) if repeats else None
-    return ValidationInput(path, record, simulated, measured, steps, notes)
+    quantiles = None
+    if (path / RANGES_PERCENTILES).exists():
+        quantiles = read_parquet(path / RANGES_PERCENTILES, "a validation's per-replication latency quantiles",
+                                 QUANTILE_COLUMNS)
+    elif record.ranges:
+        notes.append(f"validation.json has ranges but no {RANGES_PERCENTILES} (an older validate): the CDFs "
+                     f"show no band; the error table still shows each interval")
+    return ValidationInput(path, record, simulated, measured, steps, notes, quantiles)
 
 
 def _measured_dir(validation_dir: Path, measured_run: str | None) -> Path | None:

@@ -38,21 +38,31 @@ def _wide(*arrays) -> bool:
     return len(positive) > 0 and positive.max() / positive.min() > WIDE_RANGE
 
 
-def latency_cdfs(runs: dict, title: str) -> bytes:
+def latency_cdfs(runs: dict, title: str, bands: dict | None = None) -> bytes:
+    """latency_cdf_figure as PNG bytes."""
+    return _png(latency_cdf_figure(runs, title, bands))
+
+
+def latency_cdf_figure(runs: dict, title: str, bands: dict | None = None):
     """One panel per metric (TTFT, TPOT, E2E): the empirical CDF of each run in `runs`
-    ({"measured": requests DataFrame, "simulated": ...}; a None run is left out)."""
+    ({"measured": requests DataFrame, "simulated": ...}; a None run is left out), and where `bands`
+    (experiments.report.ranges.cdf_bands) has the metric, the replications' 90% band and median curve."""
     fig = _figure(13, 3.9)
     axes = fig.subplots(1, len(LATENCY_METRICS))
     for ax, (column, label) in zip(axes, LATENCY_METRICS):
         samples = {name: _finite(frame[column]) for name, frame in runs.items()
                    if frame is not None and column in frame}
+        band = (bands or {}).get(column)
+        if band is not None:
+            _plot_band(ax, band)
         for name, values in samples.items():
             if len(values):
                 n = len(values)
                 x = np.sort(values)   # the curve starts at 0 just left of the smallest sample
                 x, y = np.concatenate([x[:1], x]), np.arange(n + 1) / n
                 ax.step(x, y, where="post", color=COLORS.get(name), label=f"{name} (n={n})")
-        if _wide(*samples.values()):
+        extent = [band.low_ms, band.high_ms] if band is not None else []
+        if _wide(*samples.values(), *extent):
             ax.set_xscale("log")
         ax.set_xlabel(f"{label} (ms)")
         ax.set_ylabel("fraction of requests")
@@ -62,7 +72,17 @@ def latency_cdfs(runs: dict, title: str) -> bytes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(title)
-    return _png(fig)
+    return fig
+
+
+def _plot_band(ax, band) -> None:
+    """The envelope of the replications' CDFs (at each share, the 5th to 95th percentile of their
+    latency) and their median curve."""
+    color = COLORS["simulated"]
+    ax.fill_betweenx(band.quantiles, band.low_ms, band.high_ms, color=color, alpha=0.18, linewidth=0,
+                     label=f"simulated, 90% band of {band.num_replications} replications")
+    ax.plot(band.median_ms, band.quantiles, color=color, linestyle="--", linewidth=1,
+            label="simulated, median of the replications")
 
 
 def step_scatter(measured_ms, predicted_ms, title: str) -> bytes:

@@ -7,6 +7,10 @@
     step_models = ["linear:8,0.03,0.0002"]
     latency = "ttft_ms"              # the P99 on the Pareto plot: ttft_ms, tpot_ms, itl_ms or e2e_ms
     # block_size, kv_blocks, router, step_overhead_ms: simulation settings shared by every point
+    ranges = 20                      # optional: N replications per point, each figure with a 90% interval
+    scatter_cv = 0.05                # their step-to-step scatter (default 0) and its autocorrelation
+    scatter_rho = 0.5                # (default 0); scatter_run_cv: the device's speed over a run (default 0);
+                                     # ranges_seed: replication i uses ranges_seed + i (default 0)
 
     [[schedulers]]
     name = "vllm"
@@ -24,6 +28,14 @@
     attainment = 0.9
 
 Relative file paths (the trace, table directories) are relative to the config file.
+
+With `ranges = N` (N > 0) every point also runs N seeded replications (simulator.ranges: each draws the
+step model's error per T_step term and the step scatter) and its row gains, for every figure column
+(throughput, the latency statistics, each SLO's attainment and goodput, ...), `<column>.median`,
+`<column>.low` and `<column>.high`: the median and the 5th and 95th percentiles over the replications.
+The plain columns stay the plain run's. The ranges settings are part of every point's key: a point
+stored without ranges and run again with them (or with other ranges settings) is a new point, simulated
+again; the stored one stays under its own key for a rerun without ranges.
 """
 from __future__ import annotations
 
@@ -35,7 +47,9 @@ from simulator.errors import InputError
 from simulator.readers import read_toml
 
 TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
-            "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos"}
+            "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
+            "ranges", "scatter_cv", "scatter_rho", "scatter_run_cv", "ranges_seed"}
+RANGES_KEYS = ("scatter_cv", "scatter_rho", "scatter_run_cv", "ranges_seed")   # meaningful with ranges > 0 only
 SCHEDULER_SETTINGS = ("max_num_seqs", "max_batched_tokens", "chunk_size")
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 SLO_KEYS = {"name", "ttft_ms", "tpot_ms", "attainment"}
@@ -47,6 +61,16 @@ class Slo:
     ttft_ms: float | None
     tpot_ms: float | None
     attainment: float
+
+
+@dataclass(frozen=True)
+class SweepRanges:
+    """`ranges = N` of a sweep config: N replications per point (replication i seeded seed + i)."""
+    num_replications: int
+    scatter_cv: float = 0.0
+    scatter_rho: float = 0.0
+    seed: int = 0
+    scatter_run_cv: float = 0.0     # the device's speed over a run (simulator.ranges.Scatter.run_cv)
 
 
 @dataclass(frozen=True)
@@ -77,13 +101,18 @@ class SweepConfig:
     latency: str
     slos: tuple[Slo, ...]
     points: tuple[SweepPoint, ...]
+    ranges: SweepRanges | None = None
 
     def shared(self) -> dict:
-        """Everything but the grid axes that a point's result depends on (part of every point's key)."""
-        return {"trace": self.trace, "trace_format": self.trace_format, "num_requests": self.num_requests,
-                "duration_s": self.duration_s, "seed": self.seed, "block_size": self.block_size,
-                "kv_blocks": self.kv_blocks, "router": self.router, "step_overhead_ms": self.step_overhead_ms,
-                "slos": [vars(s) for s in self.slos]}
+        """Everything but the grid axes that a point's result depends on (part of every point's key).
+        `ranges` only when set, so that the keys of sweeps without ranges stay what they were."""
+        shared = {"trace": self.trace, "trace_format": self.trace_format, "num_requests": self.num_requests,
+                  "duration_s": self.duration_s, "seed": self.seed, "block_size": self.block_size,
+                  "kv_blocks": self.kv_blocks, "router": self.router, "step_overhead_ms": self.step_overhead_ms,
+                  "slos": [vars(s) for s in self.slos]}
+        if self.ranges is not None:
+            shared["ranges"] = vars(self.ranges)
+        return shared
 
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
@@ -119,7 +148,32 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
         router=_scalar(path, data, "router", str, "round-robin"),
         step_overhead_ms=float(_scalar(path, data, "step_overhead_ms", (int, float), 0.0)),
         latency=latency, slos=tuple(_slo(path, i, t) for i, t in enumerate(_tables(path, "slos", data.get("slos", [])))),
-        points=points)
+        points=points, ranges=_ranges(path, data))
+
+
+def _ranges(path: Path, data: dict) -> SweepRanges | None:
+    """SweepRanges from `ranges = N` and its settings; None without it (or with 0)."""
+    num = _scalar(path, data, "ranges", int, 0)
+    if not 0 <= num <= 10_000:
+        raise InputError(f"{path}: ranges must be a number of replications in [0, 10000], got {num}")
+    if num == 0:
+        given = [key for key in RANGES_KEYS if key in data]
+        if given:
+            raise InputError(f"{path}: {', '.join(given)} need(s) ranges = N (N > 0 replications per point)")
+        return None
+    cv = float(_scalar(path, data, "scatter_cv", (int, float), 0.0))
+    rho = float(_scalar(path, data, "scatter_rho", (int, float), 0.0))
+    seed = _scalar(path, data, "ranges_seed", int, 0)
+    run_cv = float(_scalar(path, data, "scatter_run_cv", (int, float), 0.0))
+    if not 0 <= run_cv <= 1:
+        raise InputError(f"{path}: scatter_run_cv must be in [0, 1] (a coefficient of variation), got {run_cv}")
+    if not 0 <= cv <= 1:
+        raise InputError(f"{path}: scatter_cv must be in [0, 1] (a coefficient of variation), got {cv}")
+    if not -1 < rho < 1:
+        raise InputError(f"{path}: scatter_rho must be in (-1, 1) (a lag-one autocorrelation), got {rho}")
+    if seed < 0:
+        raise InputError(f"{path}: ranges_seed must be a non-negative integer, got {seed}")
+    return SweepRanges(num, cv, rho, seed, run_cv)
 
 
 def _scheduler_settings(path: Path, i: int, entry: dict) -> list[tuple]:

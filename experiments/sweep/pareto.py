@@ -43,6 +43,20 @@ def point_label(row) -> str:
             .replace("  ", " "))
 
 
+def plot_error_bars(ax, frame, latency: str) -> None:
+    """Each point's 90% interval over its replications (sweep `ranges = N`), on both axes, drawn around the
+    replications' median (the plain run, marked by the dot, may lie outside its interval: the scatter
+    lengthens queues)."""
+    def interval(column: str):
+        median, low, high = (frame[f"{column}.{k}"].to_numpy(dtype=float) for k in ("median", "low", "high"))
+        return median, np.vstack([median - low, high - median])
+    x, xerr = interval(f"{latency}_p99")
+    y, yerr = interval("throughput_rps")
+    ok = np.isfinite(x) & np.isfinite(y)
+    ax.errorbar(x[ok], y[ok], xerr=xerr[:, ok], yerr=yerr[:, ok], fmt="none", ecolor="gray", alpha=0.6,
+                elinewidth=1, capsize=2, label="90% interval over the replications (around their median)")
+
+
 def plot_pareto(frame, latency: str, slos, best: dict, path: str | Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -54,6 +68,8 @@ def plot_pareto(frame, latency: str, slos, best: dict, path: str | Path) -> None
     for scheduler in dict.fromkeys(frame["scheduler"]):
         sel = (frame["scheduler"] == scheduler).to_numpy()
         ax.scatter(x[sel], y[sel], s=22, alpha=0.7, label=scheduler)
+    if f"{latency}_p99.low" in frame:
+        plot_error_bars(ax, frame, latency)
     front = pareto_mask(x, y)
     order = np.argsort(x[front])
     ax.step(x[front][order], y[front][order], where="post", color="black", linewidth=1.2, label="Pareto front")

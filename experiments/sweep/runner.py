@@ -6,12 +6,13 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from experiments.sweep.config import Slo, SweepConfig, SweepPoint
+from experiments.sweep.config import Slo, SweepConfig, SweepPoint, SweepRanges
 from simulator.measured_run import METRICS, STATS, RunStats
 
 SUMMARY_SCALARS = ("num_requests", "num_finished", "duration_s", "throughput_rps", "output_tokens_per_s",
                    "num_preemptions", "num_steps")
-WALL_COLUMN = "sim_wall_s"   # the one column that differs between runs of the same point
+WALL_COLUMN = "sim_wall_s"   # the one column that differs between runs of the same point (with ranges: all runs)
+RANGE_SUFFIXES = ("median", "low", "high")   # with ranges: <column>.median / .low / .high over the replications
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class SweepContext:
     router: str
     step_overhead_ms: float
     slos: tuple[Slo, ...]
+    ranges: SweepRanges | None = None
 
 
 def build_context(config: SweepConfig) -> SweepContext:
@@ -33,7 +35,7 @@ def build_context(config: SweepConfig) -> SweepContext:
                           duration_s=config.duration_s, seed=config.seed, arg_name=f"{config.path}: trace")
     models = {spec: resolve_step_model(spec) for spec in dict.fromkeys(p.step_model for p in config.points)}
     return SweepContext(trace, models, config.block_size, config.kv_blocks, config.router, config.step_overhead_ms,
-                        config.slos)
+                        config.slos, config.ranges)
 
 
 def point_key(point: SweepPoint, config: SweepConfig) -> str:
@@ -44,11 +46,11 @@ def point_key(point: SweepPoint, config: SweepConfig) -> str:
 
 
 def run_point(point: SweepPoint, context: SweepContext) -> dict:
-    """Simulate one point; the row holds the point's settings, the summary and each SLO's attainment."""
+    """Simulate one point; the row holds the point's settings, the summary and each SLO's attainment, and
+    with ranges each of those figures' median and 90% interval over the replications."""
     import numpy as np
 
     from experiments.step_models import front_end
-    from simulator.metrics import slo_summary
     from simulator.schedulers import SchedulerConfig
     from simulator.simulation import SimConfig, Simulation
     from simulator.workload import mean_rate_rps, rescale_rate
@@ -58,22 +60,47 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     scheduler_config = SchedulerConfig(max_num_seqs=point.max_num_seqs or defaults.max_num_seqs,
                                        max_num_batched_tokens=point.max_batched_tokens,
                                        chunk_size=point.chunk_size or defaults.chunk_size)
+    model = context.step_models[point.step_model]
     config = SimConfig(scheduler=point.scheduler, scheduler_config=scheduler_config, block_size=context.block_size,
                        kv_blocks=context.kv_blocks, num_replicas=point.num_replicas, router=context.router,
                        step_overhead_ms=context.step_overhead_ms, record_batches=False,
-                       front_end=front_end(context.step_models[point.step_model]))
+                       front_end=front_end(model))
     wall0 = time.perf_counter()
-    result = Simulation(trace, context.step_models[point.step_model], config).run()
+    result = Simulation(trace, model, config).run()
     row = {**asdict(point), "rate_rps": point.rate_rps if point.rate_rps is not None else mean_rate_rps(trace)}
+    row.update(figure_columns(result, context.slos))
+    if context.ranges is not None:
+        row.update(range_columns(trace, model, config, context.ranges, context.slos))
+    row[WALL_COLUMN] = time.perf_counter() - wall0
+    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+
+
+def figure_columns(result, slos: tuple[Slo, ...]) -> dict:
+    """A run's figure columns: the summary's scalars, each latency statistic, each SLO's attainment and goodput."""
+    from simulator.metrics import slo_summary
     summary = result.summary
-    row.update({name: summary[name] for name in SUMMARY_SCALARS})
+    row = {name: summary[name] for name in SUMMARY_SCALARS}
     stats = RunStats.from_summary(summary)
     for name in METRICS:
         row.update({f"{name}_{stat}": stats.stat(name, stat) for stat in STATS})
     finished = result.requests["finish_s"].notna().to_numpy()
-    for slo in context.slos:
+    for slo in slos:
         s = slo_summary(result.requests, finished, summary["duration_s"], slo.ttft_ms, slo.tpot_ms)
         row[f"slo_{slo.name}_attainment"] = s["slo_attainment"]
         row[f"slo_{slo.name}_goodput_rps"] = s["goodput_rps"]
-    row[WALL_COLUMN] = time.perf_counter() - wall0
-    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()}
+    return row
+
+
+def range_columns(trace, model, config, ranges: SweepRanges, slos: tuple[Slo, ...]) -> dict:
+    """<figure>.median / .low / .high over the point's replications, run one after the other here:
+    the sweep's backend already spreads the points over its workers."""
+    from dataclasses import replace
+
+    from experiments.replications import replication_seeds, run_replica
+    from simulator.ranges import Scatter, ranges_block
+    config = replace(config, scatter=Scatter(ranges.scatter_cv, ranges.scatter_rho, ranges.scatter_run_cv))
+    rows = [figure_columns(run_replica(trace, model, config, seed), slos)
+            for seed in replication_seeds(ranges.num_replications, ranges.seed)]
+    block = ranges_block(rows)
+    return {f"{name}.{suffix}": (None if block.get(name) is None else block[name][suffix])
+            for name in rows[0] for suffix in RANGE_SUFFIXES}

@@ -11,6 +11,7 @@ from experiments.validation.steps import predict_steps, step_level_error, step_n
 from experiments.validation.table import format_table
 
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
+RANGES_PERCENTILES = "ranges_percentiles.parquet"     # each replication's latency quantiles (report's CDF bands)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     validation.md, simulated_requests.parquet and step_predictions.parquet.
     `ranges(trace, model, config)`, when given, returns the ranges block of replications
     (experiments.commands.flags.ranges_from_args); the record then says how often the measured
-    values fall inside the intervals. `host_defaults` names an engine whose published host terms are
+    values fall inside the intervals; a block holding `replica_quantiles` (a DataFrame) has it written to
+    OUT/ranges_percentiles.parquet. `host_defaults` names an engine whose published host terms are
     added to a step model without calibrated ones (experiments.host_defaults)."""
     from experiments.step_models import front_end, resolve_step_model
     from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
@@ -45,10 +47,14 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
     front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
     record = replace(record, step_split=step_split(model, run.steps, front_ms))
+    quantiles = None
     if ranges is not None:
         from experiments.validation.coverage import coverage_block
         block = ranges(run.trace, model, config)
         block["coverage"] = coverage_block(run.stats, block["stats"])
+        quantiles = block.pop("replica_quantiles", None)   # a table: stored beside validation.json, named in it
+        if quantiles is not None:
+            block["replica_quantiles_file"] = RANGES_PERCENTILES
         record = replace(record, ranges=block)
     table = format_table(record)
     out = Path(out) if out else Path(measured) / "validation"
@@ -59,4 +65,6 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
         steps = run.steps[[c for c in run.steps.columns if c not in LIST_COLUMNS]]
         steps = steps.rename(columns={"duration_ms": "measured_ms"}).assign(predicted_ms=predicted)
         atomic_write_parquet(steps, staging / "step_predictions.parquet")
+        if quantiles is not None:
+            atomic_write_parquet(quantiles, staging / RANGES_PERCENTILES)
     return Validation(record, table, out)

@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from experiments.capacity import RateEvaluator, aggregated, check_above, search_capacity
@@ -144,3 +145,116 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, extra, nee
     # "stepcal: ..." for input errors, "stepcal capacity: argument ..." for flags refused at parse time
     assert code == 2 and err.startswith("stepcal") and err.count("\n") == 1 and needle in err
     assert not out.exists()
+
+
+# --- ranges (issue 17): the capacity's 90% interval -------------------------------------------------------
+
+SMALL_TRACE = "poisson:rate=4,n=60,prompt=uniform:32:512,output=uniform:8:128,seed=3"
+
+
+def replicated_steps(boundaries_rps: list[float]):
+    """Fake replications: replication i meets every SLO up to its own boundary, half of them above it."""
+    from experiments.capacity.ranges import ReplicatedRates
+
+    def run(seeds, rate):
+        return [{"slo_attainment": 1.0 if rate <= boundaries_rps[s] else 0.5} for s in seeds]
+    return ReplicatedRates(run, tuple(range(len(boundaries_rps))))
+
+
+def test_each_bound_is_where_its_percentile_of_the_replications_crosses_the_target():
+    from experiments.capacity.ranges import search_capacity_ranges
+    boundaries = [float(b) for b in np.linspace(8.0, 16.0, 21)]   # replication i fails above 8 + 0.4 i req/s
+    replicated = replicated_steps(boundaries)
+    curves = search_capacity_ranges(replicated, start_rps=5.0, target_attainment=0.9, tolerance=0.01)
+    # The q-th percentile of 21 step curves is >= 0.9 exactly while at least (1 - q) of them still hold.
+    for name, expected in (("low", np.percentile(boundaries, 5)), ("median", 12.0), ("high", np.percentile(boundaries, 95))):
+        curve = curves[name]
+        assert curve.beyond is None
+        assert curve.max_rate_rps <= expected < curve.upper_rate_rps <= curve.max_rate_rps * 1.01, name
+    assert curves["low"].max_rate_rps < curves["median"].max_rate_rps < curves["high"].max_rate_rps
+    # every rate simulated once, for all replications and all three searches
+    assert replicated.num_simulations == len(replicated.cache) * 21
+
+
+def test_a_bound_that_never_crosses_is_beyond_the_searched_range_not_a_number():
+    from experiments.capacity.ranges import format_ranges, search_capacity_ranges
+    replicated = replicated_steps([6.0, 8.0, 10.0, 200.0, 300.0])
+    curves = search_capacity_ranges(replicated, start_rps=5.0, target_attainment=0.9, tolerance=0.02, max_rps=50.0)
+    assert curves["median"].beyond is None and curves["median"].max_rate_rps <= 10.0
+    high = curves["high"]
+    assert (high.max_rate_rps, high.beyond, high.limit_rps) == (None, "above", 50.0)
+    replicated = replicated_steps([0.5, 6.0, 8.0])
+    curves = search_capacity_ranges(replicated, start_rps=5.0, target_attainment=0.9, tolerance=0.02, min_rps=1.0)
+    low = curves["low"]
+    assert (low.max_rate_rps, low.beyond, low.limit_rps) == (None, "below", 1.0)
+    block = {"curves": {n: c.to_dict() for n, c in curves.items()}, "drawn_terms": [], "num_replications": 3,
+             "scatter_cv": 0.0, "scatter_rho": 0.0, "num_simulations": 9, "wall_s": 1.0, "workers": 1}
+    line = format_ranges(block, 3, 0.5).splitlines()[0]
+    assert line == (f"capacity {curves['median'].max_rate_rps:.3g} req/s (90% interval beyond the search floor of "
+                    f"1 req/s to {curves['high'].max_rate_rps:.3g})")
+
+
+def capacity_ranges(tmp_path, name: str, *extra: str, quiet: bool = True) -> dict:
+    out = tmp_path / name
+    assert main(["capacity", "--trace", SMALL_TRACE, "--step-model", STEP_MODEL, "--scheduler", "sarathi", *SLO,
+                 "--tolerance", "0.05", *(["--quiet"] if quiet else []), "--out", str(out), *extra]) == 0
+    return json.loads((out / "capacity.json").read_text())
+
+
+def test_capacity_without_spread_or_scatter_has_a_zero_width_interval_at_the_plain_capacity(tmp_path):
+    """A linear: model has no spread to draw; with no scatter either, every replication is the plain run."""
+    record = capacity_ranges(tmp_path, "zero", "--ranges", "3", "--scatter-cv", "0")
+    ranges = record["ranges"]
+    assert ranges["max_rate_rps"] == {"median": record["max_rate_rps"], "low": record["max_rate_rps"],
+                                      "high": record["max_rate_rps"]}
+    assert ranges["num_replications"] == 3 and ranges["drawn_terms"] == []
+    plain = {p["rate_rps"]: p["slo_attainment"] for p in record["probes"]}
+    for probe in ranges["probes"]:
+        cell = probe["slo_attainment"]
+        assert cell["low"] == cell["median"] == cell["high"]
+        if probe["rate_rps"] in plain:
+            assert cell["median"] == plain[probe["rate_rps"]]
+    assert ranges["num_simulations"] == 3 * len(ranges["probes"])
+
+
+def test_the_capacity_interval_widens_with_the_scatter_and_the_png_shows_it(tmp_path):
+    widths = []
+    for cv in ("0.05", "0.3"):
+        record = capacity_ranges(tmp_path, f"cv{cv}", "--ranges", "5", "--scatter-cv", cv, "--scatter-rho", "0.5",
+                                 "--workers", "2" if cv == "0.3" else "1")
+        rates = record["ranges"]["max_rate_rps"]
+        assert rates["low"] <= rates["median"] <= rates["high"]
+        widths.append(rates["high"] - rates["low"])
+    assert 0 < widths[0] < widths[1]
+    assert (tmp_path / "cv0.3" / "capacity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_capacity_ranges_are_the_same_in_a_process_pool():
+    from experiments.capacity.ranges import ReplicatedRates, search_capacity_ranges
+    from experiments.replications import ReplicaPool, keep_summary
+    from simulator.ranges import Scatter
+    trace, model = load_workload(SMALL_TRACE), resolve_step_model(STEP_MODEL)
+    config = SimConfig(scheduler="sarathi", slo_ttft_ms=300, slo_tpot_ms=40, scatter=Scatter(0.2, 0.5))
+    found = []
+    for workers in (1, 2):
+        with ReplicaPool(trace, model, config, workers) as pool:
+            replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate), (4, 5, 6))
+            curves = search_capacity_ranges(replicated, start_rps=20.0, target_attainment=0.9, tolerance=0.1)
+        found.append(({n: c.max_rate_rps for n, c in curves.items()}, replicated.cache))
+    assert found[0] == found[1]
+
+
+def test_capacity_prints_the_rate_and_its_interval(tmp_path, capsys):
+    record = capacity_ranges(tmp_path, "print", "--ranges", "4", "--scatter-cv", "0.2", quiet=False)
+    lines = capsys.readouterr().out.splitlines()
+    rates = record["ranges"]["max_rate_rps"]
+    assert f"capacity {rates['median']:.3g} req/s (90% interval {rates['low']:.3g}-{rates['high']:.3g})" in lines
+    assert any(line.startswith("  over 4 replications (drawn: no term spread; scatter cv 0.2, rho 0, run cv 0): ")
+               for line in lines)
+
+
+def test_capacity_ranges_refuse_disaggregation_in_one_line(tmp_path, capsys):
+    code = main(["capacity", "--trace", SMALL_TRACE, "--step-model", STEP_MODEL, *SLO, "--disaggregated", "1:1",
+                 "--model-spec", "tiny", "--ranges", "3", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--ranges" in err and not (tmp_path / "o").exists()

@@ -169,3 +169,68 @@ def test_report_names_tell_validations_of_the_same_run_apart(tmp_path):
                      tables: "campaign_tables"}
     assert _unique_names([a, c]) == {a: "continuous_load_30", c: "sarathi_load_30"}   # two components suffice
     assert list(_unique_names([a, a]).values()) == ["continuous_load_30"]             # one path, one name
+
+
+# --- ranges (issue 17): CDF bands and each cell's interval ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ranged(inputs, tmp_path_factory):
+    """A validation with ranges of the engine run, and its report."""
+    root = tmp_path_factory.mktemp("ranged")
+    assert main(["validate", "--measured", str(inputs / "engine"), "--step-model", LINEAR, "--ranges", "5",
+                 "--scatter-cv", "0.2", "--quiet", "--out", str(root / "validation")]) == 0
+    assert main(["report", str(root / "validation"), "--quiet", "--out", str(root / "report")]) == 0
+    return root
+
+
+def test_validate_ranges_store_each_replications_latency_quantiles(ranged):
+    import pandas as pd
+    table = pd.read_parquet(ranged / "validation" / "ranges_percentiles.parquet")
+    record = json.loads((ranged / "validation" / "validation.json").read_text())
+    assert record["ranges"]["replica_quantiles_file"] == "ranges_percentiles.parquet"
+    assert sorted(table["replication"].unique()) == [0, 1, 2, 3, 4] and set(table["metric"]) == {"ttft_ms", "tpot_ms", "e2e_ms"}
+    # each replication's median TTFT; the ranges block's interval of P50 TTFT is their 5th-95th percentile
+    medians = table[(table["metric"] == "ttft_ms") & (table["quantile"] == 0.5)]["value_ms"].to_numpy()
+    cell = record["ranges"]["stats"]["ttft_ms"]["p50"]
+    assert (cell["low"], cell["high"]) == pytest.approx(tuple(np.percentile(medians, [5, 95])))
+
+
+def test_report_error_table_shows_each_interval_and_whether_the_measured_value_is_inside(ranged):
+    record = json.loads((ranged / "validation" / "validation.json").read_text())
+    markdown = (ranged / "report" / "report.md").read_text()
+    assert "| metric | stat | measured | simulated | error | noise floor | 90% interval | measured inside |" in markdown
+    for metric, stat in (("ttft_ms", "p90"), ("e2e_ms", "p50"), ("tpot_ms", "mean")):
+        cell = record["metrics"][metric][stat]
+        interval = record["ranges"]["stats"][metric][stat]
+        inside = record["ranges"]["coverage"]["cells"][metric][stat]["inside"]
+        row = (f"| {metric} | {stat} | {cell['measured']:.4g} | {cell['simulated']:.4g} | {100 * cell['error']:+.1f}% | - "
+               f"| {interval['low']:.4g} to {interval['high']:.4g} | {'yes' if inside else 'no'} |")
+        assert row in markdown
+    coverage = record["ranges"]["coverage"]
+    assert f"inside in {coverage['num_inside']} of {coverage['num_cells']} cells" in markdown
+    assert "with the 90% band of 5 simulated replications" in markdown
+
+
+def test_report_cdfs_draw_the_band_of_the_replications(ranged):
+    import pandas as pd
+    from matplotlib.collections import PolyCollection
+
+    from experiments.report.plots import latency_cdf_figure
+    from experiments.report.ranges import cdf_bands
+    loaded = load_validation(ranged / "validation")
+    bands = cdf_bands(loaded.replica_quantiles)
+    table = pd.read_parquet(ranged / "validation" / "ranges_percentiles.parquet")
+    e2e = table[table["metric"] == "e2e_ms"].pivot(index="replication", columns="quantile", values="value_ms")
+    np.testing.assert_allclose(bands["e2e_ms"].low_ms, np.percentile(e2e.to_numpy(), 5, axis=0))
+    np.testing.assert_allclose(bands["e2e_ms"].high_ms, np.percentile(e2e.to_numpy(), 95, axis=0))
+    assert (bands["e2e_ms"].high_ms > bands["e2e_ms"].low_ms).any()
+    fig = latency_cdf_figure({"measured": loaded.measured_requests, "simulated": loaded.simulated_requests},
+                             "t", bands)
+    for ax, metric in zip(fig.axes, ("ttft_ms", "tpot_ms", "e2e_ms")):
+        (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        xs = band.get_paths()[0].vertices[:, 0]
+        assert xs.min() == pytest.approx(bands[metric].low_ms.min())
+        assert xs.max() == pytest.approx(bands[metric].high_ms.max())
+    # without ranges nothing is shaded
+    plain = latency_cdf_figure({"simulated": loaded.simulated_requests}, "t")
+    assert not any(isinstance(c, PolyCollection) for ax in plain.axes for c in ax.collections)

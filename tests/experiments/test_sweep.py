@@ -170,3 +170,66 @@ def test_the_config_example_in_the_help_is_a_valid_config(tmp_path):
     assert len(config.points) == 3 * 2 * (2 + 2)      # rates × replicas × (vllm settings + sarathi settings)
     assert sorted({p.chunk_size for p in config.points if p.scheduler == "sarathi"}) == [256, 512]
     assert config.slos == (Slo("chat", 500.0, 50.0, 0.9),) and config.duration_s == 600
+
+
+# --- ranges (issue 17): each point's figures with a 90% interval -----------------------------------------
+
+RANGED = CONFIG.replace("rates_rps = [5.0, 40.0]\nreplicas = [1, 2]", "rates_rps = 40.0\nranges = 3\nscatter_cv = 0.2")
+RANGED_POINTS = 3   # (vllm × 2 settings + sarathi) at one rate, one replica
+
+
+def test_sweep_ranges_add_intervals_beside_the_plain_columns_and_round_trip_in_the_store(tmp_path, reference):
+    path = tmp_path / "sweep.toml"
+    path.write_text(RANGED)
+    report = run_sweep(load_sweep_config(path), tmp_path / "out")
+    frame = report.frame
+    plain = reference[(reference["rate_rps"] == 40.0) & (reference["num_replicas"] == 1)].reset_index(drop=True)
+    # the plain columns are the plain run's, as without ranges (only the index differs: a smaller grid)
+    pd.testing.assert_frame_equal(frame[plain.columns].drop(columns="index"), plain.drop(columns="index"))
+    for column in ("ttft_ms_p99", "throughput_rps", "slo_chat_attainment", "slo_chat_goodput_rps"):
+        low, median, high = (frame[f"{column}.{k}"].to_numpy(dtype=float) for k in ("low", "median", "high"))
+        assert (low <= median).all() and (median <= high).all(), column
+    assert (frame["ttft_ms_p99.high"] > frame["ttft_ms_p99.low"]).all()      # the scatter moves every point
+    again = run_sweep(load_sweep_config(path), tmp_path / "out")
+    assert (again.num_reused, again.num_run) == (RANGED_POINTS, 0)
+    pd.testing.assert_frame_equal(again.frame, frame)
+    stored = pd.read_parquet(tmp_path / "out" / "summaries.parquet")
+    pd.testing.assert_frame_equal(stored, frame.astype(stored.dtypes.to_dict()))
+
+
+def test_sweep_ranges_without_spread_or_scatter_are_the_plain_run(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(RANGED.replace("scatter_cv = 0.2", "scatter_cv = 0.0"))
+    frame = run_sweep(load_sweep_config(path), tmp_path / "out").frame
+    for column in ("ttft_ms_p99", "e2e_ms_mean", "slo_chat_attainment"):
+        for k in ("low", "median", "high"):
+            assert frame[f"{column}.{k}"].tolist() == frame[column].tolist(), (column, k)
+
+
+def test_a_point_done_without_ranges_is_a_new_point_with_them(tmp_path):
+    path = tmp_path / "sweep.toml"
+    plain = RANGED.replace("ranges = 3\nscatter_cv = 0.2", "")
+    path.write_text(plain)
+    first = run_sweep(load_sweep_config(path), tmp_path / "out")
+    assert not any("." in column for column in first.frame.columns)
+    path.write_text(RANGED)
+    ranged = run_sweep(load_sweep_config(path), tmp_path / "out")
+    assert (ranged.num_reused, ranged.num_run) == (0, RANGED_POINTS) and "ttft_ms_p99.low" in ranged.frame
+    path.write_text(plain)      # back without ranges: the plain results are still there, unmixed
+    back = run_sweep(load_sweep_config(path), tmp_path / "out")
+    assert (back.num_reused, back.num_run) == (RANGED_POINTS, 0)
+    pd.testing.assert_frame_equal(back.frame.drop(columns=WALL_COLUMN), first.frame.drop(columns=WALL_COLUMN))
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("scatter_cv = 0.1\n" + CONFIG, "scatter_cv need(s) ranges = N"),
+    (RANGED.replace("ranges = 3", "ranges = -1"), "ranges must be"),
+    (RANGED.replace("scatter_cv = 0.2", "scatter_cv = 2.0"), "scatter_cv must be in [0, 1]"),
+    ("scatter_rho = 1.0\n" + RANGED, "scatter_rho must be in (-1, 1)"),
+])
+def test_bad_ranges_config_is_one_line(tmp_path, capsys, text, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and not (tmp_path / "out").exists()

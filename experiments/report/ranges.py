@@ -1,0 +1,66 @@
+"""The report's view of a validation's ranges (validate --ranges): CDF bands from the replications'
+latency quantiles (ranges_percentiles.parquet), and each error-table cell's interval.
+
+A CDF band is the envelope of the replications' CDFs: at each cumulative share q (0, 0.01, ..., 1) the
+5th and 95th percentiles over the replications of their q-quantile, so the band holds 90% of the
+replications' curves at every height, and the median curve runs through its middle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.ranges import INTERVAL
+
+
+@dataclass(frozen=True)
+class CdfBand:
+    """One metric's band: at each share `quantiles[j]`, the replications' latencies (ms) low, median, high."""
+    quantiles: np.ndarray
+    low_ms: np.ndarray
+    median_ms: np.ndarray
+    high_ms: np.ndarray
+    num_replications: int
+
+
+def cdf_bands(table) -> dict[str, CdfBand]:
+    """Per metric, the band of the replications in `table` (columns replication, metric, quantile, value_ms);
+    a metric without a value in some replication at some share is left out (no band to draw)."""
+    bands = {}
+    for metric, rows in table.groupby("metric", sort=False):
+        grid = rows.pivot_table(index="replication", columns="quantile", values="value_ms", aggfunc="first",
+                                dropna=False)
+        values = grid.to_numpy(dtype=np.float64)
+        if values.size == 0 or not np.isfinite(values).all():
+            continue
+        low, median, high = np.percentile(values, [INTERVAL[0], 50.0, INTERVAL[1]], axis=0)
+        bands[str(metric)] = CdfBand(grid.columns.to_numpy(dtype=np.float64), low, median, high, len(grid))
+    return bands
+
+
+def interval_cells(ranges: dict | None, metric: str, stat: str, measured: float | None) -> list[str]:
+    """The error table's two extra cells: the 90% interval of the statistic, and whether the measured
+    value lies inside it ('-' where either is missing)."""
+    stats = (ranges or {}).get("stats") or {}
+    cell = stats.get(metric) if not stat else (stats.get(metric) or {}).get(stat)
+    if not cell or cell.get("low") is None or cell.get("high") is None:
+        return ["-", "-"]
+    inside = "-" if measured is None else ("yes" if cell["low"] <= measured <= cell["high"] else "no")
+    return [f"{cell['low']:.4g} to {cell['high']:.4g}", inside]
+
+
+def ranges_text(ranges: dict) -> str:
+    """One line: how many replications drew what, and how often the measured values fell inside."""
+    coverage = ranges.get("coverage") or {}
+    drawn = ", ".join(ranges.get("drawn_terms") or []) or "no term spread"
+    lo, hi = ranges.get("interval_percentiles") or INTERVAL
+    text = (f"Ranges: {ranges.get('num_replications')} replications (drawn: {drawn}; scatter cv "
+            f"{ranges.get('scatter_cv', 0):g}, rho {ranges.get('scatter_rho', 0):g}); intervals are their "
+            f"{lo:g}th-{hi:g}th percentiles.")
+    if coverage.get("num_cells"):
+        width = coverage.get("median_relative_width")
+        text += (f" The measured value lies inside in {coverage['num_inside']} of {coverage['num_cells']} cells "
+                 f"(coverage {100 * coverage['coverage']:.0f}%)"
+                 + (f"; median width {100 * width:.1f}% of the measured value." if width is not None else "."))
+    return text

@@ -1,0 +1,58 @@
+"""experiments.replications: the replications that capacity, sweeps and validate's CDF bands run must
+draw what simulator.ranges.replicate draws, in this process or in a pool."""
+import numpy as np
+import pytest
+
+from experiments.replications import (
+    CDF_METRICS,
+    CDF_QUANTILES,
+    ReplicaPool,
+    keep_summary,
+    keep_summary_and_quantiles,
+    quantile_frame,
+    replication_seeds,
+    run_replica,
+)
+from simulator.frontend import FrontEnd
+from simulator.ranges import Scatter, replicate
+from simulator.simulation import SimConfig
+from simulator.workload import rescale_rate
+from tests.simulator.factories import random_trace
+from tests.simulator.test_ranges import FakeTables
+
+TRACE = random_trace(80, seed=5, rate=6.0, max_prompt=600, max_output=90)
+CONFIG = SimConfig(kv_blocks=400, scatter=Scatter(0.1, 0.4), front_end=FrontEnd(median_ms=5.0, sigma=0.5))
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_a_replica_draws_what_simulator_ranges_replicate_draws(seed):
+    """Term error, scatter and front end all drawn: the same summary as replicate's replication."""
+    ours = run_replica(TRACE, FakeTables(rel=0.2), CONFIG, seed).summary
+    assert ours == replicate(TRACE, FakeTables(rel=0.2), CONFIG, 1, seed=seed)[0]
+    assert ours != run_replica(TRACE, FakeTables(rel=0.2), CONFIG, seed + 1).summary
+
+
+def test_a_pool_shares_the_trace_and_gives_the_same_replications_at_any_rate():
+    seeds = replication_seeds(3, seed=10)
+    assert seeds == [10, 11, 12]
+    with ReplicaPool(TRACE, FakeTables(), CONFIG, workers=1) as alone:
+        expected = alone.map(keep_summary, seeds, rate_rps=12.0)
+    with ReplicaPool(TRACE, FakeTables(), CONFIG, workers=2) as pool:
+        assert pool.map(keep_summary, seeds, rate_rps=12.0) == expected
+        assert pool.num_simulations == 3
+    assert expected == replicate(rescale_rate(TRACE, 12.0), FakeTables(), CONFIG, 3, seed=10)
+
+
+def test_kept_quantiles_are_the_replications_latency_quantiles():
+    result = run_replica(TRACE, FakeTables(), CONFIG, 3)
+    summary, quantiles = keep_summary_and_quantiles(result)
+    assert summary == result.summary and set(quantiles) == set(CDF_METRICS)
+    ttft = result.requests["ttft_ms"].dropna().to_numpy()
+    np.testing.assert_allclose(quantiles["ttft_ms"], np.quantile(ttft, CDF_QUANTILES))
+    assert quantiles["ttft_ms"][0] == ttft.min() and quantiles["ttft_ms"][-1] == ttft.max()
+    assert quantiles["ttft_ms"][50] == pytest.approx(summary["ttft_ms"]["p50"])
+    frame = quantile_frame([3, 4], [quantiles, quantiles])
+    assert len(frame) == 2 * len(CDF_METRICS) * len(CDF_QUANTILES)
+    assert frame.groupby("replication")["seed"].first().tolist() == [3, 4]
+    first = frame[(frame["replication"] == 0) & (frame["metric"] == "ttft_ms")]
+    np.testing.assert_allclose(first["value_ms"], quantiles["ttft_ms"])
