@@ -107,6 +107,9 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
         sets = num_buffer_sets(set_bytes, ctx.rotate_bytes) if point.op != "overhead" else 1
         return sets * set_bytes + 2 * tokens * spec.q_size * nbytes + masks
     weights = 0 if ctx.model_built else spec.num_params * nbytes
+    if point.op in ("host", "step") and is_probe_batch(point.q_lens, point.kv_lens):
+        from profiler.engine.probe import probe_tokens
+        kv_tokens, tokens = probe_tokens(point.q_lens, point.kv_lens)   # a whole engine: its pool, its largest step
     kv = kv_tokens * 2 * spec.num_layers * spec.kv_size * nbytes
     activations = tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
     masks = sum(q * (s + q) for q, s in zip(point.q_lens, point.kv_lens) if q > 1 and s > 0)

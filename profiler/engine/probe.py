@@ -35,6 +35,29 @@ BLOCK_SIZE = 16        # `stepcal measure`'s default KV block size
 PARTS = ("host", "device")
 
 
+def probe_budget(decode_kv: list[int], prefill_q: list[int]) -> int:
+    """The probe engine's token budget: the held batch in one step (every decode and fresh prefill),
+    any one prompt in one chunk, at least vLLM's 8,192; not the decodes' prompts all at once, whose
+    single prefill step would need activations for all of them (an 8B model at 512 x 4k tokens)."""
+    return max(8192, len(decode_kv) + sum(prefill_q), max(decode_kv, default=0))
+
+
+def probe_output_tokens(decode_kv: list[int], budget: int) -> int:
+    """Output tokens of a held decode: enough never to finish while the probe runs, counting the steps
+    in which it decodes while the others are still prefilled (at most one per budget of prompts)."""
+    return GROWTH_STEPS + 4 + -(-sum(decode_kv) // budget)
+
+
+def probe_tokens(q_lens, kv_lens) -> tuple[int, int]:
+    """(tokens the probe engine's KV pool holds at most, tokens of its largest step): for the memory
+    check before a point runs."""
+    decode_kv = [int(s) for q, s in zip(q_lens, kv_lens) if s > 0]
+    prefill_q = [int(q) for q, s in zip(q_lens, kv_lens) if s == 0]
+    budget = probe_budget(decode_kv, prefill_q)
+    num_output = probe_output_tokens(decode_kv, budget)
+    return sum(decode_kv) + num_output * len(decode_kv) + sum(prefill_q), budget
+
+
 class EngineProbe:
     """An engine held at one step batch; each call runs one iteration and returns the ms of its
     `part`: host (the engine's host_ms) or device (its device_ms: the forward and sampling)."""
@@ -69,12 +92,12 @@ class EngineProbe:
         """A fresh engine whose decodes have all been prefilled (their prefill steps are not timed)."""
         from profiler.engine.engine import Engine, EngineConfig
         decode_kv = np.asarray(self.decode_kv, dtype=np.int64)
-        num_output = GROWTH_STEPS + 2 + 4 * len(decode_kv)   # never finish while the probe runs
+        budget = probe_budget(self.decode_kv, self.prefill_q)
+        num_output = probe_output_tokens(self.decode_kv, budget)
         prompts = np.concatenate([decode_kv, self.prefill_q]).astype(np.int64)
         outputs = np.concatenate([np.full(len(decode_kv), num_output), np.ones(len(self.prefill_q))]).astype(np.int64)
         trace = Trace.from_arrays(np.zeros(len(prompts)), prompts, outputs)
         kv_blocks = sum(blocks_for(int(p + o), BLOCK_SIZE) for p, o in zip(prompts, outputs))
-        budget = max(8192, int(prompts.sum()) + len(prompts))
         config = EngineConfig(scheduler=self.scheduler, block_size=BLOCK_SIZE, kv_blocks=kv_blocks,
                               prefix_caching=False, scheduler_config=SchedulerConfig(
                                   max_num_seqs=max(256, len(prompts)), max_num_batched_tokens=budget))

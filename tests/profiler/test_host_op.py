@@ -95,3 +95,25 @@ def test_step_op_runs_a_chunk_over_a_prefix_on_the_engines_pool_without_building
     kernel.run(1)
     assert built == []     # built once when the kernel was: input building is the host op's
     torch.testing.assert_close(outputs[0], outputs[1])   # the read copies rewound: the same batch
+
+
+def test_a_probe_prefills_its_decodes_within_a_budget_and_its_memory_is_checked_as_a_whole_engine():
+    from profiler.engine.probe import probe_budget, probe_output_tokens, probe_tokens
+    from profiler.ops import estimate_bytes
+    decodes = [4096] * 512
+    budget = probe_budget(decodes, [])
+    assert budget == 8192                      # not 2M prompt tokens in one step
+    assert probe_output_tokens(decodes, budget) == probe_module.GROWTH_STEPS + 4 + 256
+    kv_tokens, step_tokens = probe_tokens((1,) * 512, (4096,) * 512)
+    assert kv_tokens >= 512 * (4096 + probe_module.GROWTH_STEPS) and step_tokens == 8192
+    big = PRESETS["llama-3-8b"]
+    point = Point("host", "decode", q_lens=(1,) * 512, kv_lens=(4096,) * 512)
+    # 8B's KV at 128 KiB a token: the engine's pool, not the point's batch, decides
+    assert estimate_bytes(point, OpContext(big, "cuda", "bfloat16")) > kv_tokens * 128 * 1024
+
+
+def test_decodes_still_decode_after_a_warm_up_in_several_steps(monkeypatch):
+    monkeypatch.setattr(probe_module, "probe_budget", lambda decode_kv, prefill_q: 64)
+    probe = EngineProbe(ctx().model(), (1, 1, 1), (40, 40, 40))
+    probe(0)
+    assert _last_step(probe)["num_seqs"] == 3 and _last_step(probe)["num_tokens"] == 3
