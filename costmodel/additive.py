@@ -55,7 +55,9 @@ class AdditiveGridRegressor(TimeRegressor):
 
     def predict(self, X):
         check_is_fitted(self, "values_")
-        X = validate_data(self, X, reset=False)
+        return self._predict_raw(validate_data(self, X, reset=False))
+
+    def _predict_raw(self, X):
         total = np.full(len(X), self.intercept_)
         for j, (knots, values) in enumerate(zip(self.knots_, self.values_)):
             total += grid.interp1(X[:, j], knots, values)
@@ -97,3 +99,38 @@ class AdditiveGridRegressor(TimeRegressor):
         ridge = np.eye(total)[1:] * 1e-6 * scale
         penalty = np.vstack(penalties + [ridge]) if penalties else ridge
         return np.hstack(blocks), penalty
+
+
+BOOTSTRAP_FITS = 20
+
+
+def bootstrap_relative_spread(estimator: AdditiveGridRegressor, X, y, num_fits: int = BOOTSTRAP_FITS,
+                              seed: int = 0) -> float:
+    """The uncertainty of a fitted additive model's mean, relative: over refits on bootstrap resamples of
+    its rows (its knots held fixed), the standard deviation of each row's prediction over the fit's
+    own, the median over the rows.
+
+    What a `--ranges` replication draws as the model's bias (AdditiveStep.biased): a dozen profiled
+    steps leave it wide, thousands of logged steps pin it down (their scatter is drawn apart,
+    simulator.ranges). One number for the whole term: the features' curves trade off against each
+    other between refits (num_seqs, num_decode and num_tokens move together), so their knots'
+    spreads, summed, would overstate the spread of the sum many times."""
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    fitted = estimator._predict_raw(X)
+    draws = [_refit_on_knots(estimator, X[rows], y[rows])._predict_raw(X)
+             for rows in (rng.integers(0, len(y), len(y)) for _ in range(num_fits))]
+    return float(np.median(np.std(draws, axis=0) / fitted))
+
+
+def _refit_on_knots(estimator: AdditiveGridRegressor, X, y) -> AdditiveGridRegressor:
+    """The estimator's fit on other rows with its own knots (so that the values are comparable)."""
+    model = AdditiveGridRegressor(estimator.n_knots, estimator.smoothing, estimator.reweight)
+    model.knots_ = estimator.knots_
+    model.n_features_in_ = X.shape[1]
+    B, penalty = model._design(X)
+    model._solve(B, penalty, y, 1.0 / y)
+    floor = 0.05 * float(np.median(y))
+    for _ in range(int(model.reweight)):
+        model._solve(B, penalty, y, 1.0 / np.maximum(model._predict_raw(X), floor))
+    return model

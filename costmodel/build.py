@@ -5,13 +5,12 @@ import datetime as dt
 from pathlib import Path
 
 from costmodel.axes import measured_values
-from costmodel.compose import Axes, compose_terms, data_axes, moe_target, op_grids
+from costmodel.compose import Axes, additive_term, compose_terms, data_axes, moe_target, op_grids
 from costmodel.compose_attention import attention_targets
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from costmodel.coverage import coverage_notes
 from costmodel.fitting import FitResult
 from costmodel.tables import write_meta
-from costmodel.terms import AdditiveStep
 from simulator.errors import InputError
 from simulator.io import atomic_write_parquet
 from simulator.model_spec import ModelSpec, Parallelism
@@ -42,7 +41,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
             atomic_write_parquet(ops, directory / "ops.parquet")
     step = result.targets.get("step")
     if step is not None:
-        terms.append(AdditiveStep.from_estimator(step.estimator))
+        terms.append(additive_term(result, "step"))
     if not terms and not has_ops:
         raise InputError("nothing to build T_step from: the profiles hold no GEMM, attention, "
                          "overhead or whole-step rows")

@@ -179,10 +179,24 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
 
 def host_term(result: FitResult) -> AdditiveStep:
     """The engine's host time per iteration (the profiler's `host` op), as its additive fit."""
-    fit = result.targets["host"]
-    return AdditiveStep.from_estimator(fit.estimator, "host", fit.feature_names,
-                                       "engine host path per iteration (schedule, inputs, bookkeeping): "
-                                       "intercept + a piecewise-linear function of num_seqs and of num_tokens")
+    return additive_term(result, "host", "engine host path per iteration (schedule, inputs, bookkeeping): "
+                         "intercept + a piecewise-linear function of num_seqs and of num_tokens")
+
+
+def additive_term(result: FitResult, target: str, description: str | None = None) -> AdditiveStep:
+    """A target fitted by the additive regressor as its term, with the spread of its fit (a bootstrap
+    of its rows, costmodel.additive.bootstrap_relative_spread) for --ranges to draw; zero for another
+    regressor's fit."""
+    from costmodel.additive import AdditiveGridRegressor, bootstrap_relative_spread
+    from costmodel.features import assign_targets, design
+    fit = result.targets[target]
+    spread = 0.0
+    if isinstance(fit.estimator, AdditiveGridRegressor):
+        rows = result.records[(assign_targets(result.records) == target).to_numpy()].reset_index(drop=True)
+        spread = bootstrap_relative_spread(fit.estimator, design(target, rows).X,
+                                           rows["time_ms"].to_numpy(dtype=float), seed=result.config.seed)
+    extra = {"description": description} if description else {}
+    return AdditiveStep.from_estimator(fit.estimator, target, fit.feature_names, relative_spread=spread, **extra)
 
 
 def _overhead_at(result: FitResult, spec: ModelSpec, B: np.ndarray, with_spread: bool = True):

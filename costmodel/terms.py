@@ -212,6 +212,7 @@ class AdditiveStep(Term):
     spreads_ms: tuple[np.ndarray, ...]
     intercept_ms: float
     description: str
+    relative_spread: float = 0.0      # the fit's uncertainty, relative (costmodel.additive.bootstrap_relative_spread)
 
     def __post_init__(self) -> None:
         self._row_parts = [(feature_column(f, self.name), k.tolist(), v.tolist())
@@ -220,12 +221,12 @@ class AdditiveStep(Term):
     @classmethod
     def from_estimator(cls, estimator, name: str = "step", features: tuple[str, ...] = tuple(FEATURE_NAMES),
                        description: str = "whole-step time: intercept + one piecewise-linear function per "
-                                          "batch feature") -> AdditiveStep:
+                                          "batch feature", relative_spread: float = 0.0) -> AdditiveStep:
         """The term of a fitted costmodel.additive.AdditiveGridRegressor whose columns are `features`."""
         knots = tuple(np.asarray(k, dtype=np.float64) for k in estimator.knots_)
         values = tuple(np.asarray(v, dtype=np.float64) for v in estimator.values_)
-        return cls(name, tuple(features), knots, values,
-                   tuple(np.zeros(len(v)) for v in values), float(estimator.intercept_), description)
+        return cls(name, tuple(features), knots, values, tuple(np.zeros(len(v)) for v in values),
+                   float(estimator.intercept_), description, float(relative_spread))
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -238,7 +239,8 @@ class AdditiveStep(Term):
             "spread_ms": np.concatenate(self.spreads_ms)})
 
     def entry_extra(self) -> dict:
-        return {"intercept_ms": self.intercept_ms}
+        extra = {"intercept_ms": self.intercept_ms}
+        return {**extra, "relative_spread": self.relative_spread} if self.relative_spread else extra
 
     @classmethod
     def read(cls, name: str, entry: dict, frame: pd.DataFrame, path) -> AdditiveStep:
@@ -250,9 +252,12 @@ class AdditiveStep(Term):
         return cls(name, features, tuple(_floats(p, "x") for p in parts),
                    tuple(_floats(p, "time_ms") for p in parts),
                    tuple(_floats(p, "spread_ms") for p in parts),
-                   float(entry.get("intercept_ms", 0.0)), entry.get("description", ""))
+                   float(entry.get("intercept_ms", 0.0)), entry.get("description", ""),
+                   _relative_spread(entry, path))
 
     def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        if which != "time_ms" and self.relative_spread:
+            return self.relative_spread * np.abs(self.evaluate(f))
         values = self.values_ms if which == "time_ms" else self.spreads_ms
         total = np.full(len(f), self.intercept_ms if which == "time_ms" else 0.0)
         for feature, knots, part in zip(self.features, self.knots, values):
@@ -260,6 +265,10 @@ class AdditiveStep(Term):
         return total
 
     def biased(self, z: float) -> AdditiveStep:
+        if self.relative_spread:   # the whole fit moves together, never below 5% of itself
+            factor = max(1.0 + z * self.relative_spread, 0.05)
+            return replace(self, values_ms=tuple(v * factor for v in self.values_ms),
+                           intercept_ms=self.intercept_ms * factor)
         return replace(self, values_ms=tuple(v + z * s for v, s in zip(self.values_ms, self.spreads_ms)))
 
     def row_ms(self, row: tuple) -> float:
@@ -267,6 +276,13 @@ class AdditiveStep(Term):
         for column, knots, values in self._row_parts:
             total = total + interp1_at(float(row[column]), knots, values)
         return total
+
+
+def _relative_spread(entry: dict, path) -> float:
+    value = entry.get("relative_spread", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (np.isfinite(value) and value >= 0):
+        raise InputError(f"{path}: relative_spread must be a non-negative number, got {value!r}")
+    return float(value)
 
 
 # The kind of each term a table directory may hold, by the term's name (its meta.json key).

@@ -84,3 +84,33 @@ def test_composed_tables_take_host_instead_of_overhead(tmp_path):
     assert "overhead" not in meta["missing_terms"]     # the host term is the host time
     parts = load_step_model(out).term_ms(_features([([1] * 4, [256] * 4)]))
     np.testing.assert_allclose(parts["host"], [host_ms(4, 4)], rtol=0.05)
+
+
+def test_additive_terms_carry_the_spread_of_their_fit_and_a_drawn_bias_moves_the_whole_term(tmp_path):
+    """A bootstrap of the fit's rows gives each additive term one relative spread: wide for a profile's
+    dozen points, and what --ranges draws (the curves move together, never apart)."""
+    out, meta = _fit(tmp_path, _profile(tmp_path), ops="step,host")
+    spreads = {name: meta["terms"][name]["relative_spread"] for name in ("step", "host")}
+    assert all(0 < s < 0.5 for s in spreads.values()), spreads
+    model = load_step_model(out)
+    features = _features([([1] * 8, [512] * 8), ([512], [0])])
+    for term in model.terms:
+        np.testing.assert_allclose(term.evaluate(features, "spread_ms"), spreads[term.name] * term.evaluate(features))
+        np.testing.assert_allclose(term.biased(2.0).evaluate(features), (1 + 2.0 * spreads[term.name]) * term.evaluate(features))
+    noisy = tmp_path / "noisy.parquet"
+    rows = pd.DataFrame(_host_and_step_rows())
+    rows["time_ms"] *= np.exp(np.random.default_rng(0).normal(0, 0.2, len(rows)))
+    rows.to_parquet(noisy, index=False)
+    _, noisy_meta = _fit(tmp_path, noisy, ops="step,host", name="noisy")
+    assert noisy_meta["terms"]["host"]["relative_spread"] > spreads["host"]   # a noisier fit is less sure
+
+
+def test_a_bad_relative_spread_is_refused_naming_the_file(tmp_path):
+    import pytest
+
+    from simulator.errors import InputError
+    out, meta = _fit(tmp_path, _profile(tmp_path), ops="step,host")
+    meta["terms"]["step"]["relative_spread"] = "wide"
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError, match=r"relative_spread must be a non-negative number, got 'wide'"):
+        load_step_model(out)
