@@ -30,9 +30,13 @@ from simulator.trace import Trace
 
 GROWTH_STEPS = 256     # decode iterations a probe serves before it is rebuilt (each adds a token per sequence)
 BLOCK_SIZE = 16        # `stepcal measure`'s default KV block size
-
-
 PARTS = ("host", "device")
+
+
+def split_batch(q_lens, kv_lens) -> tuple[list[int], list[int]]:
+    """(the decodes' KV lengths, the fresh prefills' prompt lengths) of a batch a probe can hold."""
+    return ([int(s) for q, s in zip(q_lens, kv_lens) if s > 0],
+            [int(q) for q, s in zip(q_lens, kv_lens) if s == 0])
 
 
 def probe_budget(decode_kv: list[int], prefill_q: list[int]) -> int:
@@ -51,8 +55,7 @@ def probe_output_tokens(decode_kv: list[int], budget: int) -> int:
 def probe_tokens(q_lens, kv_lens) -> tuple[int, int]:
     """(tokens the probe engine's KV pool holds at most, tokens of its largest step): for the memory
     check before a point runs."""
-    decode_kv = [int(s) for q, s in zip(q_lens, kv_lens) if s > 0]
-    prefill_q = [int(q) for q, s in zip(q_lens, kv_lens) if s == 0]
+    decode_kv, prefill_q = split_batch(q_lens, kv_lens)
     budget = probe_budget(decode_kv, prefill_q)
     num_output = probe_output_tokens(decode_kv, budget)
     return sum(decode_kv) + num_output * len(decode_kv) + sum(prefill_q), budget
@@ -67,8 +70,7 @@ class EngineProbe:
         if part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
         self.model, self.scheduler, self.part = model, scheduler, part
-        self.decode_kv = [int(s) for q, s in zip(q_lens, kv_lens) if s > 0]
-        self.prefill_q = [int(q) for q, s in zip(q_lens, kv_lens) if s == 0]
+        self.decode_kv, self.prefill_q = split_batch(q_lens, kv_lens)
         self.engine = None
         self._next_id = 0
 
