@@ -55,7 +55,10 @@ def fit_tables(args: FitOptions) -> None:
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
     if args.device_spec is not None:
-        device_spec(args.device_spec)           # an unknown name fails before any fitting
+        try:                                    # an unknown name fails before any fitting
+            device_spec(args.device_spec)
+        except InputError as exc:
+            raise InputError(f"--device-spec: {exc}") from None
     parallelism = Parallelism(tp=args.tp or 1, ep=args.ep)
     composition = Composition(args.moe_distribution, args.ep_link_gbps, args.ep_latency_us, args.device_spec)
     started = time.perf_counter()

@@ -178,7 +178,7 @@ def test_device_spec_adds_roofline_terms_where_no_profile_times_them(profile_fil
     assert main(["fit", "--profile", str(profile_file), "--model-spec", "tiny", "--device-spec", "H999",
                  "--no-mlflow", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("stepcal: unknown device 'H999'; known: h100_sxm,") and len(err.strip().splitlines()) == 1
+    assert err.startswith("stepcal: --device-spec: unknown device 'H999'; known: h100_sxm,") and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err and not (tmp_path / "bad").exists()
 
     on_a100 = tmp_path / "a100.parquet"
