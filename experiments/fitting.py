@@ -79,13 +79,46 @@ def fit_tables(args: FitOptions) -> None:
                      progress=lambda t, n: print(f"fitting {t} ({n} rows)", flush=True))
     out = Path(args.out)
     with atomic_output_dir(out) as staging:
+        scatter = logged_scatter(args.profile)
         meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
-                            extra_meta={"inputs": [str(p) for p in args.profile],
-                                        "holdout": args.holdout})
+                            extra_meta={"inputs": [str(p) for p in args.profile], "holdout": args.holdout,
+                                        **({"scatter": scatter} if scatter else {})})
         plot = _plot(result, staging)
     if not args.no_mlflow:
         meta = _track(args, result, out, meta, plot and out / plot.name)
     _report(result, meta, out, time.perf_counter() - started)
+
+
+def logged_scatter(paths) -> dict | None:
+    """The device's step-time scatter from the measured runs whose step logs are among the inputs (a
+    run's repeat_k/steps.parquet with a second repeat beside it), as `stepcal calibrate` stores it
+    (experiments.validation.calibration.measured_scatter): the median over the runs of each figure.
+    What `--ranges` draws with these tables; None without such runs."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from experiments.validation.calibration import measured_scatter
+    from experiments.validation.measured import load_measured_run
+    from simulator.errors import InputError
+    from simulator.measured_run import STEPS, repeat_dirs
+    runs = sorted({Path(p).parent.parent for p in paths
+                   if Path(p).name == STEPS and Path(p).parent.name.startswith("repeat_")})
+    found = {}
+    for run in runs:
+        if len(repeat_dirs(run)) < 2:
+            continue
+        try:
+            scatter = measured_scatter(load_measured_run(run))
+        except InputError:      # a step log kept without its run: nothing to pair it with
+            continue
+        if scatter is not None:
+            found[str(run)] = scatter
+    if not found:
+        return None
+    median = {key: float(np.median([s[key] for s in found.values()])) for key in ("cv", "rho", "run_cv")}
+    return {**median, "source": f"median over {len(found)} measured run(s) of two or more repeats among the "
+                                "inputs: " + next(iter(found.values()))["source"], "runs": sorted(found)}
 
 
 def _plot(result, directory):
@@ -123,5 +156,9 @@ def _report(result, meta, out, wall_s) -> None:
         print(f"  note: {note}")
     if meta.get("missing_terms"):
         print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
+    scatter = meta.get("scatter")
+    if scatter:
+        print(f"  step-time scatter from {len(scatter['runs'])} measured run(s) (what --ranges draws): "
+              f"cv {scatter['cv']:.3g}, rho {scatter['rho']:.3g}, run cv {scatter['run_cv']:.3g}")
     if meta.get("mlflow_run_id"):
         print(f"  MLflow run {meta['mlflow_run_id']} at {meta['mlflow_tracking_uri']}")

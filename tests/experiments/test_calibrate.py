@@ -190,3 +190,24 @@ def test_calibrate_stores_the_measured_scatter_and_ranges_draw_it(tmp_path):
         scatter["cv"], scatter["rho"], scatter["run_cv"], "tables")
     given = ranges_of("--scatter-cv", "0", "--scatter-rho", "0", "--scatter-run-cv", "0")
     assert (given["scatter_cv"], given["scatter_run_cv"], given["scatter_source"]) == (0.0, 0.0, "flags")
+
+
+def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):
+    from experiments.validation.calibration import measured_scatter
+    run = tmp_path / "run"
+    assert main(["measure", "--trace", "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12",
+                 "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(run)]) == 0
+    logs = [str(run / f"repeat_{k}" / "steps.parquet") for k in (0, 1)]
+    assert main(["fit", "--profile", *logs, "--regressor", "rf", "--no-mlflow", "--out", str(tmp_path / "t")]) == 0
+    scatter = json.loads((tmp_path / "t" / "meta.json").read_text())["scatter"]
+    expected = measured_scatter(load_measured_run(run))
+    assert {k: scatter[k] for k in ("cv", "rho", "run_cv")} == {k: expected[k] for k in ("cv", "rho", "run_cv")}
+    assert scatter["runs"] == [str(run)]
+    assert "step-time scatter from 1 measured run(s)" in capsys.readouterr().out
+    # a step log copied out of its run has no second repeat to pair with: no scatter
+    import shutil
+    (tmp_path / "alone").mkdir()
+    shutil.copy(logs[0], tmp_path / "alone" / "steps.parquet")
+    assert main(["fit", "--profile", str(tmp_path / "alone" / "steps.parquet"), "--regressor", "rf", "--no-mlflow",
+                 "--out", str(tmp_path / "u")]) == 0
+    assert "scatter" not in json.loads((tmp_path / "u" / "meta.json").read_text())
