@@ -2,31 +2,22 @@
 simulator.ranges.replicate returns: a replication's request log (each SLO of a sweep, the latency quantiles
 behind the report's CDF bands), or one trace at many rates (capacity).
 
-The replication with seed s draws exactly what simulator.ranges.replicate's does (a test checks that the
-summaries agree): the step model's error per term from s (draw_bias, with_bias), the scatter and the front
-end seeded with s. A `ReplicaPool` holds what does not depend on the draw (the trace, the loaded step
+A replication is simulator.ranges.run_replication (what replicate runs, keeping the whole result): the
+step model's error per term, the scatter and the front end drawn from its seed. A `ReplicaPool` holds what does not depend on the draw (the trace, the loaded step
 model, the settings) once per worker process; a task ships only (seed, rate) and brings back what a
 top-level function `keep(result)` keeps of the replication.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.ranges import draw_bias, with_bias
+from simulator.ranges import run_replication
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
-
-
-def run_replica(trace, model, config, seed: int, spread_scale: float = 1.0):
-    """One replication (a SimResult): the model's error and the scatter drawn from `seed`."""
-    from simulator.simulation import Simulation
-    drawn = with_bias(model, draw_bias(model, seed), spread_scale)
-    config = replace(config, scatter_seed=seed, front_end_seed=seed, record_batches=False)
-    return Simulation(trace, drawn, config).run()
 
 
 def keep_summary(result) -> dict:
@@ -66,7 +57,7 @@ def _run_task(keep: Callable, seed: int, rate_rps: float | None, shared: Shared 
     from simulator.workload import rescale_rate
     shared = shared or _shared
     trace = shared.trace if rate_rps is None else rescale_rate(shared.trace, rate_rps)
-    return keep(run_replica(trace, shared.model, shared.config, seed))
+    return keep(run_replication(trace, shared.model, shared.config, seed))
 
 
 class ReplicaPool:
@@ -99,11 +90,6 @@ class ReplicaPool:
             return [_run_task(keep, seed, rate_rps, self.shared) for seed in seeds]
         futures = [self._pool.submit(_run_task, keep, seed, rate_rps) for seed in seeds]
         return [future.result() for future in futures]
-
-
-def replication_seeds(num_replications: int, seed: int) -> list[int]:
-    """Replication i uses seed + i, as simulator.ranges.replicate."""
-    return [seed + i for i in range(num_replications)]
 
 
 def quantile_frame(seeds: Sequence[int], quantiles: Sequence[dict[str, list]]):

@@ -133,10 +133,9 @@ def replicate(trace, model, config, num_replications: int, seed: int = 0, spread
     """The summaries of num_replications simulations of `trace`, replication i drawing the model's
     error and the scatter (config.scatter) from seed + i; `workers` > 1 runs them in a process pool
     (the same summaries, in the same order)."""
-    from dataclasses import replace
     from functools import partial
-    run = partial(_replication, trace, model, replace(config, record_batches=False), spread_scale=spread_scale)
-    seeds = [seed + i for i in range(num_replications)]
+    run = partial(_summary, trace, model, config, spread_scale=spread_scale)
+    seeds = replication_seeds(num_replications, seed)
     if workers <= 1 or num_replications <= 1:
         return [run(s) for s in seeds]
     from concurrent.futures import ProcessPoolExecutor
@@ -144,9 +143,20 @@ def replicate(trace, model, config, num_replications: int, seed: int = 0, spread
         return list(pool.map(run, seeds))
 
 
-def _replication(trace, model, config, seed: int, spread_scale: float) -> dict:
+def replication_seeds(num_replications: int, seed: int) -> list[int]:
+    """Replication i uses seed + i."""
+    return [seed + i for i in range(num_replications)]
+
+
+def run_replication(trace, model, config, seed: int, spread_scale: float = 1.0):
+    """One replication (a SimResult): the model's error, the scatter and the front end drawn from `seed`."""
     from dataclasses import replace
 
     from simulator.simulation import Simulation
     drawn = with_bias(model, draw_bias(model, seed), spread_scale)
-    return Simulation(trace, drawn, replace(config, scatter_seed=seed, front_end_seed=seed)).run().summary
+    config = replace(config, scatter_seed=seed, front_end_seed=seed, record_batches=False)
+    return Simulation(trace, drawn, config).run()
+
+
+def _summary(trace, model, config, seed: int, spread_scale: float) -> dict:
+    return run_replication(trace, model, config, seed, spread_scale).summary

@@ -201,8 +201,8 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
 
     from experiments.capacity.ranges import ReplicatedRates, ranges_record, search_capacity_ranges
     from experiments.commands.flags import scatter_from_args
-    from experiments.replications import ReplicaPool, keep_summary, replication_seeds
-    from simulator.ranges import term_names
+    from experiments.replications import ReplicaPool, keep_summary
+    from simulator.ranges import replication_seeds, term_names
     scatter = scatter_from_args(args)
     wall0 = time.perf_counter()
     with ReplicaPool(trace, model, replace(config, scatter=scatter), args.workers) as pool:

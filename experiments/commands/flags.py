@@ -187,12 +187,8 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
     wall0 = time.perf_counter()
     table = None
     if quantiles:
-        from experiments.replications import (
-            ReplicaPool,
-            keep_summary_and_quantiles,
-            quantile_frame,
-            replication_seeds,
-        )
+        from experiments.replications import ReplicaPool, keep_summary_and_quantiles, quantile_frame
+        from simulator.ranges import replication_seeds
         seeds = replication_seeds(args.ranges, args.ranges_seed)
         with ReplicaPool(trace, model, config, args.workers) as pool:
             kept = pool.map(keep_summary_and_quantiles, seeds)

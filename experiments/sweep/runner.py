@@ -96,10 +96,9 @@ def range_columns(trace, model, config, ranges: SweepRanges, slos: tuple[Slo, ..
     the sweep's backend already spreads the points over its workers."""
     from dataclasses import replace
 
-    from experiments.replications import replication_seeds, run_replica
-    from simulator.ranges import Scatter, ranges_block
+    from simulator.ranges import Scatter, ranges_block, replication_seeds, run_replication
     config = replace(config, scatter=Scatter(ranges.scatter_cv, ranges.scatter_rho, ranges.scatter_run_cv))
-    rows = [figure_columns(run_replica(trace, model, config, seed), slos)
+    rows = [figure_columns(run_replication(trace, model, config, seed), slos)
             for seed in replication_seeds(ranges.num_replications, ranges.seed)]
     block = ranges_block(rows)
     return {f"{name}.{suffix}": (None if block.get(name) is None else block[name][suffix])

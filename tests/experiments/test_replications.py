@@ -10,11 +10,10 @@ from experiments.replications import (
     keep_summary,
     keep_summary_and_quantiles,
     quantile_frame,
-    replication_seeds,
-    run_replica,
 )
 from simulator.frontend import FrontEnd
-from simulator.ranges import Scatter, replicate
+from simulator.ranges import Scatter, replicate, replication_seeds
+from simulator.ranges import run_replication as run_replica
 from simulator.simulation import SimConfig
 from simulator.workload import rescale_rate
 from tests.simulator.factories import random_trace
