@@ -35,11 +35,15 @@ class AdditiveGridRegressor(TimeRegressor):
     def fit(self, X, y):
         X, y = self._validate_times(X, y)
         self.knots_ = [self._knots(X[:, j]) for j in range(X.shape[1])]
+        return self._fit_values(X, y)
+
+    def _fit_values(self, X, y):
+        """The curves' values and the intercept on the knots already set."""
         B, penalty = self._design(X)
         self._solve(B, penalty, y, 1.0 / y)
         floor = 0.05 * float(np.median(y))    # a wild early prediction must not get all the weight
         for _ in range(int(self.reweight)):
-            self._solve(B, penalty, y, 1.0 / np.maximum(self.predict(X), floor))
+            self._solve(B, penalty, y, 1.0 / np.maximum(self._predict_raw(X), floor))
         return self
 
     def _solve(self, B, penalty, y, w) -> None:
@@ -127,10 +131,4 @@ def _refit_on_knots(estimator: AdditiveGridRegressor, X, y) -> AdditiveGridRegre
     """The estimator's fit on other rows with its own knots (so that the values are comparable)."""
     model = AdditiveGridRegressor(estimator.n_knots, estimator.smoothing, estimator.reweight)
     model.knots_ = estimator.knots_
-    model.n_features_in_ = X.shape[1]
-    B, penalty = model._design(X)
-    model._solve(B, penalty, y, 1.0 / y)
-    floor = 0.05 * float(np.median(y))
-    for _ in range(int(model.reweight)):
-        model._solve(B, penalty, y, 1.0 / np.maximum(model._predict_raw(X), floor))
-    return model
+    return model._fit_values(X, y)
