@@ -30,8 +30,8 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     import joblib
     directory = Path(directory)
     terms = []
-    has_ops = any(t not in ("step", "host") for t in result.targets)
-    composing = (has_ops or "host" in result.targets) and spec is not None
+    has_ops = any(t != "step" for t in result.targets)
+    composing = has_ops and spec is not None
     if axes is None:
         axes = data_axes(result, spec, parallelism, composition) if composing else Axes.default()
     if composing:
