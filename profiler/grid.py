@@ -162,10 +162,10 @@ QUICK = {
         {"num_prefill": 1, "q": 64, "s": 1024, "num_decode": 64, "decode_s": 256,
          "decode_pattern": "one_long"},
     ]},
-    # Decodes, fresh prefills, and mixed steps of both: host time by sequences and tokens.
     # Input building alone (the host op's inputs part; fit takes host where both are there).
     "overhead": {"num_seqs": [1, 8, 32, 128, 256], "s": [512]},
-    # Short contexts: host time barely depends on them, and each round prefills every decode first.
+    # Decodes, fresh prefills, and mixed steps of both: host time by sequences and tokens. Short
+    # contexts: host time barely depends on them, and each round prefills every decode first.
     "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128], "s": [64], "prefill_q": [16, 64, 256, 512],
              "cases": [{"name": "mixed", "q_lens": [256] + [1] * 16, "kv_lens": [0] + [64] * 16},
                        {"name": "mixed", "q_lens": [64, 64] + [1] * 4, "kv_lens": [0, 0] + [64] * 4}]},

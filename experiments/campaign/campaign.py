@@ -62,7 +62,8 @@ class Campaign:
     def run(self) -> Headline:
         c, out = self.c, self.c.out
         check_output(out, staged=False)   # before minutes of profiling, not after
-        self.stage(f"profile kernels ({c.grid} grid)", "profile", lambda: self.profile("profile", late=False))
+        early_rounds, late_rounds = self.profile_rounds()
+        self.stage(f"profile kernels ({c.grid} grid)", "profile", lambda: self.profile("profile", early_rounds))
         capacity = {}
         for s in c.schedulers:
             workload = c.workload(10_000.0, max(60, c.num_requests // 2))
@@ -70,10 +71,9 @@ class Campaign:
                                  lambda s=s, w=workload: self.measure(s, w, c.measured_dir(s)))
             capacity[s] = summary["throughput_rps"]
         self.measure_interleaved(capacity)
-        late_rounds = self.profile_rounds()[1]
         if late_rounds:
             self.stage(f"profile kernels again ({late_rounds} more rounds)", "profile",
-                       lambda: self.profile("profile_late", late=True))
+                       lambda: self.profile("profile_late", late_rounds))
         calibration_logs = training_logs(out / "measured", c.schedulers, c.loads[0])
         self.stage("fit T_step tables (tuned)", "fit", lambda: self.fit(calibration_logs, None, out / "tables"))
         models = {s: {"tables": out / "tables"} for s in c.schedulers}
@@ -115,10 +115,10 @@ class Campaign:
         """The profiles taken so far (before and after the measurements)."""
         return [str(self.c.out / name / "profile.parquet") for name in self.profiled]
 
-    def profile(self, name: str, late: bool) -> None:
+    def profile(self, name: str, rounds: int | None) -> None:
+        """Profile into OUT/name, `rounds` passes over the grid (None: the grid's own number)."""
         from experiments.profiling import describe_sweep, profile_kernels
         c = self.c
-        rounds = self.profile_rounds()[1 if late else 0]
         result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops,
                                  grid=c.grid, progress=False, rounds=rounds)
         self.profiled.append(name)

@@ -203,7 +203,7 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
     from experiments.commands.flags import scatter_from_args
     from experiments.replications import ReplicaPool, keep_summary
     from simulator.ranges import replication_seeds, term_names
-    scatter = scatter_from_args(args)
+    scatter, _ = scatter_from_args(args)
     wall0 = time.perf_counter()
     with ReplicaPool(trace, model, replace(config, scatter=scatter), args.workers) as pool:
         replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate),

@@ -160,7 +160,8 @@ def scatter_source(args, stored: dict) -> str:
 
 def scatter_from_args(args):
     """The replications' Scatter (simulate, validate, capacity): each of --scatter-cv, --scatter-rho and
-    --scatter-run-cv where given, else the step model's stored one (meta.json scatter), else 0."""
+    --scatter-run-cv where given, else the step model's stored one (meta.json scatter), else 0; and
+    where it came from (scatter_source)."""
     from experiments.step_models import stored_scatter
     from simulator.ranges import Scatter
     stored = stored_scatter(getattr(args, "step_model", ""))
@@ -168,7 +169,8 @@ def scatter_from_args(args):
     def chosen(flag: str, key: str) -> float:
         value = getattr(args, flag, None)
         return stored.get(key, 0.0) if value is None else value
-    return Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"))
+    scatter = Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"))
+    return scatter, scatter_source(args, stored)
 
 
 def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dict | None:
@@ -180,9 +182,8 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
     import time
     from dataclasses import replace
 
-    from experiments.step_models import stored_scatter
     from simulator.ranges import INTERVAL, ranges_block, replicate, term_names
-    scatter = scatter_from_args(args)
+    scatter, source = scatter_from_args(args)
     config = replace(config, scatter=scatter)
     wall0 = time.perf_counter()
     table = None
@@ -199,7 +200,7 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
     block = {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
              "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
              "scatter_run_cv": scatter.run_cv,
-             "scatter_source": scatter_source(args, stored_scatter(getattr(args, "step_model", ""))),
+             "scatter_source": source,
              "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
     if table is not None:
         block["replica_quantiles"] = table
