@@ -78,8 +78,8 @@ def fit_tables(args: FitOptions) -> None:
     result = fit_all(records, config, holdout,
                      progress=lambda t, n: print(f"fitting {t} ({n} rows)", flush=True))
     out = Path(args.out)
+    scatter = logged_scatter(args.profile)     # the measured runs are read before the output is staged
     with atomic_output_dir(out) as staging:
-        scatter = logged_scatter(args.profile)
         meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
                             extra_meta={"inputs": [str(p) for p in args.profile], "holdout": args.holdout,
                                         **({"scatter": scatter} if scatter else {})})
