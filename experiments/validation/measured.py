@@ -21,6 +21,7 @@ class MeasuredRun:
     noise_floor: RunStats | None = None   # summary.json's run-to-run noise floor, when there are repeats
     num_repeats: int = 1
     speed_probe_ms: list | None = None    # per repeat: a fixed decode step's time around it (the machine's speed)
+    repeat_stats: list | None = None      # per repeat: its own RunStats (None where a repeat has no summary)
 
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
@@ -28,16 +29,16 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
     files = read_measured_run(path, arg_name="--measured", needs=REPLAY)
     top = RunStats.from_summary(files.summary)
     summaries = [r.summary for r in files.repeats if r.summary is not None]
+    repeat_stats = [RunStats.from_summary(s) for s in summaries] if len(summaries) == len(files.repeats) else None
     stats = top
-    if len(summaries) == len(files.repeats) > 1:
-        stats = replace(mean_over_repeats([RunStats.from_summary(s) for s in summaries]),
-                        num_preemptions=top.num_preemptions)
+    if repeat_stats is not None and len(repeat_stats) > 1:
+        stats = replace(mean_over_repeats(repeat_stats), num_preemptions=top.num_preemptions)
     noise = files.summary.get("noise_floor")
     steps = pd.concat([r.steps.assign(repeat=k) for k, r in enumerate(files.repeats)], ignore_index=True)
     probes = [s.get("speed_probe_ms") for s in summaries]
     return MeasuredRun(files.path, files.meta, files.trace, files.repeats[0].requests, steps, stats,
                        RunStats.from_summary(noise) if noise is not None else None, len(files.repeats),
-                       probes if probes and None not in probes else None)
+                       probes if probes and None not in probes else None, repeat_stats)
 
 
 def mean_over_repeats(runs: list[RunStats]) -> RunStats:

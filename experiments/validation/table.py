@@ -31,11 +31,7 @@ def format_table(record: ValidationRecord) -> str:
     lines.append(f"| throughput_rps | | {_fmt(t.measured)} | {_fmt(t.simulated)} | {format_pct(t.error)} | "
                  f"{format_pct(t.noise_floor)} |")
     if record.ranges is not None:
-        c = record.ranges["coverage"]
-        lines += ["", f"ranges: {record.ranges['num_replications']} replications; the measured value lies inside "
-                      f"the {record.ranges['interval_percentiles'][0]:g}th-{record.ranges['interval_percentiles'][1]:g}th "
-                      f"percentile interval in {c['num_inside']} of {c['num_cells']} cells (coverage "
-                      f"{_share(c['coverage'])}), median width {_share(c['median_relative_width'])} of the measured value"]
+        lines += ["", _ranges_line(record.ranges)]
     reuse = record.prefix_reuse
     if reuse is not None:
         lines += ["", f"prefix cache: measured {_share(reuse.measured_hit_rate)} of prompt tokens reused, "
@@ -76,3 +72,15 @@ def format_pct(value) -> str:
 
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _ranges_line(ranges: dict) -> str:
+    c = ranges["coverage"]
+    low, high = ranges["interval_percentiles"]
+    line = (f"ranges: {ranges['num_replications']} replications; the measured value lies inside the {low:g}th-{high:g}th "
+            f"percentile interval in {c['num_inside']} of {c['num_cells']} cells (coverage {_share(c['coverage'])}")
+    mean = c.get("coverage_of_mean")
+    if c.get("num_repeats", 1) > 1 and mean:
+        line += (f", each of {c['num_repeats']} repeats on its own; their mean in {mean['num_inside']} of "
+                 f"{mean['num_cells']}, {_share(mean['coverage'])}")
+    return line + f"), median width {_share(c['median_relative_width'])} of the measured value"

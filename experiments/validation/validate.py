@@ -51,7 +51,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     if ranges is not None:
         from experiments.validation.coverage import coverage_block
         block = ranges(run.trace, model, config)
-        block["coverage"] = coverage_block(run.stats, block["stats"])
+        block["coverage"] = coverage_block(run.stats, block["stats"], run.repeat_stats)
         quantiles = block.pop("replica_quantiles", None)   # a table: stored beside validation.json, named in it
         if quantiles is not None:
             block["replica_quantiles_file"] = RANGES_PERCENTILES

@@ -180,11 +180,13 @@ def test_validate_ranges_report_how_often_the_measured_values_fall_inside(measur
     assert ranges["num_replications"] == 6 and ranges["drawn_terms"] == []   # a linear model: scatter only
     coverage = ranges["coverage"]
     cells = [c for stats in coverage["cells"].values() for c in stats.values() if c is not None]
-    assert coverage["num_cells"] == len(cells) >= 16
+    repeats = coverage["num_repeats"]
+    assert len(cells) >= 16 and coverage["num_cells"] == repeats * len(cells)
     for cell in cells:
         assert cell["inside"] == (cell["low"] <= cell["measured"] <= cell["high"])
-        assert cell["low"] <= cell["high"]
-    assert coverage["num_inside"] == sum(c["inside"] for c in cells)
+        assert cell["low"] <= cell["high"] and len(cell["repeats_inside"]) == repeats
+    assert coverage["num_inside"] == sum(sum(c["repeats_inside"]) for c in cells)
     assert coverage["coverage"] == pytest.approx(coverage["num_inside"] / coverage["num_cells"])
+    assert coverage["coverage_of_mean"]["num_inside"] == sum(c["inside"] for c in cells)
     assert coverage["median_relative_width"] > 0
     assert f"in {coverage['num_inside']} of {coverage['num_cells']} cells" in (out / "validation.md").read_text()
