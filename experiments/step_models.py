@@ -6,7 +6,7 @@ from pathlib import Path
 from simulator.errors import InputError
 from simulator.frontend import FrontEnd
 from simulator.readers import read_json
-from simulator.step_model import HostTerms, HostTermsModel, parse_builtin_step_model
+from simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
 
 
 def resolve_step_model(spec: str, host_defaults: str | None = None):
@@ -35,7 +35,23 @@ def _resolve(spec: str):
         from costmodel.tables import load_step_model  # sklearn-free, but only needed here
         base = load_step_model(path)
     terms = meta.get("host_terms")
-    return HostTermsModel(base, _host_terms(path / "meta.json", terms)) if terms else base
+    if not terms:
+        return base
+    return HostTermsModel(base, _host_terms(path / "meta.json", terms), _uncertainty(path / "meta.json", meta))
+
+
+def _uncertainty(meta_path: Path, meta: dict) -> TermUncertainty | None:
+    """The calibrated terms' covariance (`calibration.uncertainty.covariance`), else their standard
+    errors as independent terms; None for a calibration that measured neither."""
+    block = (meta.get("calibration") or {}).get("uncertainty") or {}
+    try:
+        covariance = block.get("covariance")
+        if covariance:
+            return TermUncertainty(tuple(covariance["names"]), tuple(map(tuple, covariance["matrix"])))
+        std_err = block.get("std_err")
+        return TermUncertainty.from_std_err(std_err) if std_err else None
+    except (InputError, KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{meta_path}: calibration.uncertainty: {exc}") from None
 
 
 def _host_terms(meta_path: Path, terms) -> HostTerms:

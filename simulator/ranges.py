@@ -2,7 +2,8 @@
 
 - the cost model's error: per T_step term one standard normal z, held for the whole run (a fitted
   model is biased, not noisy): the term's grid moves to time + z x its spread (the tables' own
-  spread of the regressor's trees; `Term.biased`), never below zero as terms are;
+  spread of the regressor's trees; `Term.biased`), never below zero as terms are; and the calibrated
+  host terms (`stepcal calibrate`), jointly from the covariance of their fit (TermUncertainty);
 - the front end's per-request delays (simulator.frontend), when they are a distribution;
 - the device's step-to-step scatter: each step's time times (1 + e_k), e an AR(1) series with
   coefficient of variation `cv` and lag-one autocorrelation `rho`, indexed by the replica's step
@@ -80,17 +81,25 @@ class ScatterSeries:
         return np.maximum(1.0 + e, 0.05) * self.level
 
 
+HOST = "host:"   # drawn host terms are named host:<term> (host:per_step_ms), after the tables' terms
+
+
 def term_names(model) -> list[str]:
-    """The T_step terms a model's error can be drawn for ([] for const:/linear: models, which have no spread)."""
+    """The terms a model's error can be drawn for: the T_step terms with a spread, then the calibrated
+    host terms with an uncertainty ([] for const:/linear: models, which have neither)."""
     base = model.base if isinstance(model, HostTermsModel) else model
     terms = getattr(base, "terms", None)
-    return [t.name for t in terms] if isinstance(terms, list) else []
+    names = [t.name for t in terms] if isinstance(terms, list) else []
+    uncertainty = getattr(model, "uncertainty", None) if isinstance(model, HostTermsModel) else None
+    return names + ([HOST + name for name in uncertainty.names] if uncertainty is not None else [])
 
 
 def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
-    """The model with its terms' error drawn (z x spread x spread_scale); host terms kept on top."""
+    """The model with its terms' error drawn (z x spread x spread_scale); calibrated host terms drawn
+    from their covariance (never below zero) when the calibration measured it, else kept."""
     if isinstance(model, HostTermsModel):
-        return HostTermsModel(with_bias(model.base, z_by_term, spread_scale), model.terms)
+        return HostTermsModel(with_bias(model.base, z_by_term, spread_scale),
+                              _drawn_host_terms(model, z_by_term, spread_scale), model.uncertainty)
     if not term_names(model) or spread_scale == 0.0 or not any(z_by_term.values()):
         return model
     # Each term moves its own grid (Term.biased): the copy keeps the tables' fast one-step path.
@@ -98,6 +107,16 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
     drawn = copy.copy(model)
     drawn.terms = [term.biased(z_by_term.get(term.name, 0.0) * spread_scale) for term in model.terms]
     return drawn
+
+
+def _drawn_host_terms(model: HostTermsModel, z_by_term: dict[str, float], spread_scale: float):
+    from dataclasses import replace
+    uncertainty = model.uncertainty
+    if uncertainty is None or spread_scale == 0.0:
+        return model.terms
+    delta = uncertainty.draw(np.array([z_by_term.get(HOST + name, 0.0) for name in uncertainty.names]))
+    return replace(model.terms, **{name: max(getattr(model.terms, name) + spread_scale * d, 0.0)
+                                   for name, d in delta.items()})
 
 
 def draw_bias(model, seed: int) -> dict[str, float]:

@@ -132,12 +132,50 @@ class HostTerms:
         return FrontEnd(self.per_request_ms, self.per_request_sigma, self.per_prompt_token_ms, self.per_stream_ms)
 
 
+@dataclass(frozen=True)
+class TermUncertainty:
+    """How sure a calibration is of its host terms: their covariance (ms^2), from the fit's sandwich
+    estimate (experiments.validation.calibration). `--ranges` draws the terms from it, one draw per
+    replication, as it draws the tables' spread; the terms trade off (per step against per sequence),
+    so the covariance, not the standard errors alone, is what keeps the draws as sure as the fit."""
+    names: tuple[str, ...]
+    covariance: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        matrix = np.asarray(self.covariance, dtype=np.float64)
+        fields = HostTerms.__dataclass_fields__
+        if matrix.shape != (len(self.names), len(self.names)) or not np.all(np.isfinite(matrix)):
+            raise InputError(f"host term covariance: expected a finite {len(self.names)}x{len(self.names)} matrix")
+        if any(name not in fields for name in self.names):
+            raise InputError(f"host term covariance: unknown terms {sorted(set(self.names) - set(fields))}")
+
+    @classmethod
+    def from_std_err(cls, std_err: dict) -> TermUncertainty:
+        """Independent terms (a calibration that stored standard errors only); None errors left out."""
+        names = tuple(name for name, se in std_err.items() if se is not None)
+        return cls(names, tuple(tuple(float(std_err[a]) ** 2 if a == b else 0.0 for b in names) for a in names))
+
+    def draw(self, z: np.ndarray) -> dict[str, float]:
+        """Each term's error for standard normal z (one per name): L z with L L' the covariance
+        (Cholesky: the first term moves with the first z alone; a singular covariance by its
+        eigenvectors instead)."""
+        matrix = np.asarray(self.covariance, dtype=np.float64)
+        matrix = (matrix + matrix.T) / 2.0
+        try:
+            root = np.linalg.cholesky(matrix)
+        except np.linalg.LinAlgError:
+            values, vectors = np.linalg.eigh(matrix)
+            root = vectors * np.sqrt(np.clip(values, 0.0, None))
+        return dict(zip(self.names, (root @ np.asarray(z, dtype=np.float64)).tolist()))
+
+
 class HostTermsModel(FeatureStepModel):
     """A base model plus calibrated host terms. The request path is not step time: the simulator
-    delays each request's entry into the scheduler by it (`front_end`, see SimConfig.front_end)."""
+    delays each request's entry into the scheduler by it (`front_end`, see SimConfig.front_end).
+    `uncertainty`, when the calibration measured it, is what `--ranges` draws the terms from."""
 
-    def __init__(self, base, terms: HostTerms) -> None:
-        self.base, self.terms = base, terms
+    def __init__(self, base, terms: HostTerms, uncertainty: TermUncertainty | None = None) -> None:
+        self.base, self.terms, self.uncertainty = base, terms, uncertainty
 
     @property
     def per_request_ms(self) -> float:

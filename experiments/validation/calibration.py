@@ -68,6 +68,7 @@ class Calibration:
     wall_s: float
     front_end: dict = field(default_factory=dict)      # the shape fit: kept?, its loss and errors
     std_err: dict = field(default_factory=dict)        # fitted term -> standard error (None: not identifiable)
+    covariance: dict = field(default_factory=dict)     # {"names", "matrix"} of the identifiable terms (ms^2)
 
     def to_dict(self) -> dict:
         """The `calibration` record of meta.json (errors keyed "metric.stat")."""
@@ -78,7 +79,8 @@ class Calibration:
                 "errors_before": _keyed(self.errors_before), "errors_after": _keyed(self.errors_after),
                 "num_simulations": self.num_simulations, "wall_s": self.wall_s,
                 "objective": [f"{m}.{s}" for m, s in OBJECTIVE], "front_end": front,
-                "uncertainty": {"std_err": self.std_err, "method": UNCERTAINTY_METHOD}}
+                "uncertainty": {"std_err": self.std_err, "method": UNCERTAINTY_METHOD,
+                                **({"covariance": self.covariance} if self.covariance else {})}}
 
 
 UNCERTAINTY_METHOD = ("sandwich (J'J)^-1 J'SJ (J'J)^-1 of the least-squares fit: J by central differences of the "
@@ -213,9 +215,9 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     if front["kept"]:
         fitted += [name for name in SHAPE_TERMS if name not in fitted]
     errors1 = fit.errors(terms)
-    std_err = _std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted else {}
+    std_err, covariance = _std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted else ({}, {})
     return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
-                       front, std_err)
+                       front, std_err, covariance)
 
 
 def _shape_scale(run: MeasuredRun) -> np.ndarray:
@@ -292,12 +294,14 @@ def _shape_start(fit: _Fit, terms: HostTerms) -> np.ndarray:
     return np.array([math.exp(float(logs.mean())), float(logs.std()), per_stream])
 
 
-def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool) -> dict:
-    """Standard error of each fitted term (its units), None where no statistic moves with it."""
+def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool) -> tuple[dict, dict]:
+    """Standard error of each fitted term (its units), None where no statistic moves with it; and the
+    covariance of the terms that have one ({"names", "matrix"}): `--ranges` draws them jointly, since
+    terms fitted at one load trade off (simulator.step_model.TermUncertainty)."""
     keys = [k for k in (OBJECTIVE + FRONT_OBJECTIVE if with_front else OBJECTIVE)
             if (fit.measured(k) or 0) > 0 and (fit.stats(terms).get(k) or 0) > 0]
     if not keys:
-        return dict.fromkeys(fitted)
+        return dict.fromkeys(fitted), {}
 
     def log_stats(t: HostTerms, seed: int = 0) -> np.ndarray:
         stats = fit.stats(t, seed)
@@ -322,7 +326,10 @@ def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool
     inverse = np.linalg.pinv(jac.T @ jac)
     sandwich = inverse @ jac.T @ covariance @ jac @ inverse
     moves = np.linalg.norm(jac, axis=0) > 1e-12
-    return {name: (float(math.sqrt(max(sandwich[j, j], 0.0))) if moves[j] else None) for j, name in enumerate(fitted)}
+    std_err = {name: (float(math.sqrt(max(sandwich[j, j], 0.0))) if moves[j] else None) for j, name in enumerate(fitted)}
+    kept = np.flatnonzero(moves)
+    covariance = {"names": [fitted[j] for j in kept], "matrix": sandwich[np.ix_(kept, kept)].tolist()}
+    return std_err, (covariance if len(kept) else {})
 
 
 def _step_scale_ms(run: MeasuredRun) -> np.ndarray:

@@ -1,0 +1,90 @@
+"""--ranges draws calibrated host terms from the covariance of their fit (simulator.step_model.TermUncertainty)."""
+import json
+
+import numpy as np
+import pytest
+
+from experiments.step_models import resolve_step_model
+from simulator.errors import InputError
+from simulator.ranges import draw_bias, replicate, term_names, with_bias
+from simulator.simulation import SimConfig, simulate
+from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel, TermUncertainty
+from tests.simulator.factories import random_trace
+
+TERMS = HostTerms(per_step_ms=1.0, per_seq_ms=0.05, per_token_ms=0.002)
+# per step and per sequence trade off, as a fit at one load makes them
+COVARIANCE = TermUncertainty(("per_step_ms", "per_seq_ms"), ((0.04, -0.003), (-0.003, 0.0004)))
+
+
+def _model(uncertainty=COVARIANCE) -> HostTermsModel:
+    return HostTermsModel(LinearStepModel(2.0, 0.05, 0.001), TERMS, uncertainty)
+
+
+def test_draws_have_the_fits_covariance():
+    z = np.random.default_rng(1).standard_normal((20000, 2))
+    draws = np.array([[d["per_step_ms"], d["per_seq_ms"]] for d in map(COVARIANCE.draw, z)])
+    assert np.cov(draws.T) == pytest.approx(np.asarray(COVARIANCE.covariance), rel=0.05, abs=2e-5)
+
+
+def test_host_terms_are_named_after_the_tables_terms_and_drawn_per_replication():
+    model = _model()
+    assert term_names(model) == ["host:per_step_ms", "host:per_seq_ms"]
+    z = draw_bias(model, seed=3)
+    drawn = with_bias(model, z).terms
+    expected = COVARIANCE.draw(np.array([z["host:per_step_ms"], z["host:per_seq_ms"]]))
+    assert drawn.per_step_ms == pytest.approx(max(1.0 + expected["per_step_ms"], 0.0))
+    assert drawn.per_seq_ms == pytest.approx(max(0.05 + expected["per_seq_ms"], 0.0))
+    assert drawn.per_token_ms == TERMS.per_token_ms           # no uncertainty: kept
+
+
+def test_a_draw_never_takes_a_term_below_zero():
+    drawn = with_bias(_model(), {"host:per_step_ms": -100.0, "host:per_seq_ms": 0.0}).terms
+    assert drawn.per_step_ms == 0.0
+
+
+def test_without_uncertainty_or_spread_the_terms_are_kept():
+    assert with_bias(_model(None), {"host:per_step_ms": 2.0}).terms == TERMS
+    assert with_bias(_model(), {"host:per_step_ms": 2.0}, spread_scale=0.0).terms == TERMS
+    assert term_names(_model(None)) == []
+
+
+def test_zero_spread_replications_equal_the_plain_run_and_spread_widens_them():
+    trace = random_trace(120, seed=5, rate=6.0, max_prompt=400, max_output=60)
+    config = SimConfig(kv_blocks=400, record_batches=False)
+    plain = simulate(trace, _model(), config).summary
+    assert all(s == plain for s in replicate(trace, _model(), config, 3, seed=2, spread_scale=0.0))
+    tpot = [s["tpot_ms"]["p50"] for s in replicate(trace, _model(), config, 6, seed=2)]
+    assert max(tpot) > min(tpot)
+
+
+def test_standard_errors_alone_are_independent_terms():
+    u = TermUncertainty.from_std_err({"per_step_ms": 0.2, "per_seq_ms": None, "per_token_ms": 0.001})
+    assert u.names == ("per_step_ms", "per_token_ms")
+    assert np.asarray(u.covariance) == pytest.approx(np.diag([0.04, 1e-6]))
+
+
+def _tables(tmp_path, uncertainty: dict):
+    meta = {"kind": "builtin", "step_model": "linear:2,0.05,0.001", "host_terms": TERMS.to_dict(),
+            "calibration": {"uncertainty": uncertainty}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    return str(tmp_path)
+
+
+def test_calibrated_tables_carry_their_covariance_or_standard_errors(tmp_path):
+    matrix = [list(row) for row in COVARIANCE.covariance]
+    model = resolve_step_model(_tables(tmp_path, {"covariance": {"names": list(COVARIANCE.names), "matrix": matrix}}))
+    assert model.uncertainty == COVARIANCE
+    model = resolve_step_model(_tables(tmp_path, {"std_err": {"per_step_ms": 0.2}}))
+    assert model.uncertainty.names == ("per_step_ms",)
+    assert resolve_step_model(_tables(tmp_path, {})).uncertainty is None
+
+
+@pytest.mark.parametrize("covariance", [
+    {"names": ["per_step_ms"], "matrix": [[1.0, 0.0]]},
+    {"names": ["per_step_ms"], "matrix": [["x"]]},
+    {"names": ["bogus"], "matrix": [[1.0]]},
+    {"matrix": [[1.0]]},
+])
+def test_a_bad_covariance_names_the_file(tmp_path, covariance):
+    with pytest.raises(InputError, match=r"meta.json: calibration.uncertainty"):
+        resolve_step_model(_tables(tmp_path, {"covariance": covariance}))
