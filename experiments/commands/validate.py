@@ -13,7 +13,8 @@ step-level error (MAPE of predicted vs measured step time on the measured step l
 Writes OUT/validation.json, OUT/validation.md, OUT/simulated_requests.parquet (the simulated request
 log) and OUT/step_predictions.parquet (each measured step: features, measured_ms, predicted_ms).
 With --ranges N, validation.json gains a `ranges` block (each figure's median and 90% interval over the
-replications, and the coverage: how often the measured value lies inside), and
+replications, and the coverage: how often the measured value lies inside; a replication is one run,
+so each repeat of the measured run is compared on its own, and the repeats' mean beside it), and
 OUT/ranges_percentiles.parquet holds each replication's TTFT, TPOT and E2E at the quantiles 0, 0.01, ...,
 1 (columns replication, seed, metric, quantile, value_ms): `stepcal report` draws the CDF bands from it."""
 
