@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.step_model import HostTermsModel
+from simulator.step_model import DrawnHostTermsModel, HostTermsModel
 
 INTERVAL = (5.0, 95.0)   # percentiles of the replications: a 90% interval
 
@@ -98,8 +98,8 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
     """The model with its terms' error drawn (z x spread x spread_scale); calibrated host terms drawn
     from their covariance (never below zero) when the calibration measured it, else kept."""
     if isinstance(model, HostTermsModel):
-        return HostTermsModel(with_bias(model.base, z_by_term, spread_scale),
-                              _drawn_host_terms(model, z_by_term, spread_scale), model.uncertainty)
+        base = HostTermsModel(with_bias(model.base, z_by_term, spread_scale), model.terms, model.uncertainty)
+        return _drawn_host_terms(base, z_by_term, spread_scale)
     if not term_names(model) or spread_scale == 0.0 or not any(z_by_term.values()):
         return model
     # Each term moves its own grid (Term.biased): the copy keeps the tables' fast one-step path.
@@ -109,14 +109,21 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
     return drawn
 
 
-def _drawn_host_terms(model: HostTermsModel, z_by_term: dict[str, float], spread_scale: float):
+STEP_TERMS = ("per_step_ms", "per_seq_ms", "per_token_ms")
+
+
+def _drawn_host_terms(model: HostTermsModel, z_by_term: dict[str, float], spread_scale: float) -> HostTermsModel:
+    """The model with its host terms drawn: the step terms as a shift of any sign (the step's total is
+    held up; DrawnHostTermsModel), the request path's terms clipped at zero."""
     from dataclasses import replace
     uncertainty = model.uncertainty
     if uncertainty is None or spread_scale == 0.0:
-        return model.terms
+        return model
     delta = uncertainty.draw(np.array([z_by_term.get(HOST + name, 0.0) for name in uncertainty.names]))
-    return replace(model.terms, **{name: max(getattr(model.terms, name) + spread_scale * d, 0.0)
-                                   for name, d in delta.items()})
+    delta = {name: spread_scale * d for name, d in delta.items()}
+    front = {name: max(getattr(model.terms, name) + d, 0.0) for name, d in delta.items() if name not in STEP_TERMS}
+    shift = tuple(delta.get(name, 0.0) for name in STEP_TERMS)
+    return DrawnHostTermsModel(model, replace(model.terms, **front), shift)
 
 
 def draw_bias(model, seed: int) -> dict[str, float]:

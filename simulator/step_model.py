@@ -189,26 +189,49 @@ class HostTermsModel(FeatureStepModel):
         t = self.terms
         return t.per_step_ms + t.per_seq_ms * num_seqs + t.per_token_ms * num_tokens
 
+    def _with_host(self, base_ms, num_seqs, num_tokens):
+        return base_ms + self._extra(num_seqs, num_tokens)
+
     def features_ms(self, features: StepFeatures) -> np.ndarray:
-        return self.base.features_ms(features) + self._extra(features.num_seqs, features.num_tokens)
+        return self._with_host(self.base.features_ms(features), features.num_seqs, features.num_tokens)
 
     def row_ms(self, row: tuple) -> float:
-        return self.base.row_ms(row) + self._extra(float(row[0]), float(row[1]))
+        return self._with_host(self.base.row_ms(row), float(row[0]), float(row[1]))
 
     def step_ms(self, batch: StepBatch) -> float:
         if isinstance(self.base, FeatureStepModel):
             return self.row_ms(feature_row(batch.q_lens, batch.kv_lens))
-        return float(self.base.step_ms(batch)) + self._extra(float(batch.num_seqs), float(batch.num_tokens))
+        return self._with_host(float(self.base.step_ms(batch)), float(batch.num_seqs), float(batch.num_tokens))
 
     def decode_run_ms(self, kv_lens: np.ndarray, num_steps: int) -> np.ndarray:
         if isinstance(self.base, FeatureStepModel):
             return super().decode_run_ms(kv_lens, num_steps)
         b = float(len(kv_lens))
-        return np.asarray(self.base.decode_run_ms(kv_lens, num_steps)) + self._extra(b, b)
+        return self._with_host(np.asarray(self.base.decode_run_ms(kv_lens, num_steps)), b, b)
 
     def describe(self) -> str:
         base = self.base.describe() if hasattr(self.base, "describe") else type(self.base).__name__
         return f"{base} + host terms {self.terms.to_dict()}"
+
+
+class DrawnHostTermsModel(HostTermsModel):
+    """One `--ranges` replication of a calibrated model: its host terms moved by one draw from their
+    covariance (simulator.ranges). The step terms move jointly and each may go below zero: a fit at
+    one load trades per-step time against per-sequence time, and clipping each term at zero would
+    break that trade and push every draw up. Only the step's total is held up, at STEP_FLOOR of its
+    undrawn time (as the scatter's factors are). The request path's terms are clipped at zero in
+    `terms`: each is a delay or a spread of its own."""
+    STEP_FLOOR = 0.05
+
+    def __init__(self, model: HostTermsModel, terms: HostTerms, step_shift_ms: tuple[float, float, float]) -> None:
+        super().__init__(model.base, terms, model.uncertainty)
+        self.step_shift_ms = step_shift_ms     # added (per step, per sequence, per token), any sign
+
+    def _with_host(self, base_ms, num_seqs, num_tokens):
+        undrawn = base_ms + self._extra(num_seqs, num_tokens)
+        per_step, per_seq, per_token = self.step_shift_ms
+        drawn = undrawn + per_step + per_seq * num_seqs + per_token * num_tokens
+        return np.maximum(drawn, self.STEP_FLOOR * undrawn)
 
 
 class ScaledStepModel(FeatureStepModel):

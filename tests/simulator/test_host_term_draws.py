@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from experiments.step_models import resolve_step_model
+from simulator.batch import StepBatch
 from simulator.errors import InputError
 from simulator.ranges import draw_bias, replicate, term_names, with_bias
 from simulator.simulation import SimConfig, simulate
@@ -30,21 +31,37 @@ def test_host_terms_are_named_after_the_tables_terms_and_drawn_per_replication()
     model = _model()
     assert term_names(model) == ["host:per_step_ms", "host:per_seq_ms"]
     z = draw_bias(model, seed=3)
-    drawn = with_bias(model, z).terms
+    drawn = with_bias(model, z)
     expected = COVARIANCE.draw(np.array([z["host:per_step_ms"], z["host:per_seq_ms"]]))
-    assert drawn.per_step_ms == pytest.approx(max(1.0 + expected["per_step_ms"], 0.0))
-    assert drawn.per_seq_ms == pytest.approx(max(0.05 + expected["per_seq_ms"], 0.0))
-    assert drawn.per_token_ms == TERMS.per_token_ms           # no uncertainty: kept
+    assert drawn.step_shift_ms == pytest.approx((expected["per_step_ms"], expected["per_seq_ms"], 0.0))
+    batch = StepBatch.of([0, 1, 2], [1, 1, 30], [10, 20, 0])
+    undrawn = model.step_ms(batch)
+    assert drawn.step_ms(batch) == pytest.approx(
+        max(undrawn + expected["per_step_ms"] + 3 * expected["per_seq_ms"], 0.05 * undrawn))
 
 
-def test_a_draw_never_takes_a_term_below_zero():
-    drawn = with_bias(_model(), {"host:per_step_ms": -100.0, "host:per_seq_ms": 0.0}).terms
-    assert drawn.per_step_ms == 0.0
+def test_step_terms_trade_off_below_zero_but_the_step_is_held_up():
+    # per step pushed far below zero, per sequence up: the step keeps the trade, but never falls under
+    # 5% of its undrawn time; the front end's delay is clipped at zero on its own
+    uncertainty = TermUncertainty(("per_step_ms", "per_seq_ms", "per_request_ms"),
+                                  ((1.0, 0.0, 0.0), (0.0, 0.01, 0.0), (0.0, 0.0, 4.0)))
+    model = HostTermsModel(LinearStepModel(2.0, 0.05, 0.001), HostTerms(1.0, 0.05, 0.0, per_request_ms=3.0), uncertainty)
+    drawn = with_bias(model, {"host:per_step_ms": -1.5, "host:per_seq_ms": 2.0, "host:per_request_ms": -5.0})
+    assert drawn.step_shift_ms == pytest.approx((-1.5, 0.2, 0.0))
+    assert drawn.terms.per_step_ms == 1.0 and drawn.terms.per_request_ms == 0.0
+    small, large = StepBatch.of([0], [1], [10]), StepBatch.of(list(range(20)), [1] * 20, [10] * 20)
+    assert drawn.step_ms(small) == pytest.approx(model.step_ms(small) - 1.5 + 0.2)
+    assert drawn.step_ms(large) == pytest.approx(model.step_ms(large) - 1.5 + 0.2 * 20)
+    sunk = with_bias(model, {"host:per_step_ms": -10.0})
+    assert sunk.step_ms(small) == pytest.approx(0.05 * model.step_ms(small))
+    features = large.features()
+    assert sunk.features_ms(features)[0] == pytest.approx(sunk.step_ms(large))
 
 
 def test_without_uncertainty_or_spread_the_terms_are_kept():
-    assert with_bias(_model(None), {"host:per_step_ms": 2.0}).terms == TERMS
-    assert with_bias(_model(), {"host:per_step_ms": 2.0}, spread_scale=0.0).terms == TERMS
+    for kept in (with_bias(_model(None), {"host:per_step_ms": 2.0}),
+                 with_bias(_model(), {"host:per_step_ms": 2.0}, spread_scale=0.0)):
+        assert kept.terms == TERMS and not hasattr(kept, "step_shift_ms")
     assert term_names(_model(None)) == []
 
 
