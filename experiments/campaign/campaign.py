@@ -89,9 +89,13 @@ class Campaign:
             for load in c.loads:
                 for model_name, model in models[s].items():
                     target = out / "validation" / model_name / s / load_name(load)
-                    self.stage(f"simulate + validate {s} at {load:.0%} load ({model_name})", "validate",
-                               lambda s=s, load=load, model=model, target=target: self.validate(
-                                   c.measured_dir(s, load), model, target))
+                    # ranges on the calibrated model's held-out runs: its tables carry the device's
+                    # scatter and the host terms' covariance, measured on the calibration run
+                    ranges = c.ranges if model_name == "calibrated" and load != c.loads[0] else 0
+                    title = f"simulate + validate {s} at {load:.0%} load ({model_name}" + (
+                        f", {ranges} replications)" if ranges else ")")
+                    self.stage(title, "validate", lambda s=s, load=load, model=model, target=target, r=ranges:
+                               self.validate(c.measured_dir(s, load), model, target, r))
                     validations.append((s, load, model_name, target))
         report_dirs = [v[3] for v in validations if v[2] in ("tables", "profiled", "calibrated")] + [out / "tables"]
         self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
@@ -148,9 +152,17 @@ class Campaign:
         fit_tables(FitOptions(profile=[*self.profile_files(), *map(str, logs)], out=str(out),
                               ops=ops, model_spec=c.model_spec, regressor="tuned", trials=c.trials, seed=c.seed))
 
-    def validate(self, measured: Path, step_model: Path, out: Path) -> None:
+    def validate(self, measured: Path, step_model: Path, out: Path, ranges: int = 0) -> None:
+        from functools import partial
+        from types import SimpleNamespace
+
+        from experiments.commands.flags import ranges_from_args
         from experiments.validation.validate import validate_run
-        validate_run(str(measured), str(step_model), str(out))
+        # what `stepcal validate --ranges N --workers W` would be given: the scatter stored with the tables
+        args = SimpleNamespace(ranges=ranges, ranges_seed=self.c.seed, workers=self.c.workers, step_model=str(step_model),
+                               scatter_cv=None, scatter_rho=None, scatter_run_cv=None)
+        validate_run(str(measured), str(step_model), str(out),
+                     ranges=partial(ranges_from_args, args, quantiles=True) if ranges else None)
 
     def report(self, dirs: list[Path], out: Path) -> None:
         from experiments.report.build import build_report, describe_report

@@ -24,6 +24,8 @@ class CampaignConfig:
     grid: str = "quick"
     profile_ops: str | None = None                  # e.g. "step,overhead" (None: every op of the grid)
     arrivals: str = "poisson"                       # or gamma:CV (bursty: CV > 1)
+    ranges: int = 0                                 # replications per held-out run of the calibrated model
+    workers: int = 1                                # processes for those replications
     seed: int = 0
     timings: dict = field(default_factory=dict)
 

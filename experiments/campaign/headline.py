@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 HEADLINE_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 HEADLINE_STATS = ("p50", "p90", "p99")
+COVERAGE_KEYS = ("num_inside", "num_cells", "median_relative_width")   # of validate's ranges.coverage
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class HeadlineRow:
     preemptions_measured: int | None
     preemptions_simulated: int | None
     cells: dict                    # (metric, stat) -> HeadlineCell, HEADLINE_METRICS x HEADLINE_STATS
+    coverage: dict | None = None   # validate --ranges: num_inside, num_cells, median_relative_width
 
     def cell(self, metric: str, stat: str) -> HeadlineCell:
         return self.cells[(metric, stat)]
@@ -39,9 +41,11 @@ class HeadlineRow:
         cells = {(m, s): HeadlineCell(record.cell(m, s).error, record.cell(m, s).noise_floor,
                                       None if matched is None else matched.error(m, s))
                  for m in HEADLINE_METRICS for s in HEADLINE_STATS}
+        coverage = (record.ranges or {}).get("coverage")
+        kept = {k: coverage.get(k) for k in COVERAGE_KEYS} if coverage else None
         return cls(scheduler, load, model, held_out, step.mape, noise and noise.mape, step.total_error,
                    noise and noise.total_difference, record.preemptions.measured, record.preemptions.simulated,
-                   cells)
+                   cells, kept)
 
     @classmethod
     def from_dict(cls, data: dict) -> HeadlineRow:
@@ -51,7 +55,7 @@ class HeadlineRow:
                  for m in HEADLINE_METRICS for s in HEADLINE_STATS}
         return cls(data.get("scheduler"), data.get("load"), data["model"], data["held_out"], data.get("step_mape"),
                    data.get("step_mape.noise"), data.get("step_total"), data.get("step_total.noise"),
-                   data.get("preemptions.measured"), data.get("preemptions.simulated"), cells)
+                   data.get("preemptions.measured"), data.get("preemptions.simulated"), cells, data.get("coverage"))
 
     def to_dict(self) -> dict:
         out = {"scheduler": self.scheduler, "load": self.load, "model": self.model, "held_out": self.held_out,
@@ -60,6 +64,8 @@ class HeadlineRow:
                "preemptions.simulated": self.preemptions_simulated}
         for (m, s), cell in self.cells.items():
             out.update({f"{m}.{s}": cell.error, f"{m}.{s}.noise": cell.noise, f"{m}.{s}.step_matched": cell.step_matched})
+        if self.coverage is not None:
+            out["coverage"] = self.coverage
         return out
 
 
@@ -110,11 +116,25 @@ def target_summary(rows: list[HeadlineRow]) -> str:
             lines.append(f"  misses: {step} of {len(missed)} are step time (within target once the step total "
                          f"matches the measured one), {len(missed) - step} remain with it matched (queueing, "
                          f"scheduling, scatter of step time)")
+        covered = [r.coverage for r in held_out if r.coverage and r.coverage.get("num_cells")]
+        if covered:
+            lines.append("  " + coverage_line(covered))
         preemptions = [(r.preemptions_measured, r.preemptions_simulated) for r in held_out]
         if all(None not in p for p in preemptions):
             lines.append(f"  preemptions (KV capacity): measured {sum(p[0] for p in preemptions)}, "
                          f"simulated {sum(p[1] for p in preemptions)}")
     return "\n".join(lines)
+
+
+def coverage_line(covered: list[dict]) -> str:
+    """How often the measured values (each repeat on its own) fell inside the 90% intervals of the
+    held-out runs, with the median of the runs' median relative widths."""
+    import numpy as np
+    inside, cells = sum(c["num_inside"] for c in covered), sum(c["num_cells"] for c in covered)
+    widths = [c["median_relative_width"] for c in covered if c.get("median_relative_width") is not None]
+    width = f"; median width {100 * float(np.median(widths)):.0f}% of the measured value" if widths else ""
+    return (f"90% intervals: the measured value lies inside in {inside} of {cells} cells "
+            f"({100 * inside / cells:.0f}%, target 80-97%){width}")
 
 
 def format_headline(headline: Headline) -> str:

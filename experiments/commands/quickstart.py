@@ -37,6 +37,12 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=argtypes.count(1, 1000), default=2, help="measured repeats per run (default 2: the noise floor)")
     p.add_argument("--trials", type=argtypes.count(1, 100_000), default=4, help="Optuna trials per fitted target (default 4)")
     p.add_argument("--seed", type=argtypes.seed, default=0)
+    p.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
+                   help="also validate the calibrated model's held-out runs with N replications each "
+                        "(`stepcal validate --ranges`) and report how often the measured values fall inside the "
+                        "90%% intervals (coverage, each repeat on its own) and their width (default 0: none)")
+    p.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
+                   help="processes for those replications (default 1)")
     g = p.add_argument_group("another device or model (the defaults are the CPU quickstart)")
     g.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda[:N] (default cpu)")
     g.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny)")
@@ -67,7 +73,7 @@ def run(args) -> int:
                             repeats=args.repeats, trials=args.trials, seed=args.seed, device=args.device,
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops,
-                            arrivals=args.arrivals)
+                            arrivals=args.arrivals, ranges=args.ranges, workers=args.workers)
     headline = Campaign(config).run()
     print(format_headline(headline))
     print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "

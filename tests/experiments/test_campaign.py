@@ -30,7 +30,8 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps(SMALL_GRID))
     config = CampaignConfig(out=tmp_path / "qs", schedulers=("continuous",), loads=(0.3, 0.7), num_requests=24,
-                            repeats=2, trials=1, grid=str(grid), prompt="uniform:8:48", output="uniform:2:10")
+                            repeats=2, trials=1, grid=str(grid), prompt="uniform:8:48", output="uniform:2:10",
+                            ranges=3)
     headline = Campaign(config).run()
     out = tmp_path / "qs"
     for path in ("profile/profile.parquet", "profile_late/profile.parquet", "tables/meta.json", "calibrated/continuous/meta.json",
@@ -46,7 +47,8 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
         "fit kernel-only T_step tables",
         "calibrate host terms of the kernel tables on continuous at 30% load",
         *[f"simulate + validate continuous at {load} load ({model})" for load in ("30%", "70%")
-          for model in ("tables", "profiled", "kernels", "calibrated")], "report"]
+          for model in ("tables", "profiled", "kernels", "calibrated")][:-1],
+        "simulate + validate continuous at 70% load (calibrated, 3 replications)", "report"]
     rows = headline.rows
     assert [(r.load, r.model, r.held_out) for r in rows] == [   # the profiled tables saw no run
         (0.3, "tables", False), (0.3, "profiled", True), (0.3, "kernels", False), (0.3, "calibrated", False),
@@ -63,6 +65,12 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
                                                           record["step_matched"]["metrics"]["ttft_ms"]["p50"])
         assert (row.step_mape, row.step_total) == (record["step_level"]["mape"], record["step_level"]["total_error"])
         assert row.step_mape_noise == record["step_level"]["noise_floor"]["mape"] is not None
+    # ranges: the calibrated model's held-out run only, its coverage carried into the headline
+    assert [r.coverage is not None for r in rows] == [False] * 7 + [True]
+    coverage = json.loads((out / "validation/calibrated/continuous/load_70/validation.json").read_text())["ranges"]
+    assert coverage["num_replications"] == 3
+    assert rows[-1].coverage == {k: coverage["coverage"][k] for k in ("num_inside", "num_cells", "median_relative_width")}
+    assert "90% intervals: the measured value lies inside in" in target_summary(rows)
     written = json.loads((out / "headline.json").read_text())
     assert written == {**headline.to_dict(), "wall_s": headline.wall_s}
     assert [HeadlineRow.from_dict(r) for r in written["rows"]] == rows
@@ -98,6 +106,19 @@ def test_target_summary_counts_cells_against_noise_and_fixed_bounds():
     assert target_summary(rows).splitlines() == [
         "held-out runs, tables: 12 of 18 P50/P90 errors within max(5%, 1.5 x noise); 6 of 9 P99 errors within 10%",
         "held-out runs, calibrated: 0 of 6 P50/P90 errors within max(5%, 1.5 x noise); 0 of 3 P99 errors within 10%"]
+
+
+def test_target_summary_gives_the_coverage_of_the_held_out_intervals():
+    def row(coverage, held_out=True):
+        return HeadlineRow.from_dict({"held_out": held_out, "model": "calibrated", "coverage": coverage,
+                                      **{f"{m}.{s}": 0.0 for m in HEADLINE_METRICS for s in HEADLINE_STATS}})
+    rows = [row({"num_inside": 30, "num_cells": 40, "median_relative_width": 0.2}),
+            row({"num_inside": 40, "num_cells": 40, "median_relative_width": 0.6}),
+            row({"num_inside": 0, "num_cells": 40, "median_relative_width": 9.0}, held_out=False),   # not counted
+            row(None)]
+    assert target_summary(rows).splitlines()[1] == (
+        "  90% intervals: the measured value lies inside in 70 of 80 cells (88%, target 80-97%); "
+        "median width 40% of the measured value")
 
 
 def test_target_summary_says_which_misses_are_step_time():
