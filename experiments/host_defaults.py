@@ -44,6 +44,16 @@ def with_host_defaults(model, engine: str | None, step_model: str):
     return HostTermsModel(model, host_defaults(engine))
 
 
+def has_calibrated_terms(step_model: str) -> bool:
+    """Whether a step-model directory carries calibrated host terms (meta.json's `host_terms`, as
+    experiments.step_models reads them), found without loading its tables."""
+    meta = Path(step_model) / "meta.json"
+    if not meta.is_file():
+        return False
+    from simulator.readers import read_json
+    return bool(read_json(meta, "the meta.json of a step-model directory").get("host_terms"))
+
+
 def add_host_defaults_flag(parser) -> None:
     parser.add_argument("--host-defaults", choices=ENGINE_NAMES, default=None, metavar="ENGINE",
                         help=f"{HELP} (choices: {', '.join(ENGINE_NAMES)})")

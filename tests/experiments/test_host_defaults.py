@@ -93,3 +93,50 @@ def test_validate_and_calibrate_take_the_defaults(tmp_path):
     assert meta["host_terms"]["per_prompt_token_ms"] == host_defaults("vllm").per_prompt_token_ms   # held
     assert meta["calibration"]["host_defaults"] == "vllm"
     assert set(meta["calibration"]["uncertainty"]["std_err"]) <= set(HostTerms().to_dict())
+
+
+DISAGG = ["capacity", "--trace", "poisson:rate=4,n=150,prompt=uniform:32:512,output=uniform:8:128,seed=3",
+          "--slo-ttft-ms", "300", "--slo-tpot-ms", "40", "--disaggregated", "1:1", "--model-spec", "llama-3-8b",
+          "--tolerance", "0.1", "--quiet"]
+
+
+def _start_probe(record: dict) -> dict:
+    """The disaggregated search's probe at the trace's own rate, where every search starts."""
+    rate = record["trace_rate_rps"]
+    return next(p for p in record["disaggregated"]["probes"] if p["rate_rps"] == pytest.approx(rate, rel=1e-12))
+
+
+def test_host_defaults_apply_to_both_disaggregated_pools(tmp_path):
+    base = [*DISAGG, "--step-model", "linear:5,0.01,0.0002"]
+    assert main([*base, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*base, "--host-defaults", "vllm", "--out", str(tmp_path / "vllm")]) == 0
+    plain, vllm = (json.loads((tmp_path / d / "capacity.json").read_text()) for d in ("plain", "vllm"))
+    for pool in ("prefill_step_model", "decode_step_model"):
+        assert "host terms" in vllm["disaggregated"][pool] and "host terms" not in plain["disaggregated"][pool], pool
+    # at the same rate, the per-sequence host time lengthens every decode step and the request path every TTFT
+    before, after = _start_probe(plain), _start_probe(vllm)
+    assert before["rate_rps"] == after["rate_rps"]
+    assert after["tpot_p99_ms"] > before["tpot_p99_ms"] and after["ttft_p99_ms"] > before["ttft_p99_ms"]
+
+
+def _calibrated(path: Path, **host_terms) -> str:
+    path.mkdir()
+    (path / "meta.json").write_text(json.dumps({"kind": "builtin", "step_model": "const:5", "host_terms": host_terms}))
+    return str(path)
+
+
+def test_disaggregated_pools_with_two_request_paths_are_refused_in_one_line(tmp_path, capsys):
+    prefill = _calibrated(tmp_path / "p", per_request_ms=3.0)
+    decode = _calibrated(tmp_path / "d", per_request_ms=9.0)
+    code = main([*DISAGG, "--step-model", prefill, "--decode-step-model", decode, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "--decode-step-model" in err and "one front end" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_disaggregated_host_defaults_on_calibrated_pool_tables_are_refused(tmp_path, capsys):
+    decode = _calibrated(tmp_path / "d", per_step_ms=0.5)
+    code = main([*DISAGG, "--step-model", "const:5", "--decode-step-model", decode, "--host-defaults", "vllm",
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "already has calibrated host terms" in err
