@@ -11,22 +11,63 @@ from simulator.step_model import HostTerms
 TRACE = "poisson:rate=20,n=200,prompt=uniform:256:1024,output=uniform:8:64"
 
 
-def test_every_default_names_its_source_and_derivation():
+def test_every_default_names_its_source_where_in_it_and_how_it_was_derived():
     data = read_serving_defaults()
     assert tuple(data["engines"]) == ENGINE_NAMES
     sources = data["sources"]
     for source in sources.values():
-        assert source["url"].startswith("https://") and source["title"] and source["measured"] and source["setup"]
+        assert source["url"].startswith("https://") and source["where"] and source["measured"] and source["figures"]
     for engine, entry in data["engines"].items():
         assert set(entry["terms"]) == set(HostTerms().to_dict()), engine
         for name, term in entry["terms"].items():
-            assert len(term["derivation"]) > 30, (engine, name)
+            assert "\n" not in term["how_derived"] and term["notes"], (engine, name)
             assert all(s in sources for s in term["sources"]), (engine, name)
             if term["value"] != 0:       # a number needs a measurement behind it
                 assert term["sources"], (engine, name)
             else:                        # a zero says why it is zero
-                assert "left 0" in term["derivation"].lower() or "no published" in term["derivation"].lower()
+                assert term["how_derived"].startswith("left 0"), (engine, name)
         assert host_defaults(engine) == HostTerms.from_dict({k: t["value"] for k, t in entry["terms"].items()})
+
+
+def _broken(change) -> dict:
+    data = json.loads(DEFAULTS_PATH.read_text())
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d["engines"]["vllm"]["terms"]["per_seq_ms"].update(sources=[]), "per_seq_ms: the value 0.012 cites no source"),
+    (lambda d: d["sources"]["vllm-pr-51281"].pop("where"), "sources.vllm-pr-51281: missing where"),
+    (lambda d: d["engines"]["vllm-async"]["terms"]["per_seq_ms"].update(how_derived="160 us\n/ 256"), "one line"),
+    (lambda d: d["engines"]["vllm"]["terms"]["per_stream_ms"].update(how_derived="nothing"), "left 0"),
+    (lambda d: d["engines"]["vllm"]["terms"]["per_seq_ms"].update(sources=["a-blog"]), "must list keys of"),
+    (lambda d: d["engines"]["vllm"]["terms"].pop("per_token_ms"), "must give each of"),
+])
+def test_a_default_without_its_source_is_refused(change, needle, tmp_path):
+    from experiments.host_defaults import check_serving_defaults
+    from simulator.errors import InputError
+    with pytest.raises(InputError, match=needle.replace("(", r"\(")):
+        check_serving_defaults(_broken(change), tmp_path / "serving_defaults.json")
+    path = tmp_path / "serving_defaults.json"       # and at use, not only in this test
+    path.write_text(json.dumps(_broken(change)))
+    with pytest.raises(InputError, match="serving_defaults.json"):
+        host_defaults("vllm", path)
+
+
+def test_help_says_where_every_default_comes_from(capsys):
+    """`stepcal simulate --help` gives each engine's non-zero numbers, the sources they cite and the data file."""
+    import re
+    assert main(["simulate", "--help"]) == 0
+    shown = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert "experiments/data/serving_defaults.json" in shown
+    data = read_serving_defaults()
+    for engine, entry in data["engines"].items():
+        assert engine in shown
+        for name, term in entry["terms"].items():
+            if term["value"]:
+                assert f"{term['value']:g} ms per" in shown, (engine, name)
+                for key in term["sources"]:
+                    assert data["sources"][key]["short"] in shown, (engine, name, key)
 
 
 def test_the_defaults_file_is_package_data():
