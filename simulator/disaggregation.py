@@ -24,6 +24,13 @@ Both pools run on the simulator's event core and replica driver (simulator.event
 as the aggregated simulation does. Decode runs (many identical decode steps advanced in one move)
 are planned optimistically and cut back when a KV transfer lands on the replica, which gives the same
 logs as stepping one by one; `fast_path=False` steps one by one.
+
+The request path (simulator.frontend: HTTP, tokenisation, hand-over to the engine) is the
+deployment's, paid once per request before the prefill pool sees it: the client talks to one API
+server (or proxy), which hands the request to a prefill replica. Its load-dependent part counts the
+streams active in the whole deployment when the request is sent (sent, and not yet finished by the
+decode pool, or by the prefill pool for a one-token request). A pool's per-step host time is part of
+that pool's step model (simulator.step_model.HostTermsModel), so each pool pays its own.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import numpy as np
 
 from simulator.errors import InputError
 from simulator.events import ARRIVAL, EventLoop, paused_gc
+from simulator.frontend import FrontEnd
 from simulator.kv_cache import blocks_for
 from simulator.logs import request_log
 from simulator.metrics import distribution, summarize
@@ -69,6 +77,8 @@ class DisaggConfig:
     skip_oversize: bool = False
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    front_end: FrontEnd = field(default_factory=FrontEnd)   # the request path before the prefill pool
+    front_end_seed: int = 0                                  # seeds its per-request draws
 
     def __post_init__(self) -> None:
         for name, pool in (("prefill", self.prefill), ("decode", self.decode)):
@@ -123,7 +133,13 @@ class DisaggSimulation:
         originals, self.num_skipped = make_requests(trace, config.block_size, min(limits) if limits else None,
                                                     config.skip_oversize)
         self.originals = originals
-        self.loop = EventLoop([r.arrival_s for r in originals], self._on_arrival)
+        # When each request reaches the prefill pool: its arrival plus the request path.
+        self.front_end = config.front_end
+        self.reads_load = config.front_end.reads_load
+        self.path_s = config.front_end.paths_s(originals, config.front_end_seed)
+        self.num_active = 0        # requests sent and not yet finished (the load-dependent path reads it)
+        self.entering, entry_s = self._entry_order()
+        self.loop = EventLoop(entry_s, self._on_arrival)
         bs = config.block_size
         prefill_blocks = config.prefill.kv_blocks or max(1, sum(blocks_for(r.num_prompt_tokens, bs) for r in originals))
         decode_blocks = config.decode.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, bs) for r in originals))
@@ -135,7 +151,8 @@ class DisaggSimulation:
                                 plan_runs=False, pool="prefill", on_finished=self._on_prefilled)
                         for i in range(config.prefill.num_replicas)]
         self.decode = [Replica(self.loop, i, self._settings(config.decode, decode_blocks), decode_model,
-                               plan_runs=decode_runs, pool="decode", on_step_start=_emit_first_tokens)
+                               plan_runs=decode_runs, pool="decode", on_step_start=_emit_first_tokens,
+                               on_finished=self._on_decoded)
                        for i in range(config.decode.num_replicas)]
         self.handoffs: dict[int, _Handoff] = {}
 
@@ -150,8 +167,33 @@ class DisaggSimulation:
             self.loop.run()
             return self._result(time.perf_counter() - wall0)
 
+    def _entry_order(self) -> tuple[list[Request], list[float]]:
+        """The requests in the order the event loop takes them, and when: at their send time behind a
+        load-dependent path (their delay is known only then), else when they reach the prefill pool."""
+        arrival_s = np.array([r.arrival_s for r in self.originals], dtype=np.float64)
+        if self.reads_load or isinstance(self.path_s, float):
+            if not self.reads_load and self.path_s:
+                arrival_s = arrival_s + self.path_s
+            return list(self.originals), arrival_s.tolist()
+        entry_s = arrival_s + np.array([self.path_s[r.request_id] for r in self.originals], dtype=np.float64)
+        order = np.argsort(entry_s, kind="stable")   # requests sent together keep their trace order
+        return [self.originals[i] for i in order.tolist()], entry_s[order].tolist()
+
+    def _path_of(self, request: Request) -> float:
+        return self.path_s if isinstance(self.path_s, float) else self.path_s[request.request_id]
+
     def _on_arrival(self, i: int, now_s: float) -> None:
-        original = self.originals[i]
+        original = self.entering[i]
+        if self.reads_load:   # the client sends it now: its path grows with the streams already active
+            path_s = self._path_of(original) + self.front_end.per_stream_ms * self.num_active / 1000.0
+            self.num_active += 1
+            self.loop.push(now_s + path_s, ARRIVAL, _Entry(self, original))
+        else:
+            self.num_active += 1
+            self._enter(original, now_s)
+
+    def _enter(self, original: Request, now_s: float) -> None:
+        """The request reaches the prefill pool (its arrival plus the request path)."""
         index = self.prefill_router.pick([r.scheduler for r in self.prefill])
         prefill_side = Request(original.request_id, original.arrival_s, original.num_prompt_tokens, 1,
                                priority=original.priority, slo_ttft_ms=original.slo_ttft_ms,
@@ -169,6 +211,7 @@ class DisaggSimulation:
         original = handoff.final
         handoff.prefill_end_s = now_s
         if original.num_output_tokens == 1:   # nothing to decode: the token goes out now
+            self.num_active -= 1
             original.first_token_s = original.last_token_s = original.finish_s = now_s
             original.num_generated_tokens = 1
             original.num_preemptions = prefill_side.num_preemptions
@@ -181,6 +224,9 @@ class DisaggSimulation:
         handoff.final = decode_side
         handoff.transfer_ms = self.config.transfer_ms(original.num_prompt_tokens)
         self.loop.push(now_s + handoff.transfer_ms / 1000.0, ARRIVAL, _KvReady(self, decode_side))
+
+    def _on_decoded(self, finished: list[Request], now_s: float) -> None:
+        self.num_active -= len(finished)
 
     def _on_kv_ready(self, request: Request, now_s: float) -> None:
         """The KV cache landed: the request queues at a decode replica with its prompt cached."""
@@ -214,6 +260,16 @@ class DisaggSimulation:
             "kv_transfer_ms": distribution(requests["kv_transfer_ms"].to_numpy()),
         })
         return SimResult(requests, steps, summary, itl_s, itl_w, self.num_skipped, wall_s)
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """A request behind a load-dependent request path reaches the prefill pool."""
+    simulation: DisaggSimulation
+    request: Request
+
+    def fire(self, now_s: float) -> None:
+        self.simulation._enter(self.request, now_s)
 
 
 def _emit_first_tokens(step: ScheduledStep, now_s: float) -> None:

@@ -68,6 +68,15 @@ class FrontEnd:
             delays_ms = delays_ms + self.per_prompt_token_ms * np.asarray(num_prompt_tokens, dtype=np.float64)
         return delays_ms / 1000.0
 
+    def paths_s(self, requests, seed: int) -> dict[int, float] | float:
+        """Each request's path without the load part, in seconds, by request id; one float when every
+        request's is the same (no spread and no prompt-length part), as the simulators use it."""
+        if self.sigma == 0 and self.per_prompt_token_ms == 0:
+            return self.median_ms / 1000.0
+        ids = np.array([r.request_id for r in requests], dtype=np.int64)
+        prompts = np.array([r.num_prompt_tokens for r in requests], dtype=np.int64)
+        return dict(zip(ids.tolist(), self.base_delays_s(ids, prompts, seed).tolist()))
+
     def describe(self) -> str:
         parts = [f"{self.median_ms:g} ms" + (f" x lognormal(sigma {self.sigma:g})" if self.sigma else "")]
         if self.per_prompt_token_ms:

@@ -12,7 +12,9 @@ from one measured run's request-level metrics (TTFT, TPOT, E2E: what a user of a
 has), by simulating the measured workload until the simulated mean/P50/P90 match. Then the front
 end's shape: the per-request delay as a log-normal (its sigma) plus a part per stream active at the
 request's arrival, matched on TTFT P10/P50/P90 of the requests that arrived at light and at heavy
-load; kept only where it cuts the loss by a quarter. P99 is not fitted.
+load; kept only where it cuts the loss by a quarter. P99 is not fitted. Every repeat of the run is
+used: statistics are averaged over the repeats, and each repeat's requests are grouped by the streams
+active in that repeat.
 Each fitted term is printed with its standard error (the least-squares sandwich: the sensitivity of
 the statistics to the terms, from 2 simulations per term, and a block bootstrap of the measured
 requests). The default budget (300 + 100 + about 12 simulations) takes a few minutes for a run of a
@@ -42,7 +44,8 @@ def run(args) -> int:
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations,
                                   host_defaults=args.host_defaults)
     if not args.quiet:
-        print(f"host terms ({result.num_simulations} simulations, {result.wall_s:.1f} s):")
+        repeats = f"{result.num_repeats} repeat{'s' if result.num_repeats != 1 else ''}"
+        print(f"host terms ({repeats}, {result.num_simulations} simulations, {result.wall_s:.1f} s):")
         print(format_terms(result))
         print(f"{'metric':<24}{'before':>10}{'after':>10}")
         errors = [(result.errors_before, result.errors_after),

@@ -15,6 +15,9 @@ answer by simulating 5% above it. Deterministic: every rate simulates the same r
 With --disaggregated P:D it also searches a prefill/decode-disaggregated deployment of P prefill and
 D decode replicas, and compares it with an aggregated one of the same number of devices (P + D
 replicas). TTFT there includes the KV transfer and the decode queue (see simulator/disaggregation.py).
+--host-defaults ENGINE (or calibrated tables) applies there too: each pool's step model gets the
+engine's per-step host terms, and the deployment its request path, paid once before the prefill pool,
+its per-stream part counting the requests active in both pools.
 
 With --ranges N it also runs N seeded replications at each rate it probes (replication i draws the
 step model's error and the step scatter from --ranges-seed + i, the same draw at every rate, so each
@@ -154,10 +157,12 @@ def run(args) -> int:
                        prefix_caching=prefix_caching_from_args(args))
     deployments = {"aggregated": RateEvaluator(trace, aggregated(model, config))}
     if split is not None:
-        prefill_model = resolve_step_model(args.prefill_step_model or args.step_model)
-        decode_model = resolve_step_model(args.decode_step_model or args.step_model)
-        deployments["disaggregated"] = RateEvaluator(
-            trace, disaggregated(prefill_model, decode_model, disagg_config_from_args(args, config, split)))
+        # --host-defaults adds the engine's host terms to both pools' step models (each pool pays its own
+        # per-step host time) and its request path to the deployment (paid once, before the prefill pool)
+        prefill_model = resolve_step_model(args.prefill_step_model or args.step_model, args.host_defaults)
+        decode_model = resolve_step_model(args.decode_step_model or args.step_model, args.host_defaults)
+        disagg_config = disagg_config_from_args(args, config, split, pools_front_end(args, prefill_model, decode_model))
+        deployments["disaggregated"] = RateEvaluator(trace, disaggregated(prefill_model, decode_model, disagg_config))
 
     records = {}
     for label, evaluate in deployments.items():
@@ -181,7 +186,11 @@ def run(args) -> int:
            "args": {k: v for k, v in vars(args).items() if k != "func"}}
     if split is not None:
         out["disaggregated"] = {**records["disaggregated"], "deployment": _describe("disaggregated", num_replicas, split),
-                                "num_prefill_replicas": split[0], "num_decode_replicas": split[1]}
+                                "num_prefill_replicas": split[0], "num_decode_replicas": split[1],
+                                "prefill_step_model": describe_step_model(args.prefill_step_model or args.step_model,
+                                                                          prefill_model),
+                                "decode_step_model": describe_step_model(args.decode_step_model or args.step_model,
+                                                                         decode_model)}
         out["comparison"] = _comparison(records, num_replicas)
         if not args.quiet:
             print(_format_comparison(out["comparison"]))
@@ -216,7 +225,21 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
     return ranges_record(curves, replicated, settings)
 
 
-def disagg_config_from_args(args, config, split: tuple[int, int]):
+def pools_front_end(args, prefill_model, decode_model):
+    """The disaggregated deployment's request path: one per deployment (the client's API server hands
+    each request to the prefill pool), so the pools' step models must not disagree on it. A pool whose
+    model has none (uncalibrated tables) takes the other's."""
+    from experiments.step_models import front_end
+    from simulator.errors import InputError
+    prefill, decode = front_end(prefill_model), front_end(decode_model)
+    if not prefill.is_zero and not decode.is_zero and prefill != decode:
+        raise InputError(f"--decode-step-model {args.decode_step_model or args.step_model}: its request path "
+                         f"({decode.describe()}) differs from the prefill pool's ({prefill.describe()}); a "
+                         f"disaggregated deployment has one front end: give one pool tables without front-end terms")
+    return decode if prefill.is_zero else prefill
+
+
+def disagg_config_from_args(args, config, split: tuple[int, int], front_end=None):
     from simulator.disaggregation import DisaggConfig, PoolConfig
     from simulator.errors import InputError
     from simulator.model_spec import load_model_spec
@@ -231,7 +254,7 @@ def disagg_config_from_args(args, config, split: tuple[int, int]):
                         kv_transfer_alpha_ms=args.kv_transfer_alpha_ms, kv_transfer_gb_per_s=args.kv_transfer_gbps,
                         block_size=config.block_size, step_overhead_ms=config.step_overhead_ms,
                         skip_oversize=config.skip_oversize, slo_ttft_ms=config.slo_ttft_ms,
-                        slo_tpot_ms=config.slo_tpot_ms)
+                        slo_tpot_ms=config.slo_tpot_ms, front_end=front_end or config.front_end)
 
 
 def _aggregated_replicas(replicas: int | None, split: tuple[int, int] | None) -> int:

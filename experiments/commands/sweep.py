@@ -6,9 +6,9 @@ import sys
 from experiments.commands import argtypes
 from experiments.commands.flags import add_command
 
-HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models) from a
-TOML config, on a local process pool or as Ray tasks. Each simulation is seeded, so results do not
-depend on the backend or the number of workers. Each finished point is stored at once under
+HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models × host
+defaults) from a TOML config, on a local process pool or as Ray tasks. Each simulation is seeded, so
+results do not depend on the backend or the number of workers. Each finished point is stored at once under
 OUT/points/, so a sweep that is interrupted and rerun skips the points already done.
 
 Writes OUT/summaries.parquet (one row per point: settings, throughput, mean/P50/P90/P95/P99 of
@@ -29,6 +29,7 @@ config example (see experiments/sweep/config.py for every key):
   rates_rps = [2.0, 4.0, 8.0]
   replicas = [1, 2]
   step_models = ["linear:8,0.03,0.0002"]
+  host_defaults = ["none", "vllm"]   # optional: with and without vLLM's published host terms
 
   [[schedulers]]
   name = "vllm"

@@ -5,6 +5,9 @@
     rates_rps = [2.0, 4.0, 8.0]      # the trace's arrivals rescaled; omit for the trace's own rate
     replicas = [1, 2]                # default [1]
     step_models = ["linear:8,0.03,0.0002"]
+    host_defaults = "vllm"           # optional: a serving engine's published host and front-end terms added to
+                                     # every step model (experiments/data/serving_defaults.json); a list sweeps
+                                     # them, "none" being the step model as it is: ["none", "vllm", "vllm-async"]
     latency = "ttft_ms"              # the P99 on the Pareto plot: ttft_ms, tpot_ms, itl_ms or e2e_ms
     # block_size, kv_blocks, router, step_overhead_ms: simulation settings shared by every point
     ranges = 20                      # optional: N replications per point, each figure with a 90% interval
@@ -29,6 +32,11 @@
 
 Relative file paths (the trace, table directories) are relative to the config file.
 
+`host_defaults` is an axis of the grid like step_models (crossed with it): each point's step model
+gets that engine's terms (experiments.host_defaults), and its row a `host_defaults` column (None for
+"none" and for sweeps without the key). A step model with calibrated host terms refuses an engine, as
+`--host-defaults` does. Points of sweeps without the key keep the keys they had.
+
 With `ranges = N` (N > 0) every point also runs N seeded replications (simulator.ranges: each draws the
 step model's error per T_step term and the step scatter) and its row gains, for every figure column
 (throughput, the latency statistics, each SLO's attainment and goodput, ...), `<column>.median`,
@@ -47,12 +55,13 @@ from simulator.errors import InputError
 from simulator.readers import read_toml
 
 TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
-            "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
+            "host_defaults", "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
             "ranges", "scatter_cv", "scatter_rho", "scatter_run_cv", "ranges_seed"}
 RANGES_KEYS = ("scatter_cv", "scatter_rho", "scatter_run_cv", "ranges_seed")   # meaningful with ranges > 0 only
 SCHEDULER_SETTINGS = ("max_num_seqs", "max_batched_tokens", "chunk_size")
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 SLO_KEYS = {"name", "ttft_ms", "tpot_ms", "attainment"}
+NO_HOST_DEFAULTS = "none"   # a host_defaults value: the step model without an engine's terms
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ class SweepPoint:
     rate_rps: float | None
     num_replicas: int
     step_model: str
+    host_defaults: str | None = None     # an engine of experiments/data/serving_defaults.json, or none
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,10 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
         raise InputError(f"{path}: latency must be one of {', '.join(LATENCY_METRICS)}, got {latency!r}")
     settings = [s for i, entry in enumerate(_tables(path, "schedulers", data["schedulers"]))
                 for s in _scheduler_settings(path, i, entry)]
-    points = tuple(SweepPoint(i, sched, *values, float(rate) if rate is not None else None, n, model)
-                   for i, ((sched, *values), model, n, rate) in
-                   enumerate(itertools.product(settings, step_models, replicas, rates)))
+    engines = _host_defaults(path, data, step_models)
+    points = tuple(SweepPoint(i, sched, *values, float(rate) if rate is not None else None, n, model, engine)
+                   for i, ((sched, *values), model, engine, n, rate) in
+                   enumerate(itertools.product(settings, step_models, engines, replicas, rates)))
     return SweepConfig(
         path=path, trace=_relative(base, _scalar(path, data, "trace", str)),
         trace_format=data.get("trace_format"), num_requests=_scalar(path, data, "num_requests", int, None),
@@ -149,6 +160,27 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
         step_overhead_ms=float(_scalar(path, data, "step_overhead_ms", (int, float), 0.0)),
         latency=latency, slos=tuple(_slo(path, i, t) for i, t in enumerate(_tables(path, "slos", data.get("slos", [])))),
         points=points, ranges=_ranges(path, data))
+
+
+def _host_defaults(path: Path, data: dict, step_models: list[str]) -> list[str | None]:
+    """The engines of `host_defaults` (a name or a list), None for "none"; [None] without the key.
+    Calibrated terms win over an engine's defaults, as with --host-defaults: such tables are refused."""
+    from experiments.host_defaults import ENGINE_NAMES, has_calibrated_terms
+    if "host_defaults" not in data:
+        return [None]
+    names = _list(path, "host_defaults", data["host_defaults"], str)
+    known = (NO_HOST_DEFAULTS, *ENGINE_NAMES)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise InputError(f"{path}: host_defaults must be one or a list of {', '.join(known)}, got {unknown[0]!r}")
+    if len(set(names)) < len(names):
+        raise InputError(f"{path}: host_defaults lists an engine twice: {names}")
+    engine = next((name for name in names if name != NO_HOST_DEFAULTS), None)
+    calibrated = next((spec for spec in step_models if has_calibrated_terms(spec)), None)
+    if engine is not None and calibrated is not None:
+        raise InputError(f"{path}: host_defaults {engine!r}: step model {calibrated} already has calibrated host "
+                         f"terms; drop host_defaults, or list the uncalibrated tables")
+    return [None if name == NO_HOST_DEFAULTS else name for name in names]
 
 
 def _ranges(path: Path, data: dict) -> SweepRanges | None:

@@ -39,7 +39,9 @@ def best_per_slo(frame, slos) -> dict:
 def point_label(row) -> str:
     import pandas as pd
     settings = [f"{k}={int(row[k])}" for k in ("max_num_seqs", "max_batched_tokens", "chunk_size") if pd.notna(row[k])]
-    return (f"{row['scheduler']} {' '.join(settings)} ×{row['num_replicas']} @{row['rate_rps']:.3g} req/s"
+    engine = row.get("host_defaults")
+    host = f" +{engine}" if isinstance(engine, str) else ""   # absent, None or NaN: no engine's terms
+    return (f"{row['scheduler']} {' '.join(settings)} ×{row['num_replicas']}{host} @{row['rate_rps']:.3g} req/s"
             .replace("  ", " "))
 
 

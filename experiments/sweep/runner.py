@@ -19,7 +19,7 @@ RANGE_SUFFIXES = ("median", "low", "high")   # with ranges: <column>.median / .l
 class SweepContext:
     """What every worker needs, shipped once per worker: the base trace and the step models, loaded."""
     trace: object                 # simulator.trace.Trace, cut but not rescaled
-    step_models: dict             # spec -> StepTimeModel
+    step_models: dict             # (spec, host-defaults engine or None) -> StepTimeModel
     block_size: int
     kv_blocks: int | None
     router: str
@@ -33,15 +33,20 @@ def build_context(config: SweepConfig) -> SweepContext:
     from simulator.workload import load_workload
     trace = load_workload(config.trace, trace_format=config.trace_format, num_requests=config.num_requests,
                           duration_s=config.duration_s, seed=config.seed, arg_name=f"{config.path}: trace")
-    models = {spec: resolve_step_model(spec) for spec in dict.fromkeys(p.step_model for p in config.points)}
+    # each step model with each engine's published host terms (experiments.host_defaults), once
+    models = {key: resolve_step_model(*key) for key in dict.fromkeys((p.step_model, p.host_defaults)
+                                                                     for p in config.points)}
     return SweepContext(trace, models, config.block_size, config.kv_blocks, config.router, config.step_overhead_ms,
                         config.slos, config.ranges)
 
 
 def point_key(point: SweepPoint, config: SweepConfig) -> str:
-    """A name for the point's stored result; it changes when anything the result depends on changes."""
+    """A name for the point's stored result; it changes when anything the result depends on changes.
+    A point without host defaults is named as before they were an axis, so that stored sweeps resume."""
     identity = {**asdict(point), "shared": config.shared()}
     identity.pop("index")
+    if identity["host_defaults"] is None:
+        identity.pop("host_defaults")
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -60,7 +65,7 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     scheduler_config = SchedulerConfig(max_num_seqs=point.max_num_seqs or defaults.max_num_seqs,
                                        max_num_batched_tokens=point.max_batched_tokens,
                                        chunk_size=point.chunk_size or defaults.chunk_size)
-    model = context.step_models[point.step_model]
+    model = context.step_models[(point.step_model, point.host_defaults)]
     config = SimConfig(scheduler=point.scheduler, scheduler_config=scheduler_config, block_size=context.block_size,
                        kv_blocks=context.kv_blocks, num_replicas=point.num_replicas, router=context.router,
                        step_overhead_ms=context.step_overhead_ms, record_batches=False,

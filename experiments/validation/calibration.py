@@ -1,4 +1,4 @@
-"""Calibration: fit the host terms that kernel profiles miss, from one measured run's request log.
+"""Calibration: fit the host terms that kernel profiles miss, from one measured run's request logs.
 
 The terms (per step, per sequence, per token of a step; per request for the request path) are
 found by simulating the measured workload with the base step model plus the terms and matching
@@ -11,6 +11,12 @@ that arrived at light and at heavy load (experiments.validation.request_stats). 
 where they cut that loss by a quarter, as the per-sequence and per-token terms are. Every
 evaluation simulates with the same front-end seed, so the loss is a smooth function of the terms
 (common random numbers) and the search can compare them.
+
+A run of several repeats is used whole: the summary statistics are the repeats' means (as validation
+compares them), and the front end's statistics are taken in each repeat, its requests grouped by the
+streams active in that repeat's own queue, then averaged over the repeats
+(experiments.validation.request_stats). The simulation, one serving of the workload, is compared
+with each repeat under that repeat's groups. With one repeat everything is as it was with repeat 0.
 
 Each fitted term gets a standard error: the sandwich (J'J)^-1 J' S J (J'J)^-1 of the least-squares
 fit, with J the sensitivity of the log statistics to the terms (central differences, two simulations
@@ -31,10 +37,11 @@ from experiments.validation.errors import relative_error, stat_error
 from experiments.validation.measured import MeasuredRun, sim_config_for
 from experiments.validation.request_stats import (
     FRONT_OBJECTIVE,
-    LoadGroups,
     active_at_arrival,
-    bootstrap_log_covariance,
-    group_stats,
+    measured_group_stats,
+    pooled_bootstrap_log_covariance,
+    pooled_group_stats,
+    repeat_groups,
 )
 from simulator.measured_run import RunStats
 from simulator.step_model import HostTerms, HostTermsModel
@@ -69,6 +76,7 @@ class Calibration:
     front_end: dict = field(default_factory=dict)      # the shape fit: kept?, its loss and errors
     std_err: dict = field(default_factory=dict)        # fitted term -> standard error (None: not identifiable)
     covariance: dict = field(default_factory=dict)     # {"names", "matrix"} of the identifiable terms (ms^2)
+    num_repeats: int = 1                               # measured repeats whose request logs were fitted
 
     def to_dict(self) -> dict:
         """The `calibration` record of meta.json (errors keyed "metric.stat")."""
@@ -79,13 +87,15 @@ class Calibration:
                 "errors_before": _keyed(self.errors_before), "errors_after": _keyed(self.errors_after),
                 "num_simulations": self.num_simulations, "wall_s": self.wall_s,
                 "objective": [f"{m}.{s}" for m, s in OBJECTIVE], "front_end": front,
+                "num_repeats": self.num_repeats,
                 "uncertainty": {"std_err": self.std_err, "method": UNCERTAINTY_METHOD,
                                 **({"covariance": self.covariance} if self.covariance else {})}}
 
 
 UNCERTAINTY_METHOD = ("sandwich (J'J)^-1 J'SJ (J'J)^-1 of the least-squares fit: J by central differences of the "
-                      "log statistics, S = block-bootstrap covariance of the measured log statistics (repeat 0's "
-                      "requests, 200 resamples) + the simulation's scatter over 4 front-end seeds")
+                      "log statistics, S = block-bootstrap covariance of the measured log statistics (every "
+                      "repeat's requests resampled apart, statistics averaged over the repeats; 200 resamples) + "
+                      "the simulation's scatter over 4 front-end seeds")
 
 
 def _keyed(errors: Errors) -> dict:
@@ -116,8 +126,9 @@ class _Fit:
 
     def __init__(self, run: MeasuredRun, base_model) -> None:
         self.run, self.base_model = run, base_model
-        self.groups = LoadGroups.of(run.requests)
-        self.measured_front = group_stats(run.requests, self.groups)
+        self.logs = run.request_logs
+        self.groups = repeat_groups(self.logs)   # each repeat's, from its own queue
+        self.measured_front = measured_group_stats(self.logs, self.groups)
         self.cache: dict = {}
         self.covariances: dict = {}
         self.count = 0
@@ -135,7 +146,7 @@ class _Fit:
             result = self.simulate(terms, seed)
             simulated = RunStats.from_summary(result.summary)
             stats = {(m, s): simulated.stat(m, s) for m, s in OBJECTIVE}
-            stats.update(group_stats(result.requests, self.groups))
+            stats.update(pooled_group_stats(result.requests, self.groups))
             self.cache[key] = stats
         return self.cache[key]
 
@@ -143,7 +154,7 @@ class _Fit:
         """Bootstrap covariance of the measured log statistics `keys` (computed once per key set)."""
         keys = tuple(keys)
         if keys not in self.covariances:
-            self.covariances[keys] = bootstrap_log_covariance(self.run.requests, self.groups, list(keys))
+            self.covariances[keys] = pooled_bootstrap_log_covariance(self.logs, self.groups, list(keys))
         return self.covariances[keys]
 
     def noise_floor(self, keys) -> float:
@@ -217,16 +228,20 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     errors1 = fit.errors(terms)
     std_err, covariance = _std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted else ({}, {})
     return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
-                       front, std_err, covariance)
+                       front, std_err, covariance, len(fit.logs))
 
 
 def _shape_scale(run: MeasuredRun) -> np.ndarray:
     """Units of the shape search: a typical TTFT for the median, 1 for sigma, and that TTFT per typical
     number of active streams for the per-stream term."""
     ttft_ms = run.stats.stat("ttft_ms", "p50") or run.stats.stat("tpot_ms", "p50") or 1.0
-    requests = run.requests
-    active = active_at_arrival(requests["arrival_s"].to_numpy(), requests["finish_s"].to_numpy())
+    active = np.concatenate([_active(requests) for requests in run.request_logs])
     return np.array([ttft_ms, 1.0, ttft_ms / max(float(np.mean(active)), 1.0)])
+
+
+def _active(requests) -> np.ndarray:
+    """The streams active at each request's arrival, in its own repeat."""
+    return active_at_arrival(requests["arrival_s"].to_numpy(), requests["finish_s"].to_numpy())
 
 
 def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dict]:
@@ -279,9 +294,10 @@ def _shape_start(fit: _Fit, terms: HostTerms) -> np.ndarray:
     delays themselves cause is missed, which the search then corrects."""
     bare = replace(terms, per_request_ms=0.0, per_request_sigma=0.0, per_stream_ms=0.0)
     simulated = fit.simulate(bare).requests.set_index("request_id")["ttft_ms"]
-    measured = fit.run.requests
-    diff_ms = measured["ttft_ms"].to_numpy() - simulated.reindex(measured["request_id"]).to_numpy()
-    active = active_at_arrival(measured["arrival_s"].to_numpy(), measured["finish_s"].to_numpy()).astype(float)
+    # every repeat's requests, each against the same simulation and with its own repeat's active streams
+    diff_ms = np.concatenate([measured["ttft_ms"].to_numpy() - simulated.reindex(measured["request_id"]).to_numpy()
+                              for measured in fit.logs])
+    active = np.concatenate([_active(measured) for measured in fit.logs]).astype(float)
     ok = np.isfinite(diff_ms)
     per_stream = 0.0
     if ok.sum() > 2 and np.var(active[ok]) > 0:

@@ -1,5 +1,6 @@
-"""A measured run as validation compares it: the workload, repeat 0's request log, every repeat's
-step log, and each statistic averaged over the repeats (files: simulator.measured_run)."""
+"""A measured run as validation compares it: the workload, repeat 0's request log (and the later
+repeats' for calibration), every repeat's step log, and each statistic averaged over the repeats
+(files: simulator.measured_run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -22,6 +23,12 @@ class MeasuredRun:
     num_repeats: int = 1
     speed_probe_ms: list | None = None    # per repeat: a fixed decode step's time around it (the machine's speed)
     repeat_stats: list | None = None      # per repeat: its own RunStats (None where a repeat has no summary)
+    later_requests: tuple = ()            # the request logs of repeats 1, 2, ... (DataFrames)
+
+    @property
+    def request_logs(self) -> tuple:
+        """Every repeat's request log, repeat 0 first."""
+        return (self.requests, *self.later_requests)
 
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
@@ -38,7 +45,8 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
     probes = [s.get("speed_probe_ms") for s in summaries]
     return MeasuredRun(files.path, files.meta, files.trace, files.repeats[0].requests, steps, stats,
                        RunStats.from_summary(noise) if noise is not None else None, len(files.repeats),
-                       probes if probes and None not in probes else None, repeat_stats)
+                       probes if probes and None not in probes else None, repeat_stats,
+                       tuple(r.requests for r in files.repeats[1:]))
 
 
 def mean_over_repeats(runs: list[RunStats]) -> RunStats:

@@ -8,6 +8,11 @@ number of other streams active (light load), and the others. P99 stays out: it i
 
 The uncertainty of each statistic comes from a block bootstrap over the measured requests in arrival
 order (neighbours share a queue, so blocks of n^(1/3) consecutive requests are resampled together).
+
+A run of several repeats serves the same requests several times, each time in its own queue: each
+repeat's requests are grouped by the streams active in that repeat, each statistic is taken within
+each repeat and averaged over the repeats (as the summary statistics of a measured run are), and the
+bootstrap resamples every repeat apart. With one repeat every figure is that repeat's, to the bit.
 """
 from __future__ import annotations
 
@@ -88,26 +93,75 @@ def _summary_of(metric: str, values: np.ndarray) -> dict:
             (metric, "p95"): float(p[2]), (metric, "p99"): float(p[3])}
 
 
+def repeat_groups(request_logs) -> list[LoadGroups]:
+    """Each repeat's load groups, from the streams active in that repeat."""
+    return [LoadGroups.of(requests) for requests in request_logs]
+
+
+def mean_stats(per_repeat: list[dict]) -> dict:
+    """Each statistic averaged over the repeats (None where a repeat lacks it); one repeat's as it is."""
+    if len(per_repeat) == 1:
+        return per_repeat[0]
+    keys = dict.fromkeys(k for stats in per_repeat for k in stats)
+    return {k: (float(np.mean([stats[k] for stats in per_repeat]))
+                if all(stats.get(k) is not None for stats in per_repeat) else None) for k in keys}
+
+
+def pooled_group_stats(requests, groups: list[LoadGroups]) -> dict:
+    """group_stats of one request log under each repeat's load groups, averaged over the repeats: a
+    simulated log (one serving of the workload) compared with every measured repeat."""
+    return mean_stats([group_stats(requests, g) for g in groups])
+
+
+def measured_group_stats(request_logs, groups: list[LoadGroups]) -> dict:
+    """group_stats of each measured repeat under its own groups, averaged over the repeats."""
+    return mean_stats([group_stats(requests, g) for requests, g in zip(request_logs, groups)])
+
+
+@dataclass(frozen=True)
+class _Resampled:
+    """One repeat's requests in arrival order, as the bootstrap resamples them."""
+    columns: dict
+    label: np.ndarray
+    block: int
+
+    @classmethod
+    def of(cls, requests, groups: LoadGroups) -> _Resampled:
+        order = np.argsort(requests["arrival_s"].to_numpy(), kind="stable")
+        frame = requests.iloc[order]
+        columns = {m: frame[m].to_numpy(dtype=np.float64) for m in SUMMARY_METRICS}
+        label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
+        return cls(columns, label, max(1, round(len(frame) ** (1.0 / 3.0))))
+
+    def draw(self, rng: np.random.Generator) -> dict:
+        """The statistics of one block-bootstrap resample (the same draws, in the same order, as a run
+        of this one repeat alone would make)."""
+        n, block = len(self.label), self.block
+        starts = rng.integers(0, max(1, n - block + 1), size=-(-n // block))
+        index = (starts[:, None] + np.arange(block)[None, :]).ravel()[:n]
+        stats = _group_stats(self.columns["ttft_ms"][index], self.label[index])
+        for metric in SUMMARY_METRICS:
+            values = self.columns[metric][index]
+            stats.update(_summary_of(metric, values[np.isfinite(values)]))
+        return stats
+
+
 def bootstrap_log_covariance(requests, groups: LoadGroups, keys: list, seed: int = 0,
                              num_resamples: int = BOOTSTRAP_RESAMPLES) -> np.ndarray:
     """Covariance of ln(statistic) over block-bootstrap resamples of the measured requests, for the
     (metric, stat) `keys` (summary statistics and FRONT_OBJECTIVE ones)."""
-    order = np.argsort(requests["arrival_s"].to_numpy(), kind="stable")
-    frame = requests.iloc[order]
-    columns = {m: frame[m].to_numpy(dtype=np.float64) for m in SUMMARY_METRICS}
-    label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
-    n = len(frame)
-    block = max(1, round(n ** (1.0 / 3.0)))
-    num_blocks = -(-n // block)
+    return pooled_bootstrap_log_covariance([requests], [groups], keys, seed, num_resamples)
+
+
+def pooled_bootstrap_log_covariance(request_logs, groups: list[LoadGroups], keys: list, seed: int = 0,
+                                    num_resamples: int = BOOTSTRAP_RESAMPLES) -> np.ndarray:
+    """As bootstrap_log_covariance, over several repeats: each resample draws every repeat's blocks
+    apart and averages each statistic over the repeats, as the measured statistics are averaged."""
+    repeats = [_Resampled.of(requests, g) for requests, g in zip(request_logs, groups)]
     rng = np.random.default_rng([seed, 0x626F6F74])
     rows = np.empty((num_resamples, len(keys)))
     for b in range(num_resamples):
-        starts = rng.integers(0, max(1, n - block + 1), size=num_blocks)
-        index = (starts[:, None] + np.arange(block)[None, :]).ravel()[:n]
-        stats = _group_stats(columns["ttft_ms"][index], label[index])
-        for metric in SUMMARY_METRICS:
-            values = columns[metric][index]
-            stats.update(_summary_of(metric, values[np.isfinite(values)]))
+        stats = mean_stats([repeat.draw(rng) for repeat in repeats])
         rows[b] = [np.log(stats[k]) if stats.get(k) and stats[k] > 0 else np.nan for k in keys]
     ok = np.all(np.isfinite(rows), axis=1)
     if ok.sum() < 2:

@@ -211,3 +211,56 @@ def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):
     assert main(["fit", "--profile", str(tmp_path / "alone" / "steps.parquet"), "--regressor", "rf", "--no-mlflow",
                  "--out", str(tmp_path / "u")]) == 0
     assert "scatter" not in json.loads((tmp_path / "u" / "meta.json").read_text())
+
+
+# --- every repeat of a run (issue 16): statistics averaged over repeats, each grouped in its own queue ----
+
+def two_repeat_run(trace, model, seeds=(99, 98)):
+    """A measured run of two repeats that are simulations served with different front-end draws."""
+    from dataclasses import replace
+
+    from experiments.validation.measured import mean_over_repeats
+    first, second = (synthetic_run(trace, model, front_end_seed=seed) for seed in seeds)
+    stats = mean_over_repeats([first.stats, second.stats])
+    return replace(first, stats=stats, later_requests=(second.requests,), num_repeats=2), first
+
+
+def test_pooled_statistics_of_one_repeat_are_that_repeat_s_and_a_second_one_narrows_them(measured):
+    from experiments.validation.request_stats import (
+        FRONT_OBJECTIVE,
+        LoadGroups,
+        active_at_arrival,
+        measured_group_stats,
+        pooled_bootstrap_log_covariance,
+        repeat_groups,
+    )
+    log = measured.requests
+    one = measured_group_stats([log], repeat_groups([log]))
+    # independently: light load is at most the median number of other active streams at arrival
+    active = active_at_arrival(log["arrival_s"].to_numpy(), log["finish_s"].to_numpy())
+    light = log["ttft_ms"].to_numpy()[active <= np.median(active)]
+    assert one[("ttft_ms", "light_load.p50")] == np.percentile(light, 50)
+    # a repeat served exactly alike adds no information about the means, and halves their bootstrap variance
+    assert measured_group_stats([log, log], repeat_groups([log, log])) == one
+    keys = [("ttft_ms", "p50"), ("e2e_ms", "p90"), *FRONT_OBJECTIVE[:3]]
+    single = np.diag(pooled_bootstrap_log_covariance([log], [LoadGroups.of(log)], keys))
+    pooled = np.diag(pooled_bootstrap_log_covariance([log, log], repeat_groups([log, log]), keys))
+    assert (pooled < single).all() and np.mean(pooled / single) == pytest.approx(0.5, abs=0.15)
+
+
+def test_calibration_fits_every_repeat_against_its_own_queue():
+    """Two repeats of a run served with a log-normal request path and a per-stream part (different draws in
+    each): the fit uses both (each repeat's requests grouped by that repeat's active streams), recovers the
+    front end within three standard errors, and states how many repeats it fitted."""
+    from simulator.workload import load_workload
+    base = LinearStepModel(4.0, 0.02, 0.0005)
+    truth = HostTerms(per_request_ms=25.0, per_request_sigma=0.5, per_stream_ms=3.0)
+    trace = load_workload("poisson:rate=12,n=300,prompt=uniform:64:512,output=uniform:16:128", seed=3)
+    run, _ = two_repeat_run(trace, HostTermsModel(base, truth))
+    result = calibrate(run, base, max_simulations=90)
+    assert result.num_repeats == 2 and result.to_dict()["num_repeats"] == 2
+    assert result.front_end["kept"]
+    for name in ("per_request_ms", "per_request_sigma", "per_stream_ms"):
+        true, err = getattr(truth, name), result.std_err[name]
+        assert err is not None and 0 < err < true, name
+        assert abs(getattr(result.terms, name) - true) < 3 * err + 0.02 * true, name

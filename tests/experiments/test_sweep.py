@@ -167,7 +167,9 @@ def test_the_config_example_in_the_help_is_a_valid_config(tmp_path):
     path = tmp_path / "sweep.toml"
     path.write_text(textwrap.dedent(example))
     config = load_sweep_config(path)
-    assert len(config.points) == 3 * 2 * (2 + 2)      # rates × replicas × (vllm settings + sarathi settings)
+    # rates × replicas × host defaults × (vllm settings + sarathi settings)
+    assert len(config.points) == 3 * 2 * 2 * (2 + 2)
+    assert {p.host_defaults for p in config.points} == {None, "vllm"}
     assert sorted({p.chunk_size for p in config.points if p.scheduler == "sarathi"}) == [256, 512]
     assert config.slos == (Slo("chat", 500.0, 50.0, 0.9),) and config.duration_s == 600
 
@@ -230,6 +232,62 @@ def test_a_point_done_without_ranges_is_a_new_point_with_them(tmp_path):
 def test_bad_ranges_config_is_one_line(tmp_path, capsys, text, needle):
     path = tmp_path / "bad.toml"
     path.write_text(text)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and not (tmp_path / "out").exists()
+
+
+# --- host defaults (issue 16): a serving engine's published host terms, an axis like the step models -------
+
+HOSTED = CONFIG.replace("rates_rps = [5.0, 40.0]\nreplicas = [1, 2]", 'rates_rps = 40.0\nhost_defaults = ["none", "vllm"]')
+
+
+def test_host_defaults_are_an_axis_whose_engine_terms_reach_the_simulation(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(HOSTED)
+    frame = run_sweep(load_sweep_config(path), tmp_path / "out").frame
+    assert len(frame) == 3 * 2 and frame["host_defaults"].tolist().count("vllm") == 3
+    keys = ["scheduler", "max_num_seqs", "chunk_size"]
+    none = frame[frame["host_defaults"].isna()].set_index(keys)
+    vllm = frame[frame["host_defaults"] == "vllm"].set_index(keys)
+    # vLLM's per-sequence host time lengthens every step, its per-prompt-token path every TTFT
+    assert (vllm["tpot_ms_mean"] > none["tpot_ms_mean"]).all() and (vllm["ttft_ms_mean"] > none["ttft_ms_mean"]).all()
+    assert all("+vllm" in point_label(row) for _, row in vllm.reset_index().iterrows())
+    stored = pd.read_parquet(tmp_path / "out" / "summaries.parquet")
+    assert stored["host_defaults"].tolist() == frame["host_defaults"].tolist()
+
+
+def test_points_without_host_defaults_keep_their_stored_results(tmp_path):
+    """A sweep stored before host defaults were an axis resumes: its points' keys are unchanged."""
+    path = tmp_path / "sweep.toml"
+    plain = HOSTED.replace('host_defaults = ["none", "vllm"]', "")
+    path.write_text(plain)
+    first = run_sweep(load_sweep_config(path), tmp_path / "out")
+    path.write_text(HOSTED)
+    hosted = run_sweep(load_sweep_config(path), tmp_path / "out")
+    assert (hosted.num_reused, hosted.num_run) == (3, 3)
+    reused = hosted.frame[hosted.frame["host_defaults"].isna()]
+    assert reused[WALL_COLUMN].tolist() == first.frame[WALL_COLUMN].tolist()   # read back, not simulated again
+
+
+def test_host_defaults_on_calibrated_tables_are_refused_in_one_line(tmp_path, capsys):
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    (cal / "meta.json").write_text(json.dumps({"kind": "builtin", "step_model": "const:5",
+                                               "host_terms": {"per_step_ms": 0.5}}))
+    path = tmp_path / "bad.toml"
+    path.write_text(HOSTED.replace('step_models = ["linear:8,0.03,0.0002"]', 'step_models = ["cal"]'))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad.toml" in err and "already has calibrated host terms" in err
+
+
+@pytest.mark.parametrize("value,needle", [('"sglang"', "host_defaults must be one or a list of"),
+                                          ('["vllm", "vllm"]', "lists an engine twice"),
+                                          ("1", "host_defaults must be a value or a non-empty list of strings")])
+def test_bad_host_defaults_are_one_line(tmp_path, capsys, value, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"host_defaults = {value}\n" + CONFIG)
     assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and not (tmp_path / "out").exists()
