@@ -7,7 +7,7 @@ Cases (issue 14): Mixtral-8x7B TP2 and Qwen3-30B-A3B TP1, decode of 32 sequences
 (one eighth of the experts per GPU), decode of 64 sequences at 4k KV.
 
 Usage: .venv/bin/python bench/bench_model_families.py [--system h100_sxm] [--regressor rf|tuned]
-       [--memory-gb 80] [--no-simulate] [--work DIR]
+       [--memory-gb 80] [--no-simulate] [--work DIR] [--only deepseek]
 """
 from __future__ import annotations
 
@@ -130,10 +130,14 @@ MOE_KERNEL_MS = ("mixtral-8x7b TP2", 32, 0.487, "vLLM PR #24700: one fused-MoE c
 def published(tables: dict) -> None:
     print("\nAgainst published measurements:")
     for label, what, (seqs, q, kv), figure_ms, source in PUBLISHED:
+        if label not in tables:
+            continue
         total, _ = breakdown(tables[label], seqs, q, kv)
         print(f"  {label} {what}: predicted {total:.2f} ms, published {figure_ms:.2f} ms "
               f"({100 * (total / figure_ms - 1):+.0f}%) - {source}")
     label, tokens, figure_ms, source = MOE_KERNEL_MS
+    if label not in tables:
+        return
     ops = linear_split(tables[label], tokens)
     per_layer = ops["moe_experts"] / 32
     print(f"  {label} one MoE layer at {tokens} tokens: predicted {per_layer:.3f} ms, published {figure_ms:.3f} ms "
@@ -147,12 +151,15 @@ def main() -> None:
     parser.add_argument("--memory-gb", type=float, default=80.0)
     parser.add_argument("--no-simulate", action="store_true")
     parser.add_argument("--work", default=None, help="keep fitted tables here (reused on a rerun)")
+    parser.add_argument("--only", default=None, help="the cases whose label contains this text (e.g. deepseek)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     work = Path(args.work or tempfile.mkdtemp(prefix="stepcal_families_"))
     tables = {}
     for case in CASES:
         label, preset, tp, ep, _, batches = case
+        if args.only and args.only not in label:
+            continue
         tables[label] = fit(case, args.system, args.regressor, work)
         print(f"\n{label}: KV on {args.memory_gb:g} GB: {kv_blocks(preset, tp, ep, args.memory_gb)}")
         if preset == "deepseek-v3":
@@ -165,7 +172,7 @@ def main() -> None:
             ops = linear_split(tables[label], seqs * q)
             print("    per op: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
     published(tables)
-    if not args.no_simulate:
+    if not args.no_simulate and "mixtral-8x7b TP2" in tables:
         simulate_azure(tables["mixtral-8x7b TP2"], args.memory_gb)
 
 

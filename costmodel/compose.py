@@ -21,9 +21,11 @@ from costmodel.axes import Axes, measured_values, refine_steps
 from costmodel.compose_attention import attention_terms
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, collective_terms
 from costmodel.compose_elementwise import DATA_ELEMENTWISE, roofline_device, roofline_elementwise_term, sampling_term
+from costmodel.features import FEATURE_DTYPE_BYTES, gemm_target
 from costmodel.fitting import FitResult
 from costmodel.grid_predict import predict_grid
 from costmodel.importers.vidur import elementwise_width
+from costmodel.records import normalise_dtype
 from costmodel.terms import AdditiveStep, FeatureCurve, Term
 from simulator.errors import InputError
 from simulator.model_spec import ModelSpec, Parallelism
@@ -44,6 +46,54 @@ def _op_frame(name: str, T: np.ndarray, mean, spread, layers: int) -> pd.DataFra
     return pd.DataFrame({"op": name, "num_tokens": T, "time_ms": mean, "spread_ms": spread, "layers": layers})
 
 
+def gemm_pricing(result: FitResult, dtype: str) -> tuple[str, str] | None:
+    """(target, dtype) that prices a GEMM running in `dtype`: that dtype's own regressor where the
+    fit has one per dtype; else the shared 'gemm' one, at `dtype` when its rows are of that dtype
+    (or name none), else at its rows' dtype; else another dtype's, of the same width first. A
+    GEMM priced at another dtype gets the wrong kernel's time, which gemm_dtype_notes reports.
+    None without GEMM data."""
+    dtype = normalise_dtype(dtype)
+    per_dtype = {t.split(":", 1)[1]: t for t in result.targets if t.startswith(gemm_target(""))}
+    if dtype in per_dtype:
+        return per_dtype[dtype], dtype
+    if "gemm" in result.targets:
+        # Regressors loaded back without their rows (costmodel.export) price at the dtype asked.
+        records = getattr(result, "records", None)
+        have = [] if records is None else sorted(
+            set(records.loc[records["op"] == "gemm", "dtype"].dropna()) - set(per_dtype))
+        return "gemm", dtype if not have or dtype in have else have[0]
+    if not per_dtype:
+        return None
+    width = FEATURE_DTYPE_BYTES.get(dtype)
+    nearest = min(per_dtype, key=lambda d: (FEATURE_DTYPE_BYTES.get(d) != width, d))
+    return per_dtype[nearest], nearest
+
+
+def gemm_dtypes_priced(result: FitResult, spec: ModelSpec) -> dict[str, dict[str, str]]:
+    """Per GEMM of the model: the dtype it runs in and the dtype its time was priced at."""
+    out = {}
+    for name, dtype in spec.gemm_dtypes().items():
+        pricing = gemm_pricing(result, dtype)
+        if pricing is not None:
+            out[name] = {"runs_in": normalise_dtype(dtype), "priced_at": pricing[1]}
+    return out
+
+
+def gemm_dtype_notes(result: FitResult, spec: ModelSpec) -> list[str]:
+    """One note per GEMM priced at a dtype other than the one it runs in (no rows of its dtype)."""
+    return [f"{name} GEMM runs in {d['runs_in']} but the profiles hold no {d['runs_in']} GEMM rows: "
+            f"its time is the {d['priced_at']} kernel's" for name, d in gemm_dtypes_priced(result, spec).items()
+            if d["runs_in"] != d["priced_at"]]
+
+
+def _gemm_at(result: FitResult, n, k, dtype: str, M: np.ndarray, with_spread: bool):
+    """(mean, spread) of an (M x k) @ (k x n) GEMM running in `dtype`, priced by gemm_pricing."""
+    target, priced = gemm_pricing(result, dtype)
+    return predict_grid(result, target, dict(
+        row=np.arange(len(M)), op="gemm", m=M, n=np.full(len(M), n), k=np.full(len(M), k)),
+        priced, with_spread=with_spread)
+
+
 def op_grids(result: FitResult, spec: ModelSpec, parallelism: Parallelism, axes: Axes,
              composition: Composition = DEFAULT_COMPOSITION) -> pd.DataFrame:
     """Per-layer time of each operator over num_tokens (the layout Vidur's mlp.csv takes), with
@@ -55,14 +105,12 @@ def _ops_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.
             composition: Composition, with_spread: bool = True) -> pd.DataFrame:
     """op_grids() at the token counts T: one block of len(T) rows per operator, in T's order."""
     parts = []
-    if "gemm" in result.targets:
-        counts = spec.gemm_layer_counts()
+    if gemm_pricing(result, spec.dtype) is not None:
+        counts, dtypes = spec.gemm_layer_counts(), spec.gemm_dtypes()
         for name, (n, k) in spec.gemm_shapes(parallelism).items():
             if name == "lm_head":
                 continue
-            mean, spread = predict_grid(result, "gemm", dict(
-                row=np.arange(len(T)), op="gemm", m=T, n=np.full(len(T), n), k=np.full(len(T), k)),
-                spec.dtype, with_spread=with_spread)
+            mean, spread = _gemm_at(result, n, k, dtypes[name], T, with_spread)
             parts.append(_op_frame(name, T, mean, spread, counts[name]))
     for name in DATA_ELEMENTWISE:
         target = f"elementwise:{name}"
@@ -143,7 +191,12 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
     gemms, small = dense[~measured_small], dense[measured_small]
     if len(gemms):
         parts = " + ".join(f"{layers} x {op}" for op, layers in _counts(gemms).items())
-        terms.append(_layer_curve("linear", gemms, f"GEMMs at num_tokens: {parts}"))
+        # Which dtype's kernel priced each GEMM: the router runs in the compute dtype beside
+        # quantised weights (ModelSpec.gemm_dtypes).
+        priced = {name: d["priced_at"] for name, d in gemm_dtypes_priced(result, spec).items()
+                  if name in set(gemms["op"])}
+        terms.append(_layer_curve("linear", gemms, f"GEMMs at num_tokens: {parts}",
+                                  {"source": "data", "gemm_dtypes": priced}))
     device = roofline_device(result.records, composition.device_spec)
     if len(small):
         # Counted as Vidur's profiler times them: one residual add per layer, no final norm.
@@ -163,7 +216,8 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
     if len(lm):
         # One LM-head row per sequence in the step: decodes and prompts that finish emit a token.
         terms.append(FeatureCurve("lm_head", "num_seqs", axes.num_seqs, lm["time_ms"].to_numpy(),
-                                  lm["spread_ms"].to_numpy(), "LM head GEMM at one row per sequence"))
+                                  lm["spread_ms"].to_numpy(), "LM head GEMM at one row per sequence",
+                                  {"source": "data", "dtype": gemm_dtypes_priced(result, spec)["lm_head"]["priced_at"]}))
     if device is not None:
         terms.append(sampling_term(spec, axes, device))
     terms += attention_terms(result, spec, parallelism, axes)
@@ -211,12 +265,11 @@ def lm_head_ops(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
 
 def _lm_head_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, B: np.ndarray,
                 with_spread: bool = True) -> pd.DataFrame:
-    if "gemm" not in result.targets:
+    dtype = spec.gemm_dtypes()["lm_head"]
+    if gemm_pricing(result, dtype) is None:
         return pd.DataFrame(columns=["op", "num_tokens", "time_ms", "spread_ms"])
     n, k = spec.gemm_shapes(parallelism)["lm_head"]
-    mean, spread = predict_grid(result, "gemm", dict(
-        row=np.arange(len(B)), op="gemm", m=B, n=np.full(len(B), n), k=np.full(len(B), k)),
-        spec.dtype, with_spread=with_spread)
+    mean, spread = _gemm_at(result, n, k, dtype, B, with_spread)
     return pd.DataFrame({"op": "lm_head", "num_tokens": B, "time_ms": mean, "spread_ms": spread})
 
 

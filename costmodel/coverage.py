@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from costmodel.compose import moe_target
+from costmodel.compose import gemm_dtype_notes, moe_target
 from costmodel.compose_comm import Composition
 from costmodel.features import assign_targets
 from simulator.model_spec import ModelSpec, Parallelism
@@ -14,7 +14,7 @@ MLA_TABLE_SHAPE = {"kv_latent_dim": 512, "rope_head_dim": 64, "head_dim": 128}
 
 
 def coverage_notes(result, spec: ModelSpec, parallelism: Parallelism, composition: Composition) -> list[str]:
-    notes = _gemm_notes(result.records, spec, parallelism)
+    notes = _gemm_notes(result.records, spec, parallelism) + gemm_dtype_notes(result, spec)
     target = moe_target(result, spec, composition)
     if target is not None:
         notes += _shape_notes(_rows(result.records, target), "MoE experts", {

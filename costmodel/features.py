@@ -85,9 +85,27 @@ def kind_of(target: str) -> str:
     return target.split(":", 1)[0]
 
 
-def assign_targets(records: pd.DataFrame) -> pd.Series:
-    return pd.Series([target_of(o, n) for o, n in zip(records["op"], records["name"])],
-                     index=records.index, name="target")
+def gemm_target(dtype: str) -> str:
+    """The target of one dtype's GEMMs, where a fit holds several ('gemm:bfloat16')."""
+    return f"gemm:{dtype}"
+
+
+def assign_targets(records: pd.DataFrame, fitted=None) -> pd.Series:
+    """The target of every record. GEMMs of different dtypes run different kernels (an fp8_block
+    GEMM is not a bf16 one with half the bytes), so where the rows hold several GEMM dtypes (fp8
+    weights beside a router left in bf16) each dtype gets its own target, gemm_target(dtype);
+    else they share 'gemm'. With `fitted` (a fit's target names), a GEMM row goes to its dtype's
+    target where the fit has one, else to 'gemm'."""
+    targets = [target_of(o, n) for o, n in zip(records["op"], records["name"])]
+    gemm = (records["op"] == "gemm").to_numpy()
+    dtypes = records["dtype"]
+    if fitted is not None:
+        fitted = set(fitted)
+        targets = [gemm_target(d) if g and gemm_target(d) in fitted else t
+                   for t, g, d in zip(targets, gemm, dtypes)]
+    elif dtypes[gemm].dropna().nunique() > 1:
+        targets = [gemm_target(d) if g and isinstance(d, str) else t for t, g, d in zip(targets, gemm, dtypes)]
+    return pd.Series(targets, index=records.index, name="target")
 
 
 def generic_kind(records: pd.DataFrame) -> TargetKind:

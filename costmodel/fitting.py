@@ -90,18 +90,25 @@ def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: s
     return out.reset_index(drop=True)
 
 
-def dtypes_for(spec) -> dict[str, str]:
-    """The dtype of each op's rows a model needs: weights' for GEMMs and experts, the KV cache's
-    (the compute dtype) for attention, collectives and the rest."""
+def dtypes_for(spec) -> dict[str, str | tuple[str, ...]]:
+    """The dtype(s) of each op's rows a model needs: for GEMMs, every dtype its GEMMs run in (the
+    weights', and the compute dtype of those vLLM leaves unquantised: ModelSpec.gemm_dtypes());
+    the weights' for experts; the KV cache's (the compute dtype) for attention, collectives and
+    the rest."""
     compute = spec.kv_dtype or spec.dtype
-    return {"gemm": spec.dtype, "moe": spec.dtype, "*": compute}
+    gemm = tuple(sorted(set(spec.gemm_dtypes().values())))
+    return {"gemm": gemm[0] if len(gemm) == 1 else gemm, "moe": spec.dtype, "*": compute}
 
 
 def _select_dtype(out: pd.DataFrame, dtype: str | dict) -> pd.DataFrame:
-    """Rows without a dtype, and rows of the wanted one; other dtypes are dropped (a model's
-    missing terms are listed in meta.json), but not every row."""
+    """Rows without a dtype, and rows of the wanted one (of an op's wanted ones, a tuple); other
+    dtypes are dropped (a model's missing terms are listed in meta.json), but not every row."""
     wanted = dtype if isinstance(dtype, dict) else {"*": dtype}
-    matches = out["dtype"] == out["op"].map(lambda op: wanted.get(op, wanted["*"]))
+
+    def allowed(op) -> tuple:
+        value = wanted.get(op, wanted["*"])
+        return value if isinstance(value, tuple) else (value,)
+    matches = pd.Series([d in allowed(op) for op, d in zip(out["op"], out["dtype"])], index=out.index)
     if not matches.any():
         have = sorted(out["dtype"].dropna().unique())
         what = f"--dtype {dtype!r}" if not isinstance(dtype, dict) else f"the model's dtypes {wanted}"
@@ -128,7 +135,7 @@ def fit_all(records: pd.DataFrame, config: FitConfig, holdout: pd.DataFrame | No
 
 def _fit_all(records, config, holdout, progress) -> FitResult:
     targets = assign_targets(records)
-    hold_targets = assign_targets(holdout) if holdout is not None else None
+    hold_targets = assign_targets(holdout, fitted=targets.unique()) if holdout is not None else None
     fits, skipped = {}, {}
     for target in sorted(targets.unique()):
         rows = records[targets == target].reset_index(drop=True)

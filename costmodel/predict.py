@@ -27,7 +27,9 @@ def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFram
     """One row per record: row, op, shape columns, measured_ms, predicted_ms, spread_ms, ape_percent."""
     table_dir = Path(table_dir)
     meta = read_meta(table_dir)
-    targets = assign_targets(records)
+    fitted = meta.get("targets")
+    # GEMM rows go to their dtype's regressor where the tables have one per dtype.
+    targets = assign_targets(records, fitted=fitted if isinstance(fitted, dict) else {})
     predicted = np.full(len(records), np.nan)
     spread = np.full(len(records), np.nan)
     step_model = None

@@ -10,6 +10,17 @@ from simulator.readers import read_document
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "fp8": 1, "float8": 1, "fp8_block": 1, "int8": 1}
+# Weight formats a checkpoint is quantised to; activations stay in a 16-bit dtype.
+QUANTISED_DTYPES = frozenset({"fp8", "float8", "fp8_block", "int8"})
+# GEMMs vLLM runs unquantised whatever the checkpoint's quantisation, in the compute dtype:
+# - the MoE router: vLLM's DeepSeek-V2/V3 model builds its gate with quant_config=None
+#   (vllm-project/vllm, vllm/model_executor/models/deepseek_v2.py, DeepseekV2MoE.__init__:
+#   `self.gate = DeepSeekV2Gate(..., quant_config=None)`, a ReplicatedLinear), as its Mixtral,
+#   Qwen MoE and other MoE models do ("Gate always runs at half / full precision");
+# - the LM head: a ParallelLMHead (a vocabulary embedding, not a LinearBase), for which
+#   Fp8Config.get_quant_method returns no quantised method
+#   (vllm/model_executor/layers/quantization/fp8.py), so its weights stay in the compute dtype.
+UNQUANTISED_GEMMS = ("router", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,22 @@ class ModelSpec:
     @property
     def kv_dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+    @property
+    def compute_dtype(self) -> str:
+        """The activations' dtype: the weights' unless they are quantised, then the KV cache's
+        (bfloat16 where that is quantised or not given, vLLM's default for fp8 checkpoints)."""
+        if self.dtype not in QUANTISED_DTYPES:
+            return self.dtype
+        if self.kv_dtype is not None and self.kv_dtype not in QUANTISED_DTYPES:
+            return self.kv_dtype
+        return "bfloat16"
+
+    def gemm_dtypes(self) -> dict[str, str]:
+        """The dtype each GEMM of gemm_shapes() runs in: the weights', except UNQUANTISED_GEMMS,
+        which run in the compute dtype."""
+        return {name: self.compute_dtype if name in UNQUANTISED_GEMMS else self.dtype
+                for name in self.gemm_shapes()}
 
     @property
     def q_size(self) -> int:

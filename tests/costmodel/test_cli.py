@@ -130,7 +130,7 @@ def test_fit_on_real_vidur_profile_composes_a_model(tmp_path):
     # Vidur times the element-wise operators: they are data; sampling no profile times, and Vidur's
     # files name no device for a roofline.
     assert meta["missing_terms"] == ["decode_attn", "overhead", "prefill_attn", "sampling"]
-    assert meta["term_sources"]["elementwise"]["source"] == "data" and meta["term_sources"]["linear"] == {"source": "data"}
+    assert meta["term_sources"]["elementwise"]["source"] == "data" and meta["term_sources"]["linear"]["source"] == "data"
     assert any("lm_head" in note for note in meta["notes"]) and any("--device-spec" in note for note in meta["notes"])
     assert meta["held_out_errors"]["gemm"]["random"]["mape"] < 6
     model = load_step_model(out)

@@ -126,11 +126,13 @@ def test_tables_of_a_moe_model_simulate_and_say_what_was_assumed(tmp_path):
 
 
 def test_each_op_is_fitted_in_the_dtype_the_model_runs_it_in():
-    assert dtypes_for(DSV3) == {"gemm": "fp8_block", "moe": "fp8_block", "*": "bfloat16"}
-    rows = _records(gemm={"num_tokens": [1.0, 1.0], "m": [1, 1], "n": [1, 1], "k": [1, 1]},
+    # GEMMs in the weights' dtype, and in bf16 for the router and LM head vLLM leaves unquantised.
+    assert dtypes_for(DSV3) == {"gemm": ("bfloat16", "fp8_block"), "moe": "fp8_block", "*": "bfloat16"}
+    rows = _records(gemm={"num_tokens": [1.0, 1.0, 1.0], "m": [1, 1, 1], "n": [1, 1, 1], "k": [1, 1, 1]},
                     attn_decode={"num_tokens": [1.0, 1.0]})
-    rows["dtype"] = ["fp8_block", "bfloat16", "bfloat16", "fp8"]
+    rows["dtype"] = ["fp8_block", "bfloat16", "fp8", "bfloat16", "fp8"]
     kept = select_records(rows, dtype=dtypes_for(DSV3))
-    assert kept[["op", "dtype"]].values.tolist() == [["gemm", "fp8_block"], ["attn_decode", "bfloat16"]]
+    assert kept[["op", "dtype"]].values.tolist() == [["gemm", "fp8_block"], ["gemm", "bfloat16"],
+                                                     ["attn_decode", "bfloat16"]]
     with pytest.raises(InputError, match="no rows; dtypes in the input"):
         select_records(rows, dtype=dtypes_for(PRESETS["tiny"]))

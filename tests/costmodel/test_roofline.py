@@ -180,7 +180,7 @@ def test_aiconfigurator_h100_tables_gain_elementwise_and_sampling_terms(aiconfig
     source = meta["term_sources"]["elementwise"]
     assert source["source"] == "roofline" and source["device"] == "h100_sxm"
     assert source["constants"]["norm"]["launch_us"] == roofline.shipped_constants()["norm"].launch_us
-    assert meta["term_sources"]["linear"] == {"source": "data"}
+    assert meta["term_sources"]["linear"]["source"] == "data"
     model = load_step_model(tmp_path)
     assert json.loads((tmp_path / "meta.json").read_text())["terms"]["elementwise"]["source"] == source
     for T in (1.0, 2048.0, 5000.0):            # 5,000: between knots, where the table interpolates
