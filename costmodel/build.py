@@ -11,6 +11,7 @@ from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from costmodel.coverage import coverage_notes
 from costmodel.fitting import FitResult
 from costmodel.tables import write_meta
+from costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
 from simulator.errors import InputError
 from simulator.io import atomic_write_parquet
 from simulator.model_spec import ModelSpec, Parallelism
@@ -95,6 +96,8 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
             "dtypes": sorted(result.records["dtype"].dropna().unique().tolist()),
             "rows": int(len(result.records)),
         },
+        # Read now, while the input paths resolve: the Vidur export may run from another directory.
+        STORED_KEYS: profile_keys_at_fit(result.records),
         **(extra_meta or {}),
     }
     write_meta(directory, meta)
