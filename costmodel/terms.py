@@ -59,6 +59,18 @@ class Term:
         """evaluate() of one batch's feature_row(), in plain floats."""
         raise NotImplementedError
 
+    def __getstate__(self) -> dict:
+        # What __post_init__ derives (the lookup lists, the segment indexes: megabytes on the data's
+        # axes) is rebuilt where the term is unpickled (a worker process), not shipped to it.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        pass
+
     def biased(self, z: float) -> Term:
         """This term with its time moved by z spreads at every grid point: what a replication of
         simulator.ranges draws. Interpolation is linear in the values, so evaluate() of the result

@@ -93,3 +93,20 @@ def test_tables_give_the_same_bits_with_and_without_the_index(fitted_tables):
     for i in range(0, n, 13):
         row = tuple(float(columns[name][i]) for name in FEATURE_NAMES)
         assert model.row_ms(row) == searched.row_ms(row)
+
+
+def test_a_pickled_model_ships_no_index_and_rebuilds_it(fitted_tables):
+    """Replications in worker processes receive the model pickled: the indexes (megabytes on the data's
+    axes) are rebuilt there, and the lookups give the same bits."""
+    import pickle
+    model = load_step_model(fitted_tables)
+    shipped = pickle.dumps(model)
+    assert any(getattr(t, "_index", None) is not None for t in model.terms)
+    assert b"SegmentIndex" not in shipped
+    assert len(shipped) < sum(len(pickle.dumps(t.__dict__)) for t in model.terms)
+    back = pickle.loads(shipped)
+    assert all(getattr(t, "_index", None) is not None for t in back.terms if hasattr(t, "_index"))
+    features = StepFeatures.from_columns({name: np.full(50, 7.0) for name in FEATURE_NAMES})
+    np.testing.assert_array_equal(back.features_ms(features), model.features_ms(features))
+    biased = [t.biased(1.5) for t in back.terms]
+    assert all(b._row_knots == t._row_knots for b, t in zip(biased, back.terms) if hasattr(t, "_row_knots"))
