@@ -22,6 +22,7 @@ from costmodel.importers.vidur import KEY_COLUMNS as VIDUR_PROFILE_KEYS
 from costmodel.vidur_models import MODEL_COLUMNS, SHAPE_COLUMNS, like_spec, model_keys, spec_keys, vidur_model
 from simulator.errors import InputError, shown
 from simulator.model_spec import ModelSpec
+from simulator.readers import one_line
 
 STORED_KEYS = "vidur_profile_keys"      # meta.json's list of {file, num_tensor_parallel_workers, keys}
 TP_COLUMN = "num_tensor_parallel_workers"
@@ -42,7 +43,7 @@ def profile_keys_at_fit(records: pd.DataFrame) -> list[dict]:
         try:
             rows = _model_rows(path)
         except (ValueError, OSError, pd.errors.ParserError) as exc:
-            raise InputError(f"{path}: cannot read its Vidur model keys back ({exc})") from None
+            raise InputError(f"{path}: cannot read its Vidur model keys back ({one_line(exc)})") from None
         fitted_tp = set(pd.to_numeric(part["tp"], errors="coerce").dropna().astype(int))
         entries += [{"file": str(path), TP_COLUMN: tp, "keys": keys} for tp, keys in rows or () if tp in fitted_tp]
     return entries
