@@ -4,14 +4,14 @@ default of costmodel.build.build_tables; the rule: costmodel.axes). Prints figur
 One random-forest fit (`--regressor rf`, the same record selection as `stepcal fit
 --model-spec`) of Vidur's Llama-3-8B A100 mlp.csv, composed twice from the same regressors:
 with Axes.default() and with the data's axes. For each:
-1. table vs DATA at every profiled num_tokens: the linear term (GEMMs and small ops) against
-   the profile's own sum (32 x the per-layer operators' medians + the embedding), P50 and P99
+1. table vs DATA at every profiled num_tokens: the linear and elementwise terms (GEMMs and small
+   ops) against the profile's own sum (32 x the per-layer operators' medians + the embedding), P50 and P99
    of |error|; the regressors' own error next to it;
 2. table vs regressor (costmodel.resolution): P50 / P99 / max of |table / summed regressor
    predictions - 1| at every training point of the per-token terms (linear by num_tokens,
    lm_head by num_seqs) and at the chunk sizes 256 ... 4096; and at every integer 1 .. 8,192
    tokens (between the knots too);
-3. the linear term at 256 / 504 / 512 / 520 / 1,024 tokens, in ms per step;
+3. the linear + elementwise terms at 256 / 504 / 512 / 520 / 1,024 tokens, in ms per step;
 4. wall time of `stepcal simulate` on the Azure conv trace with Sarathi (chunk 512) on each
    table directory: runs interleaved, each in its own process, median reported (with the
    simulator's own loop time and step count: finer tables change the schedule too);
@@ -68,6 +68,21 @@ def linear_term(directory: Path):
     return next(t for t in load_step_model(directory).terms if t.name == "linear")
 
 
+def layer_table_ms(directory: Path, x: np.ndarray) -> np.ndarray:
+    """The tables' GEMMs and measured small operators at x tokens: the linear and elementwise terms
+    (the small operators have had a term of their own since the elementwise term; the profile's sum
+    holds both)."""
+    from costmodel.tables import load_step_model
+    terms = [t for t in load_step_model(directory).terms if t.name in ("linear", "elementwise")]
+    return sum(np.interp(x, t.knots, t.time_ms) for t in terms)
+
+
+def layer_regressor_ms(result, spec, parallelism, x: np.ndarray) -> np.ndarray:
+    from costmodel.compose import per_token_terms_ms
+    terms = per_token_terms_ms(result, spec, parallelism, x)
+    return terms["linear"] + terms.get("elementwise", 0.0)
+
+
 def pct(values) -> str:
     p50, p99 = np.percentile(np.abs(values) * 100, [50, 99])
     return f"P50 {p50:6.2f}%  P99 {p99:6.2f}%"
@@ -75,12 +90,11 @@ def pct(values) -> str:
 
 def report_data_error(data: pd.Series, regressor: np.ndarray, tables: dict[str, Path]) -> None:
     tokens = data.index.to_numpy(dtype=np.float64)
-    print(f"\n1. table vs data, linear term at the {len(tokens)} profiled num_tokens (TP 1), |error|:")
+    print(f"\n1. table vs data, linear + elementwise terms at the {len(tokens)} profiled num_tokens (TP 1), |error|:")
     print(f"   regressors (no table)  {pct(regressor / data.to_numpy() - 1)}")
     for name, directory in tables.items():
-        term = linear_term(directory)
-        table = np.interp(tokens, term.knots, term.time_ms)
-        print(f"   table {name:<16} {pct(table / data.to_numpy() - 1)}   ({len(term.knots)} knots)")
+        table = layer_table_ms(directory, tokens)
+        print(f"   table {name:<16} {pct(table / data.to_numpy() - 1)}   ({len(linear_term(directory).knots)} knots)")
 
 
 def report_regressor_error(result, spec, parallelism, tables: dict[str, Path]) -> None:
@@ -101,12 +115,12 @@ def report_regressor_error(result, spec, parallelism, tables: dict[str, Path]) -
 
 
 def report_values(data: pd.Series, regressor: pd.Series, tables: dict[str, Path]) -> None:
-    print("\n3. linear term, ms per step (32 layers + embedding):")
+    print("\n3. linear + elementwise terms, ms per step (32 layers + embedding):")
     print(f"   {'tokens':>6} {'data':>8} {'regressor':>10}" + "".join(f" {n:>16}" for n in tables))
-    terms = {name: linear_term(d) for name, d in tables.items()}
-    for x in SHOWN_TOKENS:
-        cells = "".join(f" {float(np.interp(x, t.knots, t.time_ms)):9.2f} ({float(np.interp(x, t.knots, t.time_ms)) / data[x] - 1:+5.1%})"
-                        for t in terms.values())
+    shown = np.asarray(SHOWN_TOKENS, dtype=np.float64)
+    values = {name: layer_table_ms(d, shown) for name, d in tables.items()}
+    for i, x in enumerate(SHOWN_TOKENS):
+        cells = "".join(f" {float(v[i]):9.2f} ({float(v[i]) / data[x] - 1:+5.1%})" for v in values.values())
         print(f"   {x:>6} {data[x]:8.2f} {regressor[x]:10.2f}{cells}")
 
 
@@ -178,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from costmodel.build import build_tables
-    from costmodel.compose import Axes, per_token_terms_ms
+    from costmodel.compose import Axes
     from simulator.model_spec import Parallelism, load_model_spec
 
     spec, parallelism = load_model_spec(args.model_spec), Parallelism(tp=1)
@@ -194,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"build {name}: {time.perf_counter() - started:.1f} s, {len(meta['axes']['num_tokens'])} "
                   f"num_tokens knots; rule: {meta['axes']['rule']}")
         data = data_linear_ms(args.profile, spec)
-        regressor = per_token_terms_ms(result, spec, parallelism, data.index.to_numpy(dtype=np.float64))["linear"]
+        regressor = layer_regressor_ms(result, spec, parallelism, data.index.to_numpy(dtype=np.float64))
         report_data_error(data, regressor, tables)
         report_regressor_error(result, spec, parallelism, tables)
         report_values(data, pd.Series(regressor, index=data.index), tables)

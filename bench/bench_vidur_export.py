@@ -136,17 +136,39 @@ def contract(case: Case, done: dict) -> list[str]:
     return lines
 
 
+# The trace CSV Vidur's trace_replay request generator reads: arrival in seconds from the start, prompt and
+# output tokens. Checked against microsoft/vidur: vidur/config/config.py @8afeaf05 (TraceRequestGeneratorConfig,
+# type TRACE_REPLAY: default trace_file data/processed_traces/splitwise_conv.csv, whose header is these three
+# columns with arrived_at in s: it is the Azure conv trace itself, its first rows 0.0 s 374/44 and 4.314579 s
+# 396/109 tokens as read_trace gives them; prefill, decode and time scale factors 1.0; max_tokens 4096) and
+# vidur/request_generator/request_generator_registry.py @82f0840. Older Vidur (config.py and
+# trace_replay_request_generator.py @01f216f, @14db47b) read Date, Time, PromptTokenCount and
+# CompletionTokenCount instead, with scale factors 0.3 (prefill) and 0.04 (time) by default.
+TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+TRACE_READER = "vidur/request_generator/trace_replay_request_generator.py"
+
+
 def vidur_trace(work: Path, num_requests: int | None) -> Path:
-    """The Azure conv trace at half its rate in Vidur's trace CSV (arrived_at s, num_prefill_tokens,
-    num_decode_tokens)."""
+    """The Azure conv trace at half its rate in Vidur's trace CSV (TRACE_COLUMNS)."""
     from simulator.workload import read_trace
     trace = read_trace(CONV_TRACE)
     n = len(trace) if num_requests is None else min(num_requests, len(trace))
-    frame = pd.DataFrame({"arrived_at": 2.0 * trace.arrival_s[:n], "num_prefill_tokens": trace.num_prompt_tokens[:n],
-                          "num_decode_tokens": trace.num_output_tokens[:n]})
+    frame = pd.DataFrame(dict(zip(TRACE_COLUMNS, (2.0 * trace.arrival_s[:n], trace.num_prompt_tokens[:n],
+                                                  trace.num_output_tokens[:n]))))
     path = work / "azure_conv_half_rate.csv"
     frame.to_csv(path, index=False)
     return path
+
+
+def check_trace_reader(vidur: Path) -> None:
+    """Stop before any run when the checkout's trace reader does not name TRACE_COLUMNS (an older
+    Vidur, whose reader takes another layout): its runs would fail, or read other columns."""
+    reader = vidur / TRACE_READER
+    text = reader.read_text() if reader.is_file() else ""
+    missing = [c for c in TRACE_COLUMNS if f'"{c}"' not in text and f"'{c}'" not in text]
+    if missing:
+        raise SystemExit(f"{reader}: does not read {', '.join(missing)}: this Vidur's trace_replay reads another "
+                         f"trace layout than {', '.join(TRACE_COLUMNS)}; use a checkout of its current main")
 
 
 def place(vidur: Path, run_dir: Path, case: Case, export: Path | None) -> Path:
@@ -180,6 +202,10 @@ def run_vidur(vidur: Path, python: str, run_dir: Path, case: Case, trace: Path) 
             "--cluster_config_num_replicas", "1",
             "--request_generator_config_type", "trace_replay", "--trace_request_generator_config_trace_file",
             str(trace), "--trace_request_generator_config_max_tokens", str(MAX_TOKENS),
+            # the trace as written: no rescaling, whatever this checkout's defaults
+            "--trace_request_generator_config_prefill_scale_factor", "1",
+            "--trace_request_generator_config_decode_scale_factor", "1",
+            "--trace_request_generator_config_time_scale_factor", "1",
             "--replica_scheduler_config_type", "sarathi", "--sarathi_scheduler_config_chunk_size", str(CHUNK),
             "--metrics_config_output_dir", str(out), "--no-metrics_config_store_plots"]
     env = {**os.environ, "PYTHONPATH": str(vidur), "WANDB_MODE": "disabled"}
@@ -217,6 +243,7 @@ def main() -> int:
     if args.vidur is None:
         print("no --vidur checkout given: contract checks only (Vidur's simulator not run)")
         return 0
+    check_trace_reader(args.vidur)
     trace = vidur_trace(work, args.num_requests)
     print(f"\nVidur on {CONV_TRACE.name} at half rate ({trace}), Sarathi chunk {CHUNK}, max tokens {MAX_TOKENS}")
     print(f"{'model':<38} {'TPOT P50 ours':>14} {'Vidur profile':>14} {'diff':>8}")

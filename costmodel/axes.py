@@ -17,6 +17,9 @@ DATA_RULE, the default of costmodel.build.build_tables, makes each axis the unio
      interpolation between two neighbouring knots misses the composed terms by more than
      STEP_TOLERANCE at an integer inside the gap, a knot on each side of the largest change
      there (refine_steps), so that a step in the regressor stays a step in the table.
+The all-reduces of tensor parallelism are a num_tokens term too: their measured message sizes,
+as the token counts that make them, are measured values of num_tokens (costmodel.compose.
+measured_axes), and their steps (an NCCL protocol or algorithm switching) are refined like the GEMMs'.
 The 2-D attention grids are (len x len): their axes keep the fixed grid and the powers of two,
 and at most MAX_2D_KNOTS knots in all, thinning the data's values evenly by rank.
 """
@@ -39,8 +42,10 @@ STEP_ROUNDS = 3           # each round narrows a wide gap's step 16-fold
 # The size of the multiples added where data are dense, by where they lie (Vidur's own sweep).
 MULTIPLES = ((1024, 8), (2048, 16), (np.inf, 64))
 
-FIXED_RULE = "fixed log grid (Axes.default())"
-DATA_RULE = (f"fixed log grid + every measured value + powers of two + multiples of 8/16/64 where the data "
+# `stepcal fit --axes` names the rule; meta.json's axes.rule starts with that name.
+AXES_RULES = ("data", "fixed")
+FIXED_RULE = "fixed: the log grid of Axes.default(), whatever the data"
+DATA_RULE = (f"data: fixed log grid + every measured value + powers of two + multiples of 8/16/64 where the data "
              f"are at most {DENSE_GAP} apart; 1-D axes: a knot each side of every step the regressor takes "
              f"between knots (linear interpolation off by > {STEP_TOLERANCE:.0%}); 2-D axes capped at "
              f"{MAX_2D_KNOTS} knots each (costmodel.axes)")

@@ -5,12 +5,13 @@ import datetime as dt
 from pathlib import Path
 
 from costmodel.axes import measured_values
-from costmodel.compose import Axes, additive_term, compose_terms, data_axes, moe_target, op_grids
+from costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
 from costmodel.compose_attention import attention_targets
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from costmodel.coverage import coverage_notes
 from costmodel.fitting import FitResult
 from costmodel.tables import write_meta
+from costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
 from simulator.errors import InputError
 from simulator.io import atomic_write_parquet
 from simulator.model_spec import ModelSpec, Parallelism
@@ -67,7 +68,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
                                 - ({"overhead"} if "host" in entries else set())) if mode == "composed" else [],
         "terms": entries,
         "term_sources": {name: entry.get("source") or {"source": "data"} for name, entry in entries.items()},
-        "axes": axes.to_meta(measured_values(result.records)),
+        "axes": axes.to_meta(measured_axes(result, spec, parallelism) if composing else measured_values(result.records)),
         "training_data_hash": result.data_hash,
         "held_out_errors": {"overall": result.errors,
                             **{t: f.errors for t, f in result.targets.items()}},
@@ -95,6 +96,8 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
             "dtypes": sorted(result.records["dtype"].dropna().unique().tolist()),
             "rows": int(len(result.records)),
         },
+        # Read now, while the input paths resolve: the Vidur export may run from another directory.
+        STORED_KEYS: profile_keys_at_fit(result.records),
         **(extra_meta or {}),
     }
     write_meta(directory, meta)

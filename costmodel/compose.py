@@ -19,7 +19,14 @@ import pandas as pd
 
 from costmodel.axes import Axes, measured_values, refine_steps
 from costmodel.compose_attention import attention_terms
-from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, collective_terms
+from costmodel.compose_comm import (
+    DEFAULT_COMPOSITION,
+    Composition,
+    all_reduce_ms,
+    all_reduce_target,
+    all_reduce_tokens,
+    collective_terms,
+)
 from costmodel.compose_elementwise import DATA_ELEMENTWISE, roofline_device, roofline_elementwise_term, sampling_term
 from costmodel.features import FEATURE_DTYPE_BYTES, gemm_target
 from costmodel.fitting import FitResult
@@ -277,18 +284,21 @@ def _lm_head_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, B:
 
 def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
                        composition: Composition = DEFAULT_COMPOSITION) -> dict[str, np.ndarray]:
-    """The per-token terms (linear, elementwise where measured, moe) at token counts T straight from
-    the regressors: what their tables hold at their knots, in ms per step."""
+    """The per-token terms (linear, elementwise where measured, moe, and under TP the all-reduces) at
+    token counts T straight from the regressors: what their tables hold at their knots, in ms per step."""
     T = np.asarray(T, dtype=np.float64)
     ops = _ops_at(result, spec, parallelism, T, composition, with_spread=False) if len(T) else []
-    if not len(ops):
-        return {}
-    # One row per operator, in T's order (_ops_at's layout), weighted by the layers that run it.
-    per_op = (ops["time_ms"] * ops["layers"]).to_numpy(dtype=np.float64).reshape(-1, len(T))
-    names = ops["op"].to_numpy()[::len(T)]
-    experts, small = names == EXPERTS_OP, np.isin(names, DATA_ELEMENTWISE)
-    parts = {"linear": per_op[~experts & ~small], "elementwise": per_op[small], "moe": per_op[experts]}
-    return {name: rows.sum(axis=0) for name, rows in parts.items() if len(rows)}
+    out = {}
+    if len(ops):
+        # One row per operator, in T's order (_ops_at's layout), weighted by the layers that run it.
+        per_op = (ops["time_ms"] * ops["layers"]).to_numpy(dtype=np.float64).reshape(-1, len(T))
+        names = ops["op"].to_numpy()[::len(T)]
+        experts, small = names == EXPERTS_OP, np.isin(names, DATA_ELEMENTWISE)
+        parts = {"linear": per_op[~experts & ~small], "elementwise": per_op[small], "moe": per_op[experts]}
+        out = {name: rows.sum(axis=0) for name, rows in parts.items() if len(rows)}
+    if len(T) and parallelism.tp > 1 and all_reduce_target(result) is not None:
+        out["all_reduce"] = all_reduce_ms(result, spec, parallelism, T, with_spread=False)[0]
+    return out
 
 
 def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
@@ -317,8 +327,8 @@ def _linear_with_elementwise(terms: dict[str, np.ndarray]) -> dict[str, np.ndarr
 def data_axes(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
               composition: Composition = DEFAULT_COMPOSITION) -> Axes:
     """The knots of every term's grid by costmodel.axes.DATA_RULE: the data's own values and a
-    knot each side of every step the composed 1-D terms take between them."""
-    measured = measured_values(result.records)
+    knot each side of every step the composed 1-D terms take between them (the all-reduces' too)."""
+    measured = measured_axes(result, spec, parallelism)
     axes = Axes.from_data(measured)
 
     def rows(terms: dict[str, np.ndarray], n: int) -> np.ndarray:
@@ -329,3 +339,15 @@ def data_axes(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
     num_seqs = refine_steps(axes.num_seqs, measured["num_seqs"], lambda B: rows(
         per_seq_terms_ms(result, spec, parallelism, B), len(B)))
     return replace(axes, num_tokens=num_tokens, num_seqs=num_seqs)
+
+
+def measured_axes(result: FitResult, spec: ModelSpec, parallelism: Parallelism) -> dict[str, np.ndarray]:
+    """The values each axis was measured at (costmodel.axes.measured_values), with the all-reduces'
+    message sizes on num_tokens as the token counts that make them (under TP): the all_reduce term
+    is tabulated on num_tokens like the GEMMs, and its data are knots by the same rule."""
+    measured = measured_values(result.records)
+    tokens = all_reduce_tokens(result, spec, parallelism)
+    if len(tokens):
+        # Knots start at 1 like the fixed grid: a message smaller than one token's is no step's.
+        measured["num_tokens"] = np.union1d(measured["num_tokens"], tokens[tokens >= 1])
+    return measured

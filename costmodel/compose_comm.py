@@ -61,16 +61,50 @@ def all_reduces_per_step(spec: ModelSpec, parallelism: Parallelism) -> int:
     return spec.num_layers + spec.num_ffn_dense_layers + moe_layers
 
 
-def _all_reduce_term(result, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+def all_reduce_ms(result, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
+                  with_spread: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(time, spread) in ms per step of the step's all-reduces at token counts T, straight from the
+    all-reduce regressor: what the all_reduce term holds at its knots."""
     target = all_reduce_target(result)
-    T = axes.num_tokens
-    name = target.split(":", 1)[1] if ":" in target else None
-    mean, spread = predict_grid(result, target, dict(
-        row=np.arange(len(T)), op="all_reduce", name=name, num_tokens=T,
-        tp=np.full(len(T), float(parallelism.tp)),
-        width=np.full(len(T), float(spec.hidden_size))), spec.kv_dtype or spec.dtype)
+    T = np.asarray(T, dtype=np.float64)
+    mean, spread = predict_grid(result, target, _message_columns(target, spec, parallelism, T),
+                                spec.kv_dtype or spec.dtype, with_spread=with_spread)
     per_step = all_reduces_per_step(spec, parallelism)
-    return FeatureCurve("all_reduce", "num_tokens", T, per_step * mean, per_step * spread,
+    return per_step * mean, per_step * spread
+
+
+def _message_columns(target: str, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray) -> dict:
+    """Record columns of an all-reduce of T tokens' hidden states over the TP group."""
+    return dict(row=np.arange(len(T)), op="all_reduce", name=target.split(":", 1)[1] if ":" in target else None,
+                num_tokens=T, tp=np.full(len(T), float(parallelism.tp)), width=np.full(len(T), float(spec.hidden_size)))
+
+
+def all_reduce_tokens(result, spec: ModelSpec, parallelism: Parallelism) -> np.ndarray:
+    """The message sizes the all-reduce regressor was measured at (at this TP degree), as the token
+    counts whose hidden states make a message of as many bytes: the all_reduce term's measured values
+    on its num_tokens axis. Empty without tensor parallelism or all-reduce data."""
+    from costmodel.features import assign_targets, design
+    from costmodel.records import make_records
+    target = all_reduce_target(result) if parallelism.tp > 1 else None
+    if target is None:
+        return np.empty(0)
+    records = result.records[(assign_targets(result.records) == target).to_numpy()]
+    records = records[np.nan_to_num(records["tp"].to_numpy(dtype=np.float64), nan=1.0) == parallelism.tp]
+    if not len(records):
+        return np.empty(0)
+    # Bytes as the regressor's own features count them, in the records' dtype and in the model's.
+    measured = design(target, records)
+    one_token = design(target, make_records({**_message_columns(target, spec, parallelism, np.ones(1)),
+                                             "dtype": spec.kv_dtype or spec.dtype}, source="grid", file="grid"))
+    column = measured.names.index("message_bytes")
+    return np.unique(measured.X[:, column] / one_token.X[0, column])
+
+
+def _all_reduce_term(result, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+    T = axes.num_tokens
+    time_ms, spread_ms = all_reduce_ms(result, spec, parallelism, T)
+    per_step = all_reduces_per_step(spec, parallelism)
+    return FeatureCurve("all_reduce", "num_tokens", T, time_ms, spread_ms,
                         f"{per_step} all-reduces of num_tokens x hidden over {parallelism.tp} GPUs "
                         f"({spec.num_layers} after attention, {per_step - spec.num_layers} after FFNs)")
 

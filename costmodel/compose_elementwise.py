@@ -95,12 +95,17 @@ def roofline_elementwise_ms(spec: ModelSpec, parallelism: Parallelism, device: D
     T = np.asarray(num_tokens, dtype=np.float64)
     time_ms, spread_ms = np.zeros(len(T)), np.zeros(len(T))
     for op in roofline_ops(spec, parallelism):
-        constants = roofline.op_constants(op.name)
-        moved = roofline.bytes_moved(op.name, op.width, T, activation_bytes(spec))
-        one = constants.kernel_ms(moved, device.memory_bandwidth_bytes_per_s)
+        one = roofline_call_ms(spec, device, op, T)
         time_ms += op.calls_per_step * one
-        spread_ms += op.calls_per_step * one * constants.relative_sd
+        spread_ms += op.calls_per_step * one * roofline.op_constants(op.name).relative_sd
     return time_ms, spread_ms
+
+
+def roofline_call_ms(spec: ModelSpec, device: DeviceSpec, op: RooflineOp, num_tokens) -> np.ndarray:
+    """The roofline time in ms of one call of `op` at num_tokens tokens (what a per-layer profile
+    such as Vidur's mlp.csv times of it)."""
+    moved = roofline.bytes_moved(op.name, op.width, np.asarray(num_tokens, dtype=np.float64), activation_bytes(spec))
+    return roofline.op_constants(op.name).kernel_ms(moved, device.memory_bandwidth_bytes_per_s)
 
 
 def sampling_ms(spec: ModelSpec, device: DeviceSpec, num_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

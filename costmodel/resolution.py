@@ -1,7 +1,7 @@
 """How far a T_step table is from the regressors it was built from.
 
-A composed per-token term's table (linear, measured elementwise and moe by num_tokens, lm_head by
-num_seqs) holds, at each knot, the sum over layers and operators of the regressors' predictions; between knots it
+A composed per-token term's table (linear, measured elementwise, moe and all_reduce by num_tokens,
+lm_head by num_seqs) holds, at each knot, the sum over layers and operators of the regressors' predictions; between knots it
 is linear. This module looks the table up at every value the term's data were measured at and
 at the chunk sizes users pick, evaluates the summed regressor predictions at the same points,
 and reports the relative difference: what the table's resolution costs, apart from the
@@ -16,8 +16,15 @@ import numpy as np
 import pandas as pd
 
 from costmodel import grid
-from costmodel.axes import measured_values
-from costmodel.compose import Axes, compose_terms, data_axes, op_grids, per_seq_terms_ms, per_token_terms_ms
+from costmodel.compose import (
+    Axes,
+    compose_terms,
+    data_axes,
+    measured_axes,
+    op_grids,
+    per_seq_terms_ms,
+    per_token_terms_ms,
+)
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from costmodel.terms import FeatureCurve, Term
 from simulator.errors import InputError
@@ -25,7 +32,8 @@ from simulator.model_spec import ModelSpec, Parallelism
 
 CHUNK_SIZES = (256, 512, 1024, 2048, 4096)
 # Term -> the axis of its table (and of the measured values in meta.json's "axes").
-PER_TOKEN_TERMS = {"linear": "num_tokens", "elementwise": "num_tokens", "moe": "num_tokens", "lm_head": "num_seqs"}
+PER_TOKEN_TERMS = {"linear": "num_tokens", "elementwise": "num_tokens", "moe": "num_tokens",
+                   "all_reduce": "num_tokens", "lm_head": "num_seqs"}
 COLUMNS = ["term", "x", "point", "table_ms", "regressor_ms", "rel_diff"]
 
 
@@ -80,7 +88,7 @@ def resolution_of_fit(result, spec: ModelSpec, parallelism: Parallelism, *, axes
     axes = axes or data_axes(result, spec, parallelism, composition)
     ops = op_grids(result, spec, parallelism, axes, composition)
     terms = compose_terms(result, spec, parallelism, axes, ops, composition)
-    return compare(result, terms, spec, parallelism, measured_values(result.records), composition)
+    return compare(result, terms, spec, parallelism, measured_axes(result, spec, parallelism), composition)
 
 
 @dataclass

@@ -8,8 +8,9 @@ Layout of a table directory:
   ops.parquet           per-layer operator times by num_tokens (for exports such as Vidur's)
   models/<target>.joblib  the fitted regressors (for `stepcal predict` on operator rows)
 
-Each term's kind (costmodel.terms.TERM_KINDS) writes its grid and looks it up: searchsorted plus
-a few multiply-adds per term (costmodel.grid); no scikit-learn.
+Each term's kind (costmodel.terms.TERM_KINDS) writes its grid and looks it up: the segment of each
+value (a precomputed index for counts, a binary search beyond it: costmodel.grid) plus a few
+multiply-adds per term; no scikit-learn.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from the estimators so that loading tables never imports scikit-learn.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -59,6 +59,18 @@ class Term:
         """evaluate() of one batch's feature_row(), in plain floats."""
         raise NotImplementedError
 
+    def __getstate__(self) -> dict:
+        # What __post_init__ derives (the lookup lists, the segment indexes: megabytes on the data's
+        # axes) is rebuilt where the term is unpickled (a worker process), not shipped to it.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        pass
+
     def biased(self, z: float) -> Term:
         """This term with its time moved by z spreads at every grid point: what a replication of
         simulator.ranges draws. Interpolation is linear in the values, so evaluate() of the result
@@ -96,12 +108,15 @@ class FeatureCurve(Term):
     spread_ms: np.ndarray
     description: str
     source: dict | None = None
+    indexed: bool = field(default=True, compare=False)   # False: binary search (same bits; benchmarks)
 
     def __post_init__(self) -> None:
         self._column = feature_column(self.axis, self.name)
         # Python lists for the scalar path: indexing them costs far less than indexing arrays.
         self._row_knots = self.knots.tolist()
         self._row_values = self.time_ms.tolist()
+        self._index = grid.segment_index(self.knots) if self.indexed else None
+        self._row_index = self._index.rows if self._index is not None else None
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -126,10 +141,10 @@ class FeatureCurve(Term):
                    _floats(frame, "spread_ms"), entry.get("description", ""), entry.get("source"))
 
     def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
-        return grid.interp1(getattr(f, self.axis), self.knots, getattr(self, which))
+        return grid.interp1(getattr(f, self.axis), self.knots, getattr(self, which), self._index)
 
     def row_ms(self, row: tuple) -> float:
-        return interp1_at(float(row[self._column]), self._row_knots, self._row_values)
+        return interp1_at(float(row[self._column]), self._row_knots, self._row_values, self._row_index)
 
 
 @dataclass(eq=False)
@@ -145,12 +160,15 @@ class MeanGrid(Term):
     time_ms: np.ndarray                 # (len(knots[0]), len(knots[1]))
     spread_ms: np.ndarray
     description: str
+    indexed: bool = field(default=True, compare=False)   # False: binary search (same bits; benchmarks)
 
     def __post_init__(self) -> None:
         self._count_column = feature_column(self.COUNT, self.name)
         self._total_column = feature_column(self.TOTAL, self.name)
         self._row_knots = [k.tolist() for k in self.knots]
         self._row_values = self.time_ms.tolist()
+        self._indexes = tuple(grid.segment_index(k) if self.indexed else None for k in self.knots)
+        self._row_indexes = tuple(i.rows if i is not None else None for i in self._indexes)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -179,14 +197,14 @@ class MeanGrid(Term):
     def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
         count = getattr(f, self.COUNT)
         mean = getattr(f, self.TOTAL) / np.maximum(count, 1.0)
-        return np.where(count > 0, grid.interp2(count, mean, *self.knots, getattr(self, which)), 0.0)
+        return np.where(count > 0, grid.interp2(count, mean, *self.knots, getattr(self, which), self._indexes), 0.0)
 
     def row_ms(self, row: tuple) -> float:
         count = float(row[self._count_column])
         if not count > 0:
             return 0.0
         mean = float(row[self._total_column]) / max(count, 1.0)
-        return interp2_at(count, mean, *self._row_knots, self._row_values)
+        return interp2_at(count, mean, *self._row_knots, self._row_values, self._row_indexes)
 
 
 class DecodeAttention(MeanGrid):
@@ -213,10 +231,12 @@ class AdditiveStep(Term):
     intercept_ms: float
     description: str
     relative_spread: float = 0.0      # the fit's uncertainty, relative (costmodel.additive.bootstrap_relative_spread)
+    indexed: bool = field(default=True, compare=False)   # False: binary search (same bits; benchmarks)
 
     def __post_init__(self) -> None:
-        self._row_parts = [(feature_column(f, self.name), k.tolist(), v.tolist())
-                           for f, k, v in zip(self.features, self.knots, self.values_ms)]
+        self._indexes = tuple(grid.segment_index(k) if self.indexed else None for k in self.knots)
+        self._row_parts = [(feature_column(f, self.name), k.tolist(), v.tolist(), i.rows if i is not None else None)
+                           for f, k, v, i in zip(self.features, self.knots, self.values_ms, self._indexes)]
 
     @classmethod
     def from_estimator(cls, estimator, name: str = "step", features: tuple[str, ...] = tuple(FEATURE_NAMES),
@@ -260,8 +280,8 @@ class AdditiveStep(Term):
             return self.relative_spread * np.abs(self.evaluate(f))
         values = self.values_ms if which == "time_ms" else self.spreads_ms
         total = np.full(len(f), self.intercept_ms if which == "time_ms" else 0.0)
-        for feature, knots, part in zip(self.features, self.knots, values):
-            total = total + grid.interp1(getattr(f, feature), knots, part)
+        for feature, knots, part, index in zip(self.features, self.knots, values, self._indexes):
+            total = total + grid.interp1(getattr(f, feature), knots, part, index)
         return total
 
     def biased(self, z: float) -> AdditiveStep:
@@ -273,8 +293,8 @@ class AdditiveStep(Term):
 
     def row_ms(self, row: tuple) -> float:
         total = self.intercept_ms
-        for column, knots, values in self._row_parts:
-            total = total + interp1_at(float(row[column]), knots, values)
+        for column, knots, values, rows in self._row_parts:
+            total = total + interp1_at(float(row[column]), knots, values, rows)
         return total
 
 

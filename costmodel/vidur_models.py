@@ -95,6 +95,15 @@ VIDUR_MAX_SEQ_LEN = 4096
 VIDUR_MAX_BATCH_SIZE = 128
 
 
+def stat_columns(op: str, time_ms: np.ndarray, spread_ms: np.ndarray) -> dict[str, np.ndarray]:
+    """The time_stats.<op>.<stat> columns Vidur's profiles hold, from a time and its spread (one
+    standard deviation): Vidur trains on the median; min and max are a spread either side."""
+    return {f"time_stats.{op}.min": np.maximum(time_ms - spread_ms, 0.5 * time_ms),
+            f"time_stats.{op}.max": time_ms + spread_ms,
+            f"time_stats.{op}.mean": time_ms, f"time_stats.{op}.median": time_ms,
+            f"time_stats.{op}.std": spread_ms}
+
+
 def vidur_model(name: str) -> VidurModel:
     """A Vidur model config by its name ("meta-llama/Llama-2-7b-hf"), or by the part after the
     slash in any case ("llama-2-7b-hf")."""

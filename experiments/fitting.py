@@ -22,6 +22,7 @@ class FitOptions:
     ep_link_gbps: float = 450.0
     ep_latency_us: float = 10.0
     device_spec: str | None = None
+    axes: str = "data"
     regressor: str = "tuned"
     trials: int = 12
     timeout_s: float | None = None
@@ -38,6 +39,7 @@ def fit_tables(args: FitOptions) -> None:
     """Fit every target, write the T_step table directory args.out, track it in MLflow, print the errors."""
     from pathlib import Path
 
+    from costmodel.axes import AXES_RULES, Axes
     from costmodel.build import build_tables, composed_ops
     from costmodel.compose_comm import Composition
     from costmodel.compose_elementwise import roofline_device
@@ -49,6 +51,8 @@ def fit_tables(args: FitOptions) -> None:
     from simulator.io import atomic_output_dir
     from simulator.model_spec import Parallelism, load_model_spec
 
+    if args.axes not in AXES_RULES:
+        raise InputError(f"--axes must be one of {', '.join(AXES_RULES)}, got {args.axes!r}")
     if args.trials < 1:
         raise InputError(f"--trials must be at least 1, got {args.trials}")
     for flag, value in (("--tp", args.tp), ("--ep", args.ep)):
@@ -81,6 +85,7 @@ def fit_tables(args: FitOptions) -> None:
     scatter = logged_scatter(args.profile)     # the measured runs are read before the output is staged
     with atomic_output_dir(out) as staging:
         meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
+                            axes=Axes.default() if args.axes == "fixed" else None,
                             extra_meta={"inputs": [str(p) for p in args.profile], "holdout": args.holdout,
                                         **({"scatter": scatter} if scatter else {})})
         plot = _plot(result, staging)

@@ -52,6 +52,12 @@ def register(subparsers) -> None:
                         "sampling; needed only when the profiles do not name a known device (AIConfigurator's "
                         "do). Known: " + ", ".join(known_devices()) + ", or a short or CUDA name (H100, "
                         "'NVIDIA H100 80GB HBM3')")
+    p.add_argument("--axes", default="data", choices=["data", "fixed"],
+                   help="knots of the T_step tables' grids. data: every value the data were measured at, the "
+                        "powers of two, multiples of 8/16/64 where the data are dense, and a knot each side of "
+                        "every step the regressors take between knots (GEMM tiles, all-reduce protocols), over "
+                        "the fixed log grid; fixed: the log grid alone (66 num_tokens knots from 1 to 65,536), "
+                        "as tables had before. meta.json's axes.rule says which")
     p.add_argument("--regressor", default="tuned", choices=["rf", "tuned"],
                    help="rf: a random forest per target; tuned: an Optuna search over forest, "
                         "extra trees, boosting and the physics-informed model")

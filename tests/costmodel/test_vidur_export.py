@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from costmodel.export import DEFAULT_HBM_GBPS, attention_features
+from costmodel.vidur_keys import STORED_KEYS
 from costmodel.vidur_models import (
     MLP_REQUIRED,
     STATS,
@@ -208,26 +209,51 @@ def vidur_mlp_csv(path: Path, vocab_size: int) -> Path:
 @pytest.fixture(scope="module")
 def vidur_fits(tmp_path_factory) -> dict[str, Path]:
     """Llama-2-7B tables fitted from a Vidur mlp.csv (vocab 32016: neither ours nor Vidur's config's),
-    with and without attention profiles."""
+    with and without attention profiles. The fit with attention is given paths relative to the
+    profiles' directory, run from there (as a person fits in their data directory)."""
     base = tmp_path_factory.mktemp("vidur_fit")
     mlp = vidur_mlp_csv(base / "mlp.csv", 32016)
     attention = make_profile()
     attention = attention[attention["op"].isin(["attn_decode", "attn_prefill"])].assign(
         dtype="bfloat16", model_spec="llama-2-7b", num_heads=32, num_kv_heads=32, head_dim=128)
     attention.to_parquet(base / "attention.parquet", index=False)
-    fits = {}
-    for name, profiles in (("with_attention", [mlp, base / "attention.parquet"]), ("mlp_only", [mlp])):
-        fits[name] = base / name
-        assert main(["fit", "--profile", *map(str, profiles), "--model-spec", "llama-2-7b", "--regressor", "rf",
-                     "--no-mlflow", "--out", str(fits[name])]) == 0
+    fits = {"with_attention": base / "with_attention", "mlp_only": base / "mlp_only"}
+    fit = ["fit", "--model-spec", "llama-2-7b", "--regressor", "rf", "--no-mlflow", "--out"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(base)
+        assert main([*fit, str(fits["with_attention"]), "--profile", "mlp.csv", "attention.parquet"]) == 0
+    assert main([*fit, str(fits["mlp_only"]), "--profile", str(mlp)]) == 0
+    # mlp.csv times no small operator: --device-spec makes the element-wise term a memory roofline
+    fits["roofline"] = base / "roofline"
+    assert main([*fit, str(fits["roofline"]), "--profile", str(mlp), str(base / "attention.parquet"),
+                 "--device-spec", "A100"]) == 0
     fits["mlp"] = mlp
     return fits
 
 
-def test_filter_keys_come_from_the_vidur_profile(vidur_fits, tmp_path, capsys):
+def without_stored_keys(tables: Path, tmp_path: Path, mlp_path: str) -> Path:
+    """A copy of `tables` as tables fitted before the Vidur keys were stored in meta.json, whose
+    provenance names the mlp.csv by `mlp_path`."""
+    out = tmp_path / "older"
+    shutil.copytree(tables, out)
+    meta = json.loads((out / "meta.json").read_text())
+    del meta[STORED_KEYS]
+    meta["provenance"]["files"] = [mlp_path if f.endswith("mlp.csv") else f for f in meta["provenance"]["files"]]
+    (out / "meta.json").write_text(json.dumps(meta))
+    return out
+
+
+def test_filter_keys_come_from_the_vidur_profile(vidur_fits, tmp_path, capsys, monkeypatch):
+    """The keys are stored at fit time: an export from another directory, where the relative path
+    the fit was given does not resolve, still writes the input's keys (vocab 32016)."""
+    monkeypatch.chdir(tmp_path)
+    assert not Path("mlp.csv").exists()
+    stored = json.loads((vidur_fits["with_attention"] / "meta.json").read_text())[STORED_KEYS]
+    assert stored == [{"file": "mlp.csv", "num_tensor_parallel_workers": 1,
+                       "keys": {**LLAMA2_7B_KEYS, "vocab_size": 32016}}]
     code, printed, err = export(vidur_fits["with_attention"], tmp_path / "v", capsys)
     assert code == 0, err
-    assert f"filter keys from the Vidur profile {vidur_fits['mlp']}" in printed
+    assert "filter keys from the Vidur profile mlp.csv (stored in meta.json at fit time)" in printed
     mlp, attention = read_export(tmp_path / "v")
     assert set(MLP_REQUIRED) <= set(mlp.columns) and (mlp["vocab_size"] == 32016).all()
     from_data = VidurModel("from-data", 32, 32, 32, 4096, 11008, True, 32016)
@@ -240,18 +266,64 @@ def test_filter_keys_come_from_the_vidur_profile(vidur_fits, tmp_path, capsys):
     assert contract_problems(*read_export(tmp_path / "w"), VIDUR_MODELS["meta-llama/Llama-2-7b-hf"], 1) == []
 
 
-def test_a_moved_vidur_profile_falls_back_to_vidurs_convention(vidur_fits, tmp_path, capsys):
-    tables = tmp_path / "t"
-    shutil.copytree(vidur_fits["with_attention"], tables)
-    meta = json.loads((tables / "meta.json").read_text())
-    moved = str(tmp_path / "elsewhere" / "mlp.csv")
-    meta["provenance"]["files"] = [moved if f.endswith("mlp.csv") else f for f in meta["provenance"]["files"]]
-    (tables / "meta.json").write_text(json.dumps(meta))
+def test_a_fit_without_a_vidur_profile_stores_no_keys(vidur_fits, fitted_tables):
+    assert json.loads((fitted_tables / "meta.json").read_text())[STORED_KEYS] == []
+    # the mlp-only fit was given an absolute path: it is stored as given
+    stored = json.loads((vidur_fits["mlp_only"] / "meta.json").read_text())[STORED_KEYS]
+    assert [entry["file"] for entry in stored] == [str(vidur_fits["mlp"])]
+
+
+def test_older_tables_read_the_profile_back_from_its_path(vidur_fits, tmp_path, capsys):
+    tables = without_stored_keys(vidur_fits["with_attention"], tmp_path, str(vidur_fits["mlp"]))
     code, printed, err = export(tables, tmp_path / "v", capsys)
+    assert code == 0, err
+    assert f"filter keys from the Vidur profile {vidur_fits['mlp']} (read back from the path meta.json names" in printed
+    assert (read_export(tmp_path / "v")[0]["vocab_size"] == 32016).all()
+
+
+def test_older_tables_whose_profile_moved_fall_back_to_vidurs_convention(vidur_fits, tmp_path, capsys):
+    moved = str(tmp_path / "elsewhere" / "mlp.csv")
+    code, printed, err = export(without_stored_keys(vidur_fits["with_attention"], tmp_path, moved), tmp_path / "v", capsys)
     assert code == 0, err
     assert f"the Vidur profile {moved} named in meta.json is not readable here" in printed
     assert "vocab_size 32768 as Vidur's meta-llama/Llama-2-7b-hf" in printed
     assert contract_problems(*read_export(tmp_path / "v"), VIDUR_MODELS["meta-llama/Llama-2-7b-hf"], 1) == []
+
+
+def test_damaged_stored_keys_are_refused_in_one_line(vidur_fits, tmp_path, capsys):
+    tables = tmp_path / "t"
+    shutil.copytree(vidur_fits["with_attention"], tables)
+    meta = json.loads((tables / "meta.json").read_text())
+    meta[STORED_KEYS][0]["keys"]["n_embd"] = "4096.5"
+    (tables / "meta.json").write_text(json.dumps(meta))
+    code, printed, err = export(tables, tmp_path / "v", capsys)
+    assert_refused(code, printed, err, tmp_path / "v", f"{STORED_KEYS}", "'n_embd' must hold whole numbers")
+
+
+def test_roofline_elementwise_ops_are_exported_per_call(vidur_fits, tmp_path, capsys):
+    """Where the tables' element-wise term is the memory roofline, mlp.csv's small-operator columns
+    hold its time of one call per layer (not zeros), and the line says so with the device: one layer's
+    two norms, RoPE, activation and two residual adds, times the layers, plus the embedding and the
+    final norm (a norm of the same width), is the T_step term itself at every num_tokens."""
+    tables = vidur_fits["roofline"]
+    meta = json.loads((tables / "meta.json").read_text())
+    source = meta["term_sources"]["elementwise"]
+    assert source["source"] == "roofline"
+    code, printed, err = export(tables, tmp_path / "v", capsys)
+    assert code == 0, err
+    assert (f"emb, input_layernorm, attn_rope, post_attention_layernorm, mlp_act, add roofline estimates on "
+            f"{source['device_title']}") in printed and "zero (no data)" not in printed
+    mlp = read_export(tmp_path / "v")[0]
+    per_call = {op: mlp[f"time_stats.{op}.median"].to_numpy() for op in
+                ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")}
+    assert all((v > 0).all() and (np.diff(v) >= 0).all() for v in per_call.values())
+    layers = PRESETS["llama-2-7b"].num_layers
+    summed = (layers * (per_call["input_layernorm"] + per_call["attn_rope"] + per_call["post_attention_layernorm"]
+                        + per_call["mlp_act"] + 2 * per_call["add"]) + per_call["emb"] + per_call["input_layernorm"])
+    term = pd.read_parquet(tables / "elementwise.parquet")
+    np.testing.assert_allclose(summed, np.interp(mlp["num_tokens"], term["num_tokens"], term["time_ms"]), rtol=1e-9)
+    spread = mlp["time_stats.add.std"].to_numpy()
+    assert (spread > 0).all() and (spread < per_call["add"]).all()
 
 
 def test_tables_without_attention_data_are_refused(vidur_fits, tmp_path, capsys):
