@@ -69,16 +69,18 @@ def ways(models: dict) -> dict:
             "data/index": models["data"], "fixed/index": models["fixed"]}
 
 
-def batches(seed: int = 0):
+def batches(seed: int = 0, num_batches: int = NUM_BATCHES, num_rows: int = NUM_ROWS):
+    """Random decode-heavy batches: all of them as one StepFeatures, the first RUN_BATCHES as another,
+    and the first num_rows as feature rows (bench_table_resolution times the same)."""
     from simulator.batch import FEATURE_NAMES, StepFeatures
     rng = np.random.default_rng(seed)
-    seqs = rng.integers(1, 256, NUM_BATCHES).astype(np.float64)
-    columns = {name: np.zeros(NUM_BATCHES) for name in FEATURE_NAMES}
-    columns.update(num_seqs=seqs, num_decode=seqs, num_tokens=seqs + rng.integers(0, 512, NUM_BATCHES),
-                   decode_kv_sum=seqs * rng.integers(1, 4096, NUM_BATCHES))
+    seqs = rng.integers(1, 256, num_batches).astype(np.float64)
+    columns = {name: np.zeros(num_batches) for name in FEATURE_NAMES}
+    columns.update(num_seqs=seqs, num_decode=seqs, num_tokens=seqs + rng.integers(0, 512, num_batches),
+                   decode_kv_sum=seqs * rng.integers(1, 4096, num_batches))
     every = StepFeatures.from_columns(columns)
     run = StepFeatures.from_columns({name: c[:RUN_BATCHES] for name, c in columns.items()})
-    rows = [tuple(float(columns[name][i]) for name in FEATURE_NAMES) for i in range(NUM_ROWS)]
+    rows = [tuple(float(columns[name][i]) for name in FEATURE_NAMES) for i in range(num_rows)]
     return every, run, rows
 
 

@@ -155,15 +155,10 @@ def _headline(summary: dict) -> str:
 
 
 def report_lookups(tables: dict[str, Path], n: int = 200_000, seed: int = 0) -> None:
+    from bench_lookups import batches  # this folder: the same random batches as bench_lookups times
+
     from costmodel.tables import load_step_model
-    from simulator.batch import FEATURE_NAMES, StepFeatures
-    rng = np.random.default_rng(seed)
-    seqs = rng.integers(1, 256, n).astype(np.float64)
-    columns = {name: np.zeros(n) for name in FEATURE_NAMES}
-    columns.update(num_seqs=seqs, num_decode=seqs, num_tokens=seqs + rng.integers(0, 512, n),
-                   decode_kv_sum=seqs * rng.integers(1, 4096, n))
-    features = StepFeatures.from_columns(columns)
-    rows = [tuple(float(columns[name][i]) for name in FEATURE_NAMES) for i in range(20_000)]
+    features, _, rows = batches(seed, n, 20_000)
     print(f"\n5. lookups alone ({n} random batches vectorised, {len(rows)} one at a time):")
     for name, directory in tables.items():
         model = load_step_model(directory)
