@@ -1,11 +1,13 @@
 """Replications of a simulation (ranges, issue 17) where the experiments need more than the summaries that
 simulator.ranges.replicate returns: a replication's request log (each SLO of a sweep, the latency quantiles
-behind the report's CDF bands), or one trace at many rates (capacity).
+behind the report's CDF bands), or one trace at many rates (capacity); and simulate's, validate's and
+capacity's replications on the local pool or Ray.
 
 A replication is simulator.ranges.run_replication (what replicate runs, keeping the whole result): the
-step model's error per term, the scatter and the front end drawn from its seed. A `ReplicaPool` holds what does not depend on the draw (the trace, the loaded step
-model, the settings) once per worker process; a task ships only (seed, rate) and brings back what a
-top-level function `keep(result)` keeps of the replication.
+step model's error per term, the scatter and the front end drawn from its seed. A `ReplicaPool` sends
+what does not depend on the draw (the trace, the loaded step model, the settings) to each worker once
+(experiments.backends: a spawned local process, or a Ray object shared by the tasks); a task ships only
+(keep, seed, rate) and brings back what a top-level function `keep(result)` keeps of the replication.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from simulator.ranges import run_replication
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
+RANGES_PERCENTILES = "ranges_percentiles.parquet"         # where simulate --ranges stores quantile_frame
 
 
 def keep_summary(result) -> dict:
@@ -45,51 +48,49 @@ class Shared:
     config: object
 
 
-_shared: Shared | None = None    # set once in each pool worker
+@dataclass(frozen=True)
+class Task:
+    """One replication: what to keep of it (a module-level function), its seed, and the rate (None: the
+    trace's own arrivals)."""
+    keep: Callable
+    seed: int
+    rate_rps: float | None = None
 
 
-def _init_worker(shared: Shared) -> None:
-    global _shared
-    _shared = shared
-
-
-def _run_task(keep: Callable, seed: int, rate_rps: float | None, shared: Shared | None = None):
+def run_task(task: Task, shared: Shared):
     from simulator.workload import rescale_rate
-    shared = shared or _shared
-    trace = shared.trace if rate_rps is None else rescale_rate(shared.trace, rate_rps)
-    return keep(run_replication(trace, shared.model, shared.config, seed))
+    trace = shared.trace if task.rate_rps is None else rescale_rate(shared.trace, task.rate_rps)
+    return task.keep(run_replication(trace, shared.model, shared.config, task.seed))
 
 
 class ReplicaPool:
-    """Runs replications in this process (workers 1) or in a pool of spawned processes that each receive
-    the Shared part once. Use as a context manager; `map` keeps the order of its tasks."""
+    """Runs replications on a backend of experiments.backends: in this process (local, workers 1), in a
+    pool of local processes, or as Ray tasks; every worker receives the Shared part once. The settings
+    are checked when the pool is made. Use as a context manager; `map` keeps the order of its tasks
+    whichever backend runs them."""
 
-    def __init__(self, trace, model, config, workers: int = 1) -> None:
-        self.shared = Shared(trace, model, config)
-        self.workers = workers
-        self._pool = None
+    def __init__(self, trace, model, config, workers: int = 1, *, backend: str = "local",
+                 address: str | None = None) -> None:
+        from experiments.backends import open_runner
+        self._runner = open_runner(run_task, Shared(trace, model, config), backend=backend, workers=workers,
+                                   address=address)
         self.num_simulations = 0
 
     def __enter__(self) -> ReplicaPool:
-        if self.workers > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(self.shared,))
+        self.runner = self._runner.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self._runner.__exit__(*exc)
 
-    def map(self, keep: Callable, seeds: Sequence[int], rate_rps: float | None = None) -> list:
-        """keep(replication) for each seed, at `rate_rps` (None: the trace as it is)."""
+    def map(self, keep: Callable, seeds: Sequence[int], rate_rps: float | None = None,
+            on_done: Callable[[], None] | None = None) -> list:
+        """keep(replication) for each seed, at `rate_rps` (None: the trace as it is); `on_done()` as each
+        replication finishes (a progress bar's step)."""
+        from experiments.backends import ordered
         self.num_simulations += len(seeds)
-        if self._pool is None:
-            return [_run_task(keep, seed, rate_rps, self.shared) for seed in seeds]
-        futures = [self._pool.submit(_run_task, keep, seed, rate_rps) for seed in seeds]
-        return [future.result() for future in futures]
+        tasks = [Task(keep, seed, rate_rps) for seed in seeds]
+        return ordered(self.runner.as_completed(tasks), len(tasks), on_done)
 
 
 def quantile_frame(seeds: Sequence[int], quantiles: Sequence[dict[str, list]]):
@@ -100,3 +101,26 @@ def quantile_frame(seeds: Sequence[int], quantiles: Sequence[dict[str, list]]):
             for metric, values in by_metric.items() for q, value in zip(CDF_QUANTILES, values)]
     frame = pd.DataFrame(rows, columns=["replication", "seed", "metric", "quantile", "value_ms"])
     return frame.astype({"replication": "int64", "seed": "int64", "value_ms": "float64"})
+
+
+class progress_bar:
+    """A bar over replications on stderr, as simulate's and sweep's bars (tqdm), or nothing when `quiet`;
+    a context manager whose value is the pool's on_done (None when quiet). `total` None: counted only
+    (capacity does not know beforehand how many rates it will probe)."""
+
+    def __init__(self, total: int | None, quiet: bool = False, desc: str = "replications") -> None:
+        self.total, self.quiet, self.desc = total, quiet, desc
+        self.bar = None
+
+    def __enter__(self) -> Callable[[], None] | None:
+        if self.quiet:
+            return None
+        import sys
+
+        from tqdm import tqdm
+        self.bar = tqdm(total=self.total, unit="sim", desc=self.desc, file=sys.stderr, mininterval=0.5, leave=False)
+        return self.bar.update
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -27,10 +27,11 @@ runs on each, from the same start, within the same limits, to the same tolerance
 simulated. It prints e.g. "capacity 6.2 req/s (90% interval 5.7-6.6)": the median curve's crossing,
 then the lower bound's and the upper bound's. A bound that does not cross the target within the
 searched limits (--rate-min / --rate-max, else the start / 2^20 and x 2^20) is reported as beyond
-them, not as a number. The replications run in --workers processes that each load the trace and the
-step model once. Costs N simulations per rate probed against 1, on somewhat more rates (three
-searches that share their bracketing probes; 11 rates against 9 on a 1,000-request trace); the line
-printed states both. Aggregated deployments only.
+them, not as a number. The replications run in --workers processes (or, with --backend ray, as Ray
+tasks) that each receive the trace and the step model once; a bar on stderr counts them. Costs N
+simulations per rate probed against 1, on somewhat more rates (three searches that share their
+bracketing probes; 11 rates against 9 on a 1,000-request trace); the line printed states both.
+Aggregated deployments only.
 
 Writes OUT/capacity.json (max_rate_rps, goodput_rps and the metrics at that rate, the check above it,
 every probe; with --ranges a `ranges` block: max_rate_rps as {median, low, high} with null where a
@@ -209,19 +210,21 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
     from dataclasses import replace
 
     from experiments.capacity.ranges import ReplicatedRates, ranges_record, search_capacity_ranges
-    from experiments.commands.flags import scatter_from_args
-    from experiments.replications import ReplicaPool, keep_summary
+    from experiments.commands.flags import pool_settings_from_args, scatter_from_args
+    from experiments.replications import ReplicaPool, keep_summary, progress_bar
     from simulator.ranges import replication_seeds, term_names
     scatter, _ = scatter_from_args(args)
     wall0 = time.perf_counter()
-    with ReplicaPool(trace, model, replace(config, scatter=scatter), args.workers) as pool:
-        replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate),
+    # the number of rates probed is known only at the end: the bar counts simulations
+    with ReplicaPool(trace, model, replace(config, scatter=scatter), **pool_settings_from_args(args)) as pool, \
+            progress_bar(None, args.quiet, desc="capacity replications") as on_done:
+        replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate, on_done),
                                      tuple(replication_seeds(args.ranges, args.ranges_seed)))
         curves = search_capacity_ranges(replicated, start_rps=start_rps, target_attainment=args.attainment,
                                         tolerance=args.tolerance, min_rps=args.rate_min, max_rps=args.rate_max)
     settings = {"seed": args.ranges_seed, "drawn_terms": term_names(model), "scatter_cv": scatter.cv,
                 "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv, "workers": args.workers,
-                "wall_s": time.perf_counter() - wall0}
+                "backend": args.backend, "wall_s": time.perf_counter() - wall0}
     return ranges_record(curves, replicated, settings)
 
 

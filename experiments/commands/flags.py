@@ -146,7 +146,15 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
                         "two repeats' total step times; else 0)")
     g.add_argument("--ranges-seed", type=argtypes.seed, default=0, help="seed of the replications (default 0)")
     g.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
-                   help="run the replications in this many processes (same results; default 1)")
+                   help="local: run the replications in this many processes (1: in this one); ray without "
+                        "--ray-address: CPUs of the local Ray cluster (same results either way; default 1)")
+    g.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="where the replications run: local, a process pool on this machine; ray, one Ray task "
+                        "per replication (pip install 'stepcal[ray]'). The same summaries in the same order "
+                        "(default local)")
+    g.add_argument("--ray-address", default=None,
+                   help="with --backend ray: address of a running Ray cluster (e.g. ray://head:10001 or auto), "
+                        "whose nodes have stepcal installed. Default: start a local cluster for the run")
 
 
 def scatter_source(args, stored: dict) -> str:
@@ -182,26 +190,37 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
     import time
     from dataclasses import replace
 
-    from simulator.ranges import INTERVAL, ranges_block, replicate, term_names
+    from experiments.replications import (
+        ReplicaPool,
+        keep_summary,
+        keep_summary_and_quantiles,
+        progress_bar,
+        quantile_frame,
+    )
+    from simulator.ranges import INTERVAL, ranges_block, replication_seeds, term_names
     scatter, source = scatter_from_args(args)
-    config = replace(config, scatter=scatter)
+    seeds = replication_seeds(args.ranges, args.ranges_seed)
     wall0 = time.perf_counter()
+    with ReplicaPool(trace, model, replace(config, scatter=scatter), **pool_settings_from_args(args)) as pool, \
+            progress_bar(len(seeds), getattr(args, "quiet", False)) as on_done:
+        kept = pool.map(keep_summary_and_quantiles if quantiles else keep_summary, seeds, on_done=on_done)
     table = None
     if quantiles:
-        from experiments.replications import ReplicaPool, keep_summary_and_quantiles, quantile_frame
-        from simulator.ranges import replication_seeds
-        seeds = replication_seeds(args.ranges, args.ranges_seed)
-        with ReplicaPool(trace, model, config, args.workers) as pool:
-            kept = pool.map(keep_summary_and_quantiles, seeds)
         summaries = [summary for summary, _ in kept]
         table = quantile_frame(seeds, [q for _, q in kept])
     else:
-        summaries = replicate(trace, model, config, args.ranges, args.ranges_seed, workers=args.workers)
+        summaries = kept
     block = {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
              "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
              "scatter_run_cv": scatter.run_cv,
              "scatter_source": source,
-             "workers": args.workers, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+             "workers": args.workers, "backend": args.backend, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
     if table is not None:
         block["replica_quantiles"] = table
     return block
+
+
+def pool_settings_from_args(args) -> dict:
+    """experiments.replications.ReplicaPool's workers, backend and address from --workers, --backend and
+    --ray-address."""
+    return {"workers": args.workers, "backend": args.backend, "address": args.ray_address}

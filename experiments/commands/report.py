@@ -1,4 +1,5 @@
-"""`stepcal report`: plots and tables of validation runs, as markdown and a self-contained HTML page."""
+"""`stepcal report`: plots and tables of validation runs and simulations, as markdown and a self-contained
+HTML page."""
 from __future__ import annotations
 
 from experiments.commands.flags import add_command
@@ -11,18 +12,22 @@ beside them, from one or more directories:
     the N simulated replications (at each cumulative share, the 5th to 95th percentile of their
     latencies, from ranges_percentiles.parquet) and their median curve, and to the error table each
     cell's 90% interval and whether the measured value lies inside;
+  - a simulate output directory (from `stepcal simulate`): CDFs of TTFT, TPOT and E2E; after
+    `simulate --ranges N`, with the band of the N replications as above (ranges_percentiles.parquet)
+    and a table of each headline statistic: the plain run, the replications' median, the 90% interval;
   - a T_step table directory (from `stepcal fit` / `calibrate`): the cost model's held-out errors
     from its meta.json, and a heatmap of T_step over batch size and KV length (pure decode).
 --step-model linear:A,B,C (repeatable) adds the heatmap of a built-in model.
 --mlflow-run-id logs the report files as artifacts of that MLflow run.
 
 example:
-  stepcal report runs/measured/validation tables/tiny --out runs/report"""
+  stepcal report runs/measured/validation tables/tiny --out runs/report
+  stepcal report runs/conv_ranges --out runs/conv_report     # after stepcal simulate --ranges 20"""
 
 
 def register(subparsers) -> None:
     p = add_command(subparsers, "report", "plots and error tables of validation runs (md + html)", HELP, run)
-    p.add_argument("dirs", nargs="+", metavar="DIR", help="validation directories and T_step table directories")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="validation, simulate output and T_step table directories")
     p.add_argument("--step-model", action="append", default=[], metavar="SPEC",
                    help="also draw the T_step heatmap of this model (const:MS, linear:A,B,C or a table directory)")
     p.add_argument("--mlflow-run-id", default=None, help="log the report files as artifacts of this MLflow run")

@@ -10,7 +10,11 @@ from simulator import bounds
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
-OUT/summary.json and OUT/config.json, and prints a short table.
+OUT/summary.json and OUT/config.json, and prints a short table. With --ranges N, summary.json gains a
+`ranges` block (each figure's median and 90% interval over N replications) and
+OUT/ranges_percentiles.parquet holds each replication's TTFT, TPOT and E2E at the quantiles 0, 0.01,
+..., 1 (columns replication, seed, metric, quantile, value_ms): `stepcal report OUT` draws the CDFs
+with their band. A progress bar over the replications goes to stderr (not with --quiet).
 
 examples:
   stepcal simulate --trace ../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
@@ -89,18 +93,29 @@ def run(args) -> int:
                        fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
                        skip_oversize=args.skip_oversize, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
                        prefix_caching=prefix_caching_from_args(args), timeout_s=args.timeout_s)
-    sim = Simulation(trace, model, config)
+    sim = Simulation(trace, model, config)   # checks the inputs (a request larger than the cache) up front
     if sim.num_skipped and not args.quiet:
         print(f"stepcal: warning: skipped {sim.num_skipped} requests larger than the KV cache", file=sys.stderr)
+    ranges = quantiles = None
+    if args.ranges:
+        # The replications run before the plain run: their workers never live beside its logs, so the
+        # whole process tree stays within about twice one run's memory.
+        from experiments.replications import RANGES_PERCENTILES
+        ranges = ranges_from_args(args, trace, model, config, quantiles=True)
+        # a table, stored beside summary.json and named in it (stepcal report draws the CDF bands from it)
+        quantiles = ranges.pop("replica_quantiles")
+        ranges["replica_quantiles_file"] = RANGES_PERCENTILES
     result = sim.run(progress=not args.quiet)
     summary = {**result.summary, "step_model": describe_step_model(args.step_model, model),
                "trace": str(args.trace), "sim_wall_s": result.wall_s}
-    if args.ranges:
-        summary["ranges"] = ranges_from_args(args, trace, model, config)
+    if ranges is not None:
+        summary["ranges"] = ranges
     summary = clean_json(summary)
     with atomic_output_dir(args.out) as staging:
         atomic_write_parquet(result.requests, staging / "requests.parquet")
         atomic_write_parquet(result.steps, staging / "steps.parquet")
+        if quantiles is not None:
+            atomic_write_parquet(quantiles, staging / RANGES_PERCENTILES)
         atomic_write_json(staging / "summary.json", summary)
         atomic_write_json(staging / "config.json", clean_json(run_config(args, config)))
     if not args.quiet:

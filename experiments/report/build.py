@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.report.document import Document, Image
-from experiments.report.inputs import TablesInput, ValidationInput, load_input
+from experiments.report.inputs import SimulationInput, TablesInput, ValidationInput, load_input
 from experiments.validation.compare import ValidationRecord
 from experiments.validation.steps import StepLevelError
 from experiments.validation.table import STEP_MATCHED_NOTE, step_matched_rows
@@ -59,6 +59,8 @@ def make_document(inputs: list, models: list[tuple[str, object]]) -> Document:
     for item in inputs:
         if isinstance(item, ValidationInput):
             add_validation(doc, item, names[item.path])
+        elif isinstance(item, SimulationInput):
+            add_simulation(doc, item, names[item.path])
         else:
             add_tables(doc, item, names[item.path])
     for spec, model in models:
@@ -92,23 +94,45 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
         doc.table(["metric", "p50", "p90", "p99"], step_matched_rows(matched))
     runs = {"measured": v.measured_requests, "simulated": v.simulated_requests}
     if any(frame is not None for frame in runs.values()):
-        from experiments.report.plots import latency_cdfs
-        bands = None
-        caption = f"{name}: CDFs of TTFT, TPOT and E2E, measured vs simulated"
-        if v.replica_quantiles is not None:
-            from experiments.report.ranges import cdf_bands
-            bands = cdf_bands(v.replica_quantiles)
-            if bands:
-                count = next(iter(bands.values())).num_replications
-                caption += f", with the 90% band of {count} simulated replications"
-        doc.image(Image(f"{name}_latency_cdf.png", latency_cdfs(runs, f"{name}: measured vs simulated", bands),
-                        caption))
+        add_latency_cdfs(doc, name, runs, v.replica_quantiles, "measured vs simulated")
     steps = v.step_predictions
     if steps is not None and len(steps) and {"measured_ms", "predicted_ms"} <= set(steps.columns):
         from experiments.report.plots import step_scatter
         title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(r.step_level.mape, signed=False)})"
         doc.image(Image(f"{name}_step_time.png", step_scatter(steps["measured_ms"], steps["predicted_ms"], title),
                         f"{name}: predicted vs measured step time"))
+
+
+def add_latency_cdfs(doc: Document, name: str, runs: dict, replica_quantiles, what: str) -> None:
+    """The CDFs of TTFT, TPOT and E2E of `runs`, with the replications' 90% band where their quantiles exist."""
+    from experiments.report.plots import latency_cdfs
+    bands = None
+    caption = f"{name}: CDFs of TTFT, TPOT and E2E, {what}"
+    if replica_quantiles is not None:
+        from experiments.report.ranges import cdf_bands
+        bands = cdf_bands(replica_quantiles)
+        if bands:
+            count = next(iter(bands.values())).num_replications
+            caption += f", with the 90% band of {count} simulated replications"
+    doc.image(Image(f"{name}_latency_cdf.png", latency_cdfs(runs, f"{name}: {what}", bands), caption))
+
+
+def add_simulation(doc: Document, s: SimulationInput, name: str) -> None:
+    """A simulate output: what ran, each headline statistic of the plain run beside the replications'
+    median and 90% interval, and the CDFs with their band."""
+    summary, ranges = s.summary, s.summary.get("ranges")
+    doc.heading(f"Simulation: {s.path}")
+    doc.text(f"trace {summary.get('trace', '?')}, step model {summary.get('step_model', '?')}, scheduler "
+             f"{summary.get('scheduler', '?')}: {summary.get('num_requests', '?')} requests, "
+             f"{summary.get('num_finished', '?')} finished.")
+    for note in s.notes:
+        doc.text(f"note: {note}")
+    if ranges:
+        from experiments.report.ranges import ranges_text, simulation_rows
+        doc.text(ranges_text(ranges))
+        doc.table(["metric", "stat", "plain run", "median of the replications", "90% interval"],
+                  simulation_rows(summary, ranges, HEADLINE))
+    add_latency_cdfs(doc, name, {"simulated": s.requests}, s.replica_quantiles, "simulated")
 
 
 def split_rows(split: dict) -> list[list[str]]:

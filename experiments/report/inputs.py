@@ -1,4 +1,5 @@
-"""The directories a report reads: validation directories and T_step table directories."""
+"""The directories a report reads: validation directories, simulate output directories and T_step table
+directories."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,6 +25,17 @@ class ValidationInput:
 
 
 @dataclass
+class SimulationInput:
+    """A `stepcal simulate` output directory: its summary (with a `ranges` block after --ranges), the
+    simulated request log and, after --ranges, each replication's latency quantiles (CDF bands)."""
+    path: Path
+    summary: dict
+    requests: object                          # DataFrame, LATENCY_COLUMNS
+    replica_quantiles: object | None = None   # DataFrame, QUANTILE_COLUMNS
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class TablesInput:
     """A T_step table directory: its meta.json, and the model when the tables can be loaded."""
     path: Path
@@ -37,21 +49,27 @@ VALIDATION_FILES = ("validation.json", "simulated_requests.parquet", "step_predi
 RANGES_PERCENTILES = "ranges_percentiles.parquet"    # written by validate --ranges only
 QUANTILE_COLUMNS = ("replication", "metric", "quantile", "value_ms")
 LATENCY_COLUMNS = ("request_id", "finish_s", "ttft_ms", "tpot_ms", "e2e_ms")
+# What `stepcal simulate` writes and a report reads (steps.parquet is not read); config.json names the
+# command, which tells a simulation from a measured run's repeat (summary.json and requests.parquet too).
+SIMULATION_FILES = ("summary.json", "requests.parquet", "config.json")
 # Directories whose meta.json makes them a step model a report can describe: fitted tables, and a
 # built-in model calibrated by `stepcal calibrate`.
 STEP_MODEL_KINDS = (TABLE_KIND, "builtin")
 
 
-def load_input(path: str | Path) -> ValidationInput | TablesInput:
+def load_input(path: str | Path) -> ValidationInput | SimulationInput | TablesInput:
     path = Path(path)
     if not path.is_dir():
-        raise InputError(f"{path}: not a directory (expected a validation or a T_step table directory)")
+        raise InputError(f"{path}: not a directory (expected a validation, a simulate output or a T_step "
+                         f"table directory)")
     if (path / "validation.json").exists():
         return load_validation(path)
+    if _written_by_simulate(path):
+        return load_simulation(path)
     if (path / "meta.json").exists():
         return load_tables(path)
-    raise InputError(f"{path}: neither a validation directory (validation.json) "
-                     f"nor a T_step table directory (meta.json)")
+    raise InputError(f"{path}: neither a validation directory (validation.json), a simulate output directory "
+                     f"(config.json of `stepcal simulate`) nor a T_step table directory (meta.json)")
 
 
 def load_validation(path: Path) -> ValidationInput:
@@ -83,6 +101,31 @@ def load_validation(path: Path) -> ValidationInput:
         notes.append(f"validation.json has ranges but no {RANGES_PERCENTILES} (an older validate): the CDFs "
                      f"show no band; the error table still shows each interval")
     return ValidationInput(path, record, simulated, measured, steps, notes, quantiles)
+
+
+def _written_by_simulate(path: Path) -> bool:
+    config = path / "config.json"
+    return config.exists() and read_json(config, "a simulation's config.json").get("command") == "simulate"
+
+
+def load_simulation(path: Path) -> SimulationInput:
+    summary = read_json(path / SIMULATION_FILES[0], "a simulation's summary.json")
+    for name in SIMULATION_FILES:
+        if not (path / name).exists():
+            raise InputError(f"{path}: missing {name} (a simulate output directory holds "
+                             f"{', '.join(SIMULATION_FILES)}, as `stepcal simulate` writes them)")
+    requests = read_parquet(path / SIMULATION_FILES[1], "a simulation's request log", LATENCY_COLUMNS)
+    ranges = summary.get("ranges")
+    notes, quantiles = [], None
+    if (path / RANGES_PERCENTILES).exists():
+        quantiles = read_parquet(path / RANGES_PERCENTILES, "a simulation's per-replication latency quantiles",
+                                 QUANTILE_COLUMNS)
+    elif ranges:
+        notes.append(f"summary.json has ranges but no {RANGES_PERCENTILES} (an older simulate): the CDFs show "
+                     f"no band; the table still shows each interval")
+    else:
+        notes.append("no ranges (simulate without --ranges): the CDFs show the plain run only")
+    return SimulationInput(path, summary, requests, quantiles, notes)
 
 
 def _measured_dir(validation_dir: Path, measured_run: str | None) -> Path | None:

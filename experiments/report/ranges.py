@@ -1,5 +1,6 @@
-"""The report's view of a validation's ranges (validate --ranges): CDF bands from the replications'
-latency quantiles (ranges_percentiles.parquet), and each error-table cell's interval.
+"""The report's view of ranges (validate --ranges, simulate --ranges): CDF bands from the replications'
+latency quantiles (ranges_percentiles.parquet), each error-table cell's interval, and a simulation's
+statistics as median and interval.
 
 A CDF band is the envelope of the replications' CDFs: at each cumulative share q (0, 0.01, ..., 1) the
 5th and 95th percentiles over the replications of their q-quantile, so the band holds 90% of the
@@ -48,6 +49,21 @@ def interval_cells(ranges: dict | None, metric: str, stat: str, measured: float 
         return ["-", "-"]
     inside = "-" if measured is None else ("yes" if cell["low"] <= measured <= cell["high"] else "no")
     return [f"{cell['low']:.4g} to {cell['high']:.4g}", inside]
+
+
+def simulation_rows(summary: dict, ranges: dict, cells: tuple[tuple[str, str], ...]) -> list[list[str]]:
+    """Per (metric, stat) of `cells`, and throughput: the plain run's value, the replications' median and
+    their 90% interval ('-' where missing)."""
+    stats = ranges.get("stats") or {}
+
+    def row(metric: str, stat: str, plain, cell) -> list[str]:
+        interval = "-" if not cell or cell.get("low") is None else f"{cell['low']:.4g} to {cell['high']:.4g}"
+        median = "-" if not cell or cell.get("median") is None else f"{cell['median']:.4g}"
+        return [metric, stat, "-" if plain is None else f"{plain:.4g}", median, interval]
+    rows = [row(metric, stat, (summary.get(metric) or {}).get(stat), (stats.get(metric) or {}).get(stat))
+            for metric, stat in cells]
+    rows.append(row("throughput_rps", "", summary.get("throughput_rps"), stats.get("throughput_rps")))
+    return rows
 
 
 def ranges_text(ranges: dict) -> str:

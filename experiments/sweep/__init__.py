@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.sweep.backends import BACKENDS, run_local, run_ray
+from experiments.sweep.backends import BACKENDS, run_points
 from experiments.sweep.config import Slo, SweepConfig, SweepPoint, load_sweep_config
 from experiments.sweep.runner import WALL_COLUMN, build_context, point_key, run_point
 from experiments.sweep.store import PointStore
@@ -55,10 +55,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, backend: str = "local", w
         on_progress(num_reused, len(config.points))
     if pending:
         context = build_context(config)
-        if backend == "local":
-            run_local(pending, context, workers, on_result)
-        else:
-            run_ray(pending, context, workers, on_result, ray_address)
+        run_points(pending, context, on_result, backend=backend, workers=workers, address=ray_address)
     frame = pd.DataFrame([rows[p.index] for p in config.points])
     for column in ("max_num_seqs", "max_batched_tokens", "chunk_size"):   # None: the scheduler's default
         frame[column] = frame[column].astype("Int64")

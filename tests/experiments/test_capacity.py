@@ -10,6 +10,7 @@ from simulator.errors import InputError
 from simulator.simulation import SimConfig, simulate
 from simulator.workload import load_workload, rescale_rate
 from simulator.workload.transforms import mean_rate_rps
+from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 TRACE = "poisson:rate=4,n=200,prompt=uniform:32:512,output=uniform:8:128,seed=3"
 STEP_MODEL = "linear:8,0.03,0.0002"
@@ -229,19 +230,26 @@ def test_the_capacity_interval_widens_with_the_scatter_and_the_png_shows_it(tmp_
     assert (tmp_path / "cv0.3" / "capacity.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_capacity_ranges_are_the_same_in_a_process_pool():
+def capacity_ranges_on(backend: str, workers: int) -> tuple[dict, dict]:
+    """Each curve's capacity and every probed rate's replications, run on `backend`."""
     from experiments.capacity.ranges import ReplicatedRates, search_capacity_ranges
     from experiments.replications import ReplicaPool, keep_summary
     from simulator.ranges import Scatter
     trace, model = load_workload(SMALL_TRACE), resolve_step_model(STEP_MODEL)
     config = SimConfig(scheduler="sarathi", slo_ttft_ms=300, slo_tpot_ms=40, scatter=Scatter(0.2, 0.5))
-    found = []
-    for workers in (1, 2):
-        with ReplicaPool(trace, model, config, workers) as pool:
-            replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate), (4, 5, 6))
-            curves = search_capacity_ranges(replicated, start_rps=20.0, target_attainment=0.9, tolerance=0.1)
-        found.append(({n: c.max_rate_rps for n, c in curves.items()}, replicated.cache))
-    assert found[0] == found[1]
+    with ReplicaPool(trace, model, config, workers, backend=backend) as pool:
+        replicated = ReplicatedRates(lambda seeds, rate: pool.map(keep_summary, seeds, rate), (4, 5, 6))
+        curves = search_capacity_ranges(replicated, start_rps=20.0, target_attainment=0.9, tolerance=0.1)
+    return {n: c.max_rate_rps for n, c in curves.items()}, replicated.cache
+
+
+def test_capacity_ranges_are_the_same_in_a_process_pool():
+    assert capacity_ranges_on("local", 1) == capacity_ranges_on("local", 2)
+
+
+@pytest.mark.slow   # a local Ray cluster
+def test_capacity_ranges_are_the_same_on_ray(ray_cluster):  # noqa: F811
+    assert capacity_ranges_on("ray", 2) == capacity_ranges_on("local", 1)
 
 
 def test_capacity_prints_the_rate_and_its_interval(tmp_path, capsys):

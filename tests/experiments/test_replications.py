@@ -16,6 +16,7 @@ from simulator.ranges import Scatter, replicate, replication_seeds
 from simulator.ranges import run_replication as run_replica
 from simulator.simulation import SimConfig
 from simulator.workload import rescale_rate
+from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 from tests.simulator.factories import random_trace
 from tests.simulator.test_ranges import FakeTables
 
@@ -55,3 +56,24 @@ def test_kept_quantiles_are_the_replications_latency_quantiles():
     assert frame.groupby("replication")["seed"].first().tolist() == [3, 4]
     first = frame[(frame["replication"] == 0) & (frame["metric"] == "ttft_ms")]
     np.testing.assert_allclose(first["value_ms"], quantiles["ttft_ms"])
+
+
+def pooled_summaries(backend: str, workers: int) -> tuple[list[dict], int]:
+    """The replications' summaries at two rates on `backend`, and how many times on_done was called."""
+    done = []
+    with ReplicaPool(TRACE, FakeTables(rel=0.2), CONFIG, workers, backend=backend) as pool:
+        summaries = (pool.map(keep_summary, replication_seeds(4, seed=3), on_done=lambda: done.append(1))
+                     + pool.map(keep_summary, [9, 8], 12.0, on_done=lambda: done.append(1)))
+    return summaries, len(done)
+
+
+def test_a_pool_calls_back_once_per_replication():
+    assert pooled_summaries("local", 2) == pooled_summaries("local", 1)
+    assert pooled_summaries("local", 1)[1] == 6
+
+
+@pytest.mark.slow   # a local Ray cluster
+def test_ray_gives_the_same_replications_in_the_same_order(ray_cluster):  # noqa: F811
+    summaries, num_done = pooled_summaries("ray", 2)
+    assert (summaries, num_done) == pooled_summaries("local", 1)
+    assert len({s["e2e_ms"]["mean"] for s in summaries}) == len(summaries)   # each seed its own: the order shows

@@ -234,3 +234,44 @@ def test_report_cdfs_draw_the_band_of_the_replications(ranged):
     # without ranges nothing is shaded
     plain = latency_cdf_figure({"simulated": loaded.simulated_requests}, "t")
     assert not any(isinstance(c, PolyCollection) for ax in plain.axes for c in ax.collections)
+
+
+# --- simulate outputs (issue 17): the CDFs with the replications' band --------------------------------------
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """A simulation with ranges, one without, and their report."""
+    root = tmp_path_factory.mktemp("simulated")
+    run = ["simulate", "--trace", "poisson:rate=30,n=60,prompt=uniform:20:300,output=uniform:4:40", "--step-model",
+           LINEAR, "--quiet"]
+    assert main([*run, "--ranges", "5", "--scatter-cv", "0.2", "--out", str(root / "ranged")]) == 0
+    assert main([*run, "--out", str(root / "plain")]) == 0
+    assert main(["report", str(root / "ranged"), str(root / "plain"), "--quiet", "--out", str(root / "report")]) == 0
+    return root
+
+
+def test_report_on_a_simulation_tabulates_each_interval_and_draws_the_band(simulated):
+    from experiments.report.inputs import SimulationInput, load_input
+    from experiments.report.ranges import cdf_bands
+    summary = json.loads((simulated / "ranged" / "summary.json").read_text())
+    markdown = (simulated / "report" / "report.md").read_text()
+    assert "| metric | stat | plain run | median of the replications | 90% interval |" in markdown
+    for metric, stat in (("ttft_ms", "p99"), ("tpot_ms", "p50"), ("e2e_ms", "p90")):
+        cell = summary["ranges"]["stats"][metric][stat]
+        assert (f"| {metric} | {stat} | {summary[metric][stat]:.4g} | {cell['median']:.4g} | "
+                f"{cell['low']:.4g} to {cell['high']:.4g} |") in markdown
+    assert "ranged: CDFs of TTFT, TPOT and E2E, simulated, with the 90% band of 5 simulated replications" in markdown
+    assert "note: no ranges (simulate without --ranges)" in markdown
+    prefix = simulated.name   # names are the directories' last two components
+    assert sorted(p.name for p in (simulated / "report").glob("*.png")) == [f"{prefix}_plain_latency_cdf.png",
+                                                                           f"{prefix}_ranged_latency_cdf.png"]
+    loaded = load_input(simulated / "ranged")
+    assert isinstance(loaded, SimulationInput) and set(cdf_bands(loaded.replica_quantiles)) == {"ttft_ms", "tpot_ms", "e2e_ms"}
+
+
+def test_a_measured_runs_repeat_is_not_read_as_a_simulation(inputs, tmp_path, capsys):
+    """A repeat of a measured run also holds summary.json and requests.parquet, but no simulate config.json."""
+    repeat = next(p for p in (inputs / "engine").iterdir() if (p / "requests.parquet").exists())
+    assert main(["report", str(repeat), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "neither a validation directory" in err and err.count("\n") == 1

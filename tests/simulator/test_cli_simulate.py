@@ -7,6 +7,7 @@ import pytest
 
 from experiments.cli import main
 from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 
 def write_csv(path, text):
@@ -144,6 +145,43 @@ def test_simulate_ranges_from_the_command_line(tmp_path, capsys):
     cell = ranges["stats"]["tpot_ms"]["p50"]
     assert cell["low"] < cell["median"] < cell["high"]
     assert "ranges (5 replications" in stdout
+
+
+RANGES_RUN = ["simulate", "--trace", "poisson:rate=20,n=40,prompt=uniform:20:200,output=uniform:5:50",
+              "--step-model", "linear:3,0.01,0.0005", "--ranges", "4", "--scatter-cv", "0.1", "--scatter-rho", "0.5"]
+
+
+def test_simulate_ranges_store_each_replications_quantiles_and_show_progress(tmp_path, capsys):
+    code, _, err = run_cli([*RANGES_RUN, "--out", str(tmp_path / "r")], capsys)
+    assert code == 0 and "replications" in err    # the bar over replications, on stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    ranges = summary["ranges"]
+    assert ranges["replica_quantiles_file"] == "ranges_percentiles.parquet" and ranges["backend"] == "local"
+    table = pd.read_parquet(tmp_path / "r" / "ranges_percentiles.parquet")
+    assert sorted(table["replication"].unique()) == [0, 1, 2, 3] and set(table["metric"]) == {"ttft_ms", "tpot_ms", "e2e_ms"}
+    # each replication's P99 TTFT is its 0.99 quantile; the block's median is the median of those
+    p99 = table[(table["metric"] == "ttft_ms") & (table["quantile"] == 0.99)]["value_ms"]
+    assert ranges["stats"]["ttft_ms"]["p99"]["median"] == pytest.approx(p99.median())
+    code, _, err = run_cli([*RANGES_RUN, "--quiet", "--out", str(tmp_path / "q")], capsys)
+    assert code == 0 and err == ""
+
+
+@pytest.mark.slow   # a local Ray cluster
+def test_simulate_ranges_on_ray_equal_the_local_pool(tmp_path, capsys, ray_cluster):  # noqa: F811
+    stats = {}
+    for backend in ("local", "ray"):
+        code, _, _ = run_cli([*RANGES_RUN, "--backend", backend, "--workers", "2", "--quiet",
+                              "--out", str(tmp_path / backend)], capsys)
+        assert code == 0
+        stats[backend] = json.loads((tmp_path / backend / "summary.json").read_text())["ranges"]["stats"]
+        stats[backend + " quantiles"] = pd.read_parquet(tmp_path / backend / "ranges_percentiles.parquet")
+    assert stats["ray"] == stats["local"]
+    pd.testing.assert_frame_equal(stats["ray quantiles"], stats["local quantiles"])
+
+
+def test_a_ray_address_without_the_ray_backend_is_one_line_exit_2(tmp_path, capsys):
+    code, _, err = run_cli([*RANGES_RUN, "--ray-address", "auto", "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and err == "stepcal: --ray-address needs --backend ray\n" and not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("flag, value", [("--scatter-rho", "1"), ("--scatter-cv", "-0.1"), ("--ranges", "-1")])

@@ -1,0 +1,73 @@
+"""experiments.backends: every backend runs function(task, shared) for each task and gives the same results,
+put back in the order of the tasks."""
+import os
+
+import pytest
+
+from experiments.backends import BACKENDS, InlineRunner, open_runner, ordered
+from simulator.errors import InputError
+from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
+
+
+def scaled(task: int, shared: dict) -> tuple[int, int]:
+    """What the task computes from the shared part, and the process that ran it."""
+    return task * shared["factor"], os.getpid()
+
+
+def refuse_odd(task: int, shared: dict) -> int:
+    if task % 2:
+        raise InputError(f"task {task}: odd")
+    return task
+
+
+def run_all(function, tasks, **settings) -> list:
+    with open_runner(function, {"factor": 3}, **settings) as runner:
+        return ordered(runner.as_completed(tasks), len(tasks))
+
+
+def test_a_local_pool_gives_the_inline_results_in_task_order_from_other_processes():
+    tasks = list(range(12))
+    inline = run_all(scaled, tasks)
+    pooled = run_all(scaled, tasks, workers=2)
+    assert [value for value, _ in pooled] == [value for value, _ in inline] == [3 * t for t in tasks]
+    assert {pid for _, pid in inline} == {os.getpid()}
+    assert os.getpid() not in {pid for _, pid in pooled}
+
+
+def test_ordered_calls_back_once_per_finished_task():
+    calls = []
+    results = ordered(iter([(2, "c"), (0, "a"), (1, "b")]), 3, on_each=lambda: calls.append(1))
+    assert results == ["a", "b", "c"] and len(calls) == 3
+
+
+def test_an_error_in_a_pooled_task_reaches_the_caller_as_itself():
+    with pytest.raises(InputError, match="task 1: odd"):
+        run_all(refuse_odd, [0, 1, 2], workers=2)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"backend": "dask"}, "--backend must be one of local, ray"),
+    ({"workers": 0}, "--workers must be at least 1"),
+    ({"address": "auto"}, "--ray-address needs --backend ray"),
+])
+def test_bad_settings_are_refused_by_flag(settings, message):
+    with pytest.raises(InputError, match=message):
+        open_runner(scaled, {}, **settings)
+
+
+def test_one_local_worker_runs_inline():
+    with open_runner(scaled, {"factor": 1}) as runner:
+        assert isinstance(runner, InlineRunner)
+    assert BACKENDS == ("local", "ray")
+
+
+@pytest.mark.slow   # starting a local Ray cluster takes several seconds
+def test_ray_gives_the_local_results_in_task_order_and_one_line_input_errors(ray_cluster):  # noqa: F811
+    tasks = list(range(8))
+    on_ray = run_all(scaled, tasks, backend="ray", workers=2)
+    with pytest.raises(InputError) as refused:
+        run_all(refuse_odd, [0, 3], backend="ray", workers=2)
+    assert [value for value, _ in on_ray] == [3 * t for t in tasks]
+    assert os.getpid() not in {pid for _, pid in on_ray}
+    assert str(refused.value) == "task 3: odd"
+    assert ray_cluster.is_initialized()   # a cluster the runner joined is left running
