@@ -160,7 +160,8 @@ class Campaign:
         from experiments.validation.validate import validate_run
         # what `stepcal validate --ranges N --workers W` would be given: the scatter stored with the tables
         args = SimpleNamespace(ranges=ranges, ranges_seed=self.c.seed, workers=self.c.workers, step_model=str(step_model),
-                               scatter_cv=None, scatter_rho=None, scatter_run_cv=None)
+                               scatter_cv=None, scatter_rho=None, scatter_run_cv=None, backend="local",
+                               ray_address=None, quiet=True)
         validate_run(str(measured), str(step_model), str(out),
                      ranges=partial(ranges_from_args, args, quantiles=True) if ranges else None)
 

@@ -129,7 +129,8 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("ranges (how sure the prediction is)")
     g.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
                    help="also run N seeded replications, each drawing the step model's error (per T_step term, "
-                        "its tables' spread times a standard normal, held for the whole run) and the step-to-step "
+                        "its tables' spread times a standard normal, held for the whole run; calibrated host terms "
+                        "jointly from the covariance of their fit), the device's speed over the run and the step-to-step "
                         "scatter; for every figure the median and the 5th and 95th percentiles over the "
                         "replications (a 90%% interval). const:/linear: models have no spread: only the scatter "
                         "varies (default 0: no ranges)")

@@ -40,6 +40,8 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     run = load_measured_run(measured)
     model = resolve_step_model(step_model, host_defaults)
     config = sim_config_for(run, step_overhead_ms, front_end(model))
+    # the replications first: their worker processes start before the plain run's logs are held
+    block = ranges(run.trace, model, config) if ranges is not None else None
     result = simulate(run.trace, model, config)
     predicted = predict_steps(model, run.steps)
     step_level = step_level_error(model, run.steps, predicted, noise_floor=step_noise_floor(run))
@@ -48,9 +50,8 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
     record = replace(record, step_split=step_split(model, run.steps, front_ms))
     quantiles = None
-    if ranges is not None:
+    if block is not None:
         from experiments.validation.coverage import coverage_block
-        block = ranges(run.trace, model, config)
         block["coverage"] = coverage_block(run.stats, block["stats"], run.repeat_stats)
         quantiles = block.pop("replica_quantiles", None)   # a table: stored beside validation.json, named in it
         if quantiles is not None:
