@@ -20,7 +20,7 @@ from simulator.ranges import run_replication
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
-RANGES_PERCENTILES = "ranges_percentiles.parquet"         # where simulate --ranges stores quantile_frame
+RANGES_PERCENTILES = "ranges_percentiles.parquet"         # where simulate and validate --ranges store quantile_frame
 
 
 def keep_summary(result) -> dict:

@@ -96,7 +96,7 @@ def term_names(model) -> list[str]:
 
 def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
     """The model with its terms' error drawn (z x spread x spread_scale); calibrated host terms drawn
-    from their covariance (never below zero) when the calibration measured it, else kept."""
+    from their covariance when the calibration measured it (_drawn_host_terms), else kept."""
     if isinstance(model, HostTermsModel):
         base = HostTermsModel(with_bias(model.base, z_by_term, spread_scale), model.terms, model.uncertainty)
         return _drawn_host_terms(base, z_by_term, spread_scale)

@@ -154,14 +154,12 @@ class Campaign:
 
     def validate(self, measured: Path, step_model: Path, out: Path, ranges: int = 0) -> None:
         from functools import partial
-        from types import SimpleNamespace
 
-        from experiments.commands.flags import ranges_from_args
+        from experiments.commands.flags import ranges_defaults, ranges_from_args
         from experiments.validation.validate import validate_run
-        # what `stepcal validate --ranges N --workers W` would be given: the scatter stored with the tables
-        args = SimpleNamespace(ranges=ranges, ranges_seed=self.c.seed, workers=self.c.workers, step_model=str(step_model),
-                               scatter_cv=None, scatter_rho=None, scatter_run_cv=None, backend="local",
-                               ray_address=None, quiet=True)
+        # what `stepcal validate --ranges N --workers W --quiet` is given: the scatter stored with the tables
+        args = ranges_defaults(ranges=ranges, ranges_seed=self.c.seed, workers=self.c.workers,
+                               step_model=str(step_model), quiet=True)
         validate_run(str(measured), str(step_model), str(out),
                      ranges=partial(ranges_from_args, args, quantiles=True) if ranges else None)
 

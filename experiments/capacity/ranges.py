@@ -110,13 +110,14 @@ def probe_figures(summary: dict) -> dict:
 
 
 def ranges_record(curves: dict[str, CurveCapacity], replicated: ReplicatedRates, settings: dict) -> dict:
-    """capacity.json's `ranges` block: `max_rate_rps` as {median, low, high} (None where a curve is beyond
+    """capacity.json's `ranges` block: `settings` (experiments.commands.flags.replication_settings),
+    `max_rate_rps` as {median, low, high} (None where a curve is beyond
     the searched range; `curves` says which side), each curve's search, and every rate probed with
     the median and 90% interval of its figures over the replications."""
     from simulator.metrics import clean_json
     probes = [{"rate_rps": rate, **ranges_block([probe_figures(s) for s in summaries])}
               for rate, summaries in sorted(replicated.cache.items())]
-    return clean_json({**settings, "num_replications": len(replicated.seeds), "interval_percentiles": list(INTERVAL),
+    return clean_json({**settings, "num_replications": len(replicated.seeds),
                        "max_rate_rps": {name: c.max_rate_rps for name, c in curves.items()},
                        "curves": {name: c.to_dict() for name, c in curves.items()},
                        "num_simulations": replicated.num_simulations, "probes": probes})

@@ -210,9 +210,9 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
     from dataclasses import replace
 
     from experiments.capacity.ranges import ReplicatedRates, ranges_record, search_capacity_ranges
-    from experiments.commands.flags import pool_settings_from_args, scatter_from_args
+    from experiments.commands.flags import pool_settings_from_args, replication_settings, scatter_from_args
     from experiments.replications import ReplicaPool, keep_summary, progress_bar
-    from simulator.ranges import replication_seeds, term_names
+    from simulator.ranges import replication_seeds
     scatter, _ = scatter_from_args(args)
     wall0 = time.perf_counter()
     # the number of rates probed is known only at the end: the bar counts simulations
@@ -222,10 +222,7 @@ def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:
                                      tuple(replication_seeds(args.ranges, args.ranges_seed)))
         curves = search_capacity_ranges(replicated, start_rps=start_rps, target_attainment=args.attainment,
                                         tolerance=args.tolerance, min_rps=args.rate_min, max_rps=args.rate_max)
-    settings = {"seed": args.ranges_seed, "drawn_terms": term_names(model), "scatter_cv": scatter.cv,
-                "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv, "workers": args.workers,
-                "backend": args.backend, "wall_s": time.perf_counter() - wall0}
-    return ranges_record(curves, replicated, settings)
+    return ranges_record(curves, replicated, replication_settings(args, model, scatter, time.perf_counter() - wall0))
 
 
 def pools_front_end(args, prefill_model, decode_model):

@@ -198,7 +198,7 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
         progress_bar,
         quantile_frame,
     )
-    from simulator.ranges import INTERVAL, ranges_block, replication_seeds, term_names
+    from simulator.ranges import ranges_block, replication_seeds
     scatter, source = scatter_from_args(args)
     seeds = replication_seeds(args.ranges, args.ranges_seed)
     wall0 = time.perf_counter()
@@ -211,14 +211,27 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
         table = quantile_frame(seeds, [q for _, q in kept])
     else:
         summaries = kept
-    block = {"num_replications": args.ranges, "seed": args.ranges_seed, "interval_percentiles": list(INTERVAL),
-             "drawn_terms": term_names(model), "scatter_cv": scatter.cv, "scatter_rho": scatter.rho,
-             "scatter_run_cv": scatter.run_cv,
-             "scatter_source": source,
-             "workers": args.workers, "backend": args.backend, "wall_s": time.perf_counter() - wall0, "stats": ranges_block(summaries)}
+    block = {"num_replications": args.ranges, **replication_settings(args, model, scatter, time.perf_counter() - wall0),
+             "scatter_source": source, "stats": ranges_block(summaries)}
     if table is not None:
         block["replica_quantiles"] = table
     return block
+
+
+def replication_settings(args, model, scatter, wall_s: float) -> dict:
+    """What a `ranges` block says of how its replications were drawn and run (simulate, validate, capacity)."""
+    from simulator.ranges import INTERVAL, term_names
+    return {"seed": args.ranges_seed, "interval_percentiles": list(INTERVAL), "drawn_terms": term_names(model),
+            "scatter_cv": scatter.cv, "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv,
+            "workers": args.workers, "backend": args.backend, "wall_s": wall_s}
+
+
+def ranges_defaults(**given) -> argparse.Namespace:
+    """The ranges flags' defaults (add_ranges_flags) with `given` on top: what a caller outside the CLI
+    (the quickstart campaign) hands ranges_from_args, so that every flag, a new one too, has its default."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_ranges_flags(parser)
+    return argparse.Namespace(**{**vars(parser.parse_args([])), **given})
 
 
 def pool_settings_from_args(args) -> dict:

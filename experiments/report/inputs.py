@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel.tables import TABLE_KIND
+from experiments.replications import RANGES_PERCENTILES
 from experiments.validation.compare import ValidationRecord, read_record
 from simulator.errors import InputError
 from simulator.measured_run import REQUESTS, has_request_log, repeat_dirs
@@ -46,7 +47,6 @@ class TablesInput:
 
 # What `stepcal validate` writes (validation.md, for people, is not read back).
 VALIDATION_FILES = ("validation.json", "simulated_requests.parquet", "step_predictions.parquet")
-RANGES_PERCENTILES = "ranges_percentiles.parquet"    # written by validate --ranges only
 QUANTILE_COLUMNS = ("replication", "metric", "quantile", "value_ms")
 LATENCY_COLUMNS = ("request_id", "finish_s", "ttft_ms", "tpot_ms", "e2e_ms")
 # What `stepcal simulate` writes and a report reads (steps.parquet is not read); config.json names the

@@ -76,15 +76,6 @@ def _group_stats(ttft: np.ndarray, label: np.ndarray) -> dict:
     return out
 
 
-def summary_stats(requests) -> dict:
-    """{(metric, stat): value} for mean and percentiles of a request log (as simulator.metrics does)."""
-    out = {}
-    for metric in SUMMARY_METRICS:
-        values = requests[metric].to_numpy(dtype=np.float64)
-        out.update(_summary_of(metric, values[np.isfinite(values)]))
-    return out
-
-
 def _summary_of(metric: str, values: np.ndarray) -> dict:
     if not len(values):
         return {}
@@ -146,17 +137,11 @@ class _Resampled:
         return stats
 
 
-def bootstrap_log_covariance(requests, groups: LoadGroups, keys: list, seed: int = 0,
-                             num_resamples: int = BOOTSTRAP_RESAMPLES) -> np.ndarray:
-    """Covariance of ln(statistic) over block-bootstrap resamples of the measured requests, for the
-    (metric, stat) `keys` (summary statistics and FRONT_OBJECTIVE ones)."""
-    return pooled_bootstrap_log_covariance([requests], [groups], keys, seed, num_resamples)
-
-
 def pooled_bootstrap_log_covariance(request_logs, groups: list[LoadGroups], keys: list, seed: int = 0,
                                     num_resamples: int = BOOTSTRAP_RESAMPLES) -> np.ndarray:
-    """As bootstrap_log_covariance, over several repeats: each resample draws every repeat's blocks
-    apart and averages each statistic over the repeats, as the measured statistics are averaged."""
+    """Covariance of ln(statistic) over block-bootstrap resamples of the measured requests, for the
+    (metric, stat) `keys` (summary statistics and FRONT_OBJECTIVE ones). Each resample draws every
+    repeat's blocks apart and averages each statistic over the repeats, as the measured statistics are."""
     repeats = [_Resampled.of(requests, g) for requests, g in zip(request_logs, groups)]
     rng = np.random.default_rng([seed, 0x626F6F74])
     rows = np.empty((num_resamples, len(keys)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from experiments.replications import RANGES_PERCENTILES
 from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
 from experiments.validation.measured import load_measured_run, sim_config_for
 from experiments.validation.split import mean_front_end_ms, step_split
@@ -11,7 +12,6 @@ from experiments.validation.steps import predict_steps, step_level_error, step_n
 from experiments.validation.table import format_table
 
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
-RANGES_PERCENTILES = "ranges_percentiles.parquet"     # each replication's latency quantiles (report's CDF bands)
 
 
 @dataclass(frozen=True)
