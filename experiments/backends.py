@@ -91,20 +91,19 @@ class RayRunner:
         from simulator.errors import InputError
         ray = self._ray
         pending = {self._remote.remote(task, self._shared_ref): index for index, task in enumerate(tasks)}
-        try:
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for ref in done:
-                    try:
-                        result = ray.get(ref)
-                    except ray.exceptions.RayTaskError as error:
-                        if isinstance(error.cause, InputError):   # one line for the person, as in this process
-                            raise error.cause from None
-                        raise
-                    yield pending.pop(ref), result
-        finally:
-            for ref in pending:            # left behind by an error or an interrupt
-                ray.cancel(ref)
+        # Tasks left pending by an error or an interrupt are not cancelled: ray.cancel racing a task's
+        # completion aborts the driver (Ray 2.60: "Tried to complete task that was not pending", seen in
+        # CI). A local cluster is stopped by close() anyway; on a joined one they finish, unread.
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayTaskError as error:
+                    if isinstance(error.cause, InputError):   # one line for the person, as in this process
+                        raise error.cause from None
+                    raise
+                yield pending.pop(ref), result
 
     def close(self) -> None:
         if self._started:
