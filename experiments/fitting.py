@@ -97,33 +97,36 @@ def fit_tables(args: FitOptions) -> None:
 def logged_scatter(paths) -> dict | None:
     """The device's step-time scatter from the measured runs whose step logs are among the inputs (a
     run's repeat_k/steps.parquet with a second repeat beside it), as `stepcal calibrate` stores it
-    (experiments.validation.calibration.measured_scatter): the median over the runs of each figure.
-    What `--ranges` draws with these tables; None without such runs."""
+    (experiments.validation.scatter): cv and rho the median over the runs, run_cv pooled over their
+    pairs of repeats. What `--ranges` draws with these tables; None without such runs."""
     from pathlib import Path
 
     import numpy as np
 
-    from experiments.validation.calibration import measured_scatter
     from experiments.validation.measured import load_measured_run
+    from experiments.validation.scatter import SOURCE, measured_scatter, pooled_run_cv, speed_log_ratio
     from simulator.errors import InputError
     from simulator.measured_run import STEPS, repeat_dirs
     runs = sorted({Path(p).parent.parent for p in paths
                    if Path(p).name == STEPS and Path(p).parent.name.startswith("repeat_")})
-    found = {}
+    found, ratios = {}, []
     for run in runs:
         if len(repeat_dirs(run)) < 2:
             continue
         try:
-            scatter = measured_scatter(load_measured_run(run))
+            measured = load_measured_run(run)
         except InputError:      # a step log kept without its run: nothing to pair it with
             continue
+        scatter = measured_scatter(measured)
         if scatter is not None:
             found[str(run)] = scatter
+            ratios.append(speed_log_ratio(measured))
     if not found:
         return None
-    median = {key: float(np.median([s[key] for s in found.values()])) for key in ("cv", "rho", "run_cv")}
-    return {**median, "source": f"median over {len(found)} measured run(s) of two or more repeats among the "
-                                "inputs: " + next(iter(found.values()))["source"], "runs": sorted(found)}
+    median = {key: float(np.median([s[key] for s in found.values()])) for key in ("cv", "rho")}
+    return {**median, "run_cv": pooled_run_cv(ratios), "run_cv_pairs": len(ratios),
+            "source": f"cv and rho: the median over {len(found)} measured run(s) of two or more repeats among the "
+                      "inputs; " + SOURCE.format(pairs=f"those {len(found)} run(s)"), "runs": sorted(found)}
 
 
 def _plot(result, directory):

@@ -177,9 +177,12 @@ class Campaign:
         self.stage("fit kernel-only T_step tables", "fit",
                    lambda: self.fit([], ",".join(c.kernel_ops()), out / "tables_kernels"))
         for s in c.schedulers:
+            # the device's run-to-run spread from every calibration run's repeats, not one pair's
+            others = [str(c.measured_dir(o, c.loads[0])) for o in c.schedulers if o != s and c.repeats > 1]
             self.stage(f"calibrate host terms of the kernel tables on {s} at {c.loads[0]:.0%} load", "calibrate",
-                       lambda s=s: calibrate_step_model(str(c.measured_dir(s, c.loads[0])),
-                                                        str(out / "tables_kernels"), str(out / "calibrated" / s)))
+                       lambda s=s, o=others: calibrate_step_model(str(c.measured_dir(s, c.loads[0])),
+                                                                  str(out / "tables_kernels"),
+                                                                  str(out / "calibrated" / s), scatter_runs=o))
             models[s].update(kernels=out / "tables_kernels", calibrated=out / "calibrated" / s)
 
     def measure_interleaved(self, capacity: dict) -> None:

@@ -32,6 +32,11 @@ def register(subparsers) -> None:
                    help="start the search at this engine's published host terms and keep its per-prompt-token "
                         f"front-end term (choices: {', '.join(ENGINE_NAMES)}; see experiments/data/serving_defaults.json)")
     p.add_argument("--max-simulations", type=argtypes.count(1, 100_000), default=300, help="search budget (default 300)")
+    p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
+                   help="more measured runs of this device, two or more repeats each: their repeats' total step "
+                        "times join the run's own to estimate how the device's speed varies from run to run "
+                        "(the scatter's run_cv, which --ranges draws; one pair of repeats is a rough estimate "
+                        "of a spread)")
     p.add_argument("--out", required=True, help="output step-model directory")
     p.add_argument("--quiet", action="store_true")
 
@@ -42,7 +47,7 @@ def run(args) -> int:
     from experiments.validation.calibration import calibrate_step_model
     from experiments.validation.table import format_pct
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations,
-                                  host_defaults=args.host_defaults)
+                                  host_defaults=args.host_defaults, scatter_runs=args.scatter_runs)
     if not args.quiet:
         repeats = f"{result.num_repeats} repeat{'s' if result.num_repeats != 1 else ''}"
         print(f"host terms ({repeats}, {result.num_simulations} simulations, {result.wall_s:.1f} s):")

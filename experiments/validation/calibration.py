@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -363,11 +364,13 @@ def _step_scale_ms(run: MeasuredRun) -> np.ndarray:
 
 
 def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
-                         max_simulations: int = 300, host_defaults: str | None = None) -> Calibration:
+                         max_simulations: int = 300, host_defaults: str | None = None,
+                         scatter_runs: Sequence[str | Path] = ()) -> Calibration:
     """The work of `stepcal calibrate`: fit host terms of `step_model` (re-fitted from its base when it
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
-    naming the model). `host_defaults` names an engine whose published terms start the search."""
+    naming the model). `host_defaults` names an engine whose published terms start the search;
+    `scatter_runs`, more measured runs of the device whose repeats join the run-to-run spread."""
     import shutil
     import tempfile
 
@@ -378,6 +381,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     from simulator.readers import read_json
 
     run = load_measured_run(measured)
+    scatter = scatter_of(run, [load_measured_run(r) for r in scatter_runs])   # before minutes of search
     model = resolve_step_model(step_model)
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top
     start = None
@@ -398,28 +402,18 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         meta["host_terms"] = result.terms.to_dict()
         meta["calibration"] = clean_json({**result.to_dict(), "measured_run": str(measured),
                                           "host_defaults": host_defaults})
-        scatter = measured_scatter(run)
         if scatter is not None:
             meta["scatter"] = scatter
         atomic_write_json(staging / "meta.json", meta)
     return result
 
 
-def measured_scatter(run) -> dict | None:
-    """The step-to-step scatter of step time on the device that ran `run`, from its two repeats
-    (experiments.validation.noise): what `--ranges` replications draw by default with these
-    tables. None for a run of one repeat."""
-    from experiments.validation.noise import run_noise
-    from experiments.validation.steps import step_noise_floor
-    noise, floor = run_noise(run), step_noise_floor(run)
-    if noise is None or floor is None:
-        return None
-    # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
-    cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
-    # The two repeats' totals differ by the machine's speed: log(T1 / T0) has variance 2 sigma_run^2
-    # (one pair: a rough estimate, and what the measured run says).
-    sigma_run = abs(float(np.log1p(floor.total_difference))) / np.sqrt(2.0)
-    run_cv = float(np.sqrt(np.expm1(sigma_run ** 2)))
-    return {"cv": min(cv, 1.0), "rho": noise.rho, "run_cv": run_cv, "source": "two repeats of the "
-            "measured run: the log ratio of the batches both ran, as an AR(1) process "
-            "(experiments.validation.noise), and the ratio of their total step times (run_cv)"}
+def scatter_of(run: MeasuredRun, scatter_runs: list[MeasuredRun]) -> dict | None:
+    """The scatter block calibrate stores: measured_scatter of the run, its run_cv pooled with the
+    repeats of `scatter_runs`."""
+    from experiments.validation.scatter import measured_scatter
+    from simulator.errors import InputError
+    if scatter_runs and run.num_repeats < 2:
+        raise InputError(f"--scatter-runs needs --measured of two or more repeats ({run.path} has one): "
+                         "the step-to-step scatter comes from its own repeats")
+    return measured_scatter(run, scatter_runs)

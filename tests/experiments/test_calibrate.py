@@ -193,7 +193,7 @@ def test_calibrate_stores_the_measured_scatter_and_ranges_draw_it(tmp_path):
 
 
 def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):
-    from experiments.validation.calibration import measured_scatter
+    from experiments.validation.scatter import measured_scatter
     run = tmp_path / "run"
     assert main(["measure", "--trace", "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12",
                  "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(run)]) == 0

@@ -292,3 +292,22 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     assert outs[0][1] == config.workload(3.0) and outs[3][1] == config.workload(18.0)   # load x capacity
     assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n)) for s in "ab" for n in ("load_30", "load_90")]
     assert not (tmp_path / "measured" / ".repeats").exists()
+
+
+def test_each_calibration_pools_run_cv_with_the_other_schedulers_calibration_runs(tmp_path, monkeypatch):
+    import experiments.validation.calibration as calibration
+    calls = []
+    monkeypatch.setattr(Campaign, "fit", lambda self, logs, ops, out: None)
+    monkeypatch.setattr(calibration, "calibrate_step_model",
+                        lambda measured, tables, out, scatter_runs=(): calls.append((measured, out, scatter_runs)))
+    config = CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.3, 0.9), repeats=2)
+    models = {s: {} for s in config.schedulers}
+    Campaign(config).calibrate_kernel_tables(models)
+    run = {s: str(config.measured_dir(s, 0.3)) for s in "abc"}
+    assert calls == [(run["a"], str(tmp_path / "calibrated/a"), [run["b"], run["c"]]),
+                     (run["b"], str(tmp_path / "calibrated/b"), [run["a"], run["c"]]),
+                     (run["c"], str(tmp_path / "calibrated/c"), [run["a"], run["b"]])]
+    single = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=1)
+    calls.clear()
+    Campaign(single).calibrate_kernel_tables({s: {} for s in "ab"})
+    assert [c[2] for c in calls] == [[], []]   # one repeat: no pair to pool

@@ -1,0 +1,67 @@
+"""The device's step-time scatter, from measured runs of two repeats: what the tables store
+(meta.json `scatter`) and `--ranges` replications draw by default.
+
+- cv, rho: the step-to-step scatter of step time, an AR(1) process on log step time, from the
+  batches both repeats of one run ran (experiments.validation.noise).
+- run_cv: the device's speed from run to run. The two repeats of a run serve the same workload, so
+  the log ratio r = log(T_1 / T_0) of their total step time is the speed difference of two runs,
+  with variance 2 sigma_run^2. One pair is a poor estimate of a spread (a chi-square of one degree
+  of freedom): on this project's CPU campaigns single pairs gave sigma_run from 0.003 to 0.30 where
+  the six pairs of each campaign together said 0.04 to 0.11. So every pair at hand is pooled:
+  sigma_run^2 = mean(r_i^2) / 2.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+SOURCE = ("two repeats of the measured run: the log ratio of the batches both ran, as an AR(1) process "
+          "(experiments.validation.noise); run_cv from the ratio of total step times of the repeats of "
+          "{pairs} (experiments.validation.scatter)")
+
+
+def speed_log_ratio(run) -> float | None:
+    """log(T_1 / T_0): the total time of the batches both repeats of `run` ran, repeat 1 against
+    repeat 0; None for a run of one repeat."""
+    from experiments.validation.steps import step_noise_floor
+    floor = step_noise_floor(run)
+    return None if floor is None else float(np.log1p(floor.total_difference))
+
+
+def pooled_run_cv(log_ratios: Sequence[float]) -> float:
+    """The coefficient of variation of a run's speed factor (log-normal) from the log ratios of
+    pairs of runs: sigma_run^2 = mean(r^2) / 2, cv = sqrt(exp(sigma_run^2) - 1)."""
+    ratios = np.asarray(log_ratios, dtype=np.float64)
+    if ratios.size == 0:
+        raise ValueError("pooled_run_cv needs at least one pair of repeats")
+    sigma_run_sq = float(np.mean(ratios ** 2)) / 2.0
+    return float(np.sqrt(np.expm1(sigma_run_sq)))
+
+
+def measured_scatter(run, more_runs: Sequence = ()) -> dict | None:
+    """cv and rho from `run` (a MeasuredRun of two or more repeats), run_cv pooled over its pair of
+    repeats and those of `more_runs` (MeasuredRuns of the same device: each must have a second
+    repeat). None when `run` has one repeat."""
+    from experiments.validation.noise import run_noise
+    noise, ratio = run_noise(run), speed_log_ratio(run)
+    if noise is None or ratio is None:
+        return None
+    ratios = [ratio, *(_required_ratio(other) for other in more_runs)]
+    # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
+    cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
+    pairs = "this run" if not more_runs else f"{len(ratios)} runs (this one and --scatter-runs)"
+    block = {"cv": min(cv, 1.0), "rho": noise.rho, "run_cv": pooled_run_cv(ratios),
+             "run_cv_pairs": len(ratios), "source": SOURCE.format(pairs=pairs)}
+    if more_runs:
+        block["run_cv_runs"] = [str(run.path), *(str(other.path) for other in more_runs)]
+    return block
+
+
+def _required_ratio(run) -> float:
+    from simulator.errors import InputError
+    ratio = speed_log_ratio(run)
+    if ratio is None:
+        raise InputError(f"--scatter-runs {run.path}: needs a measured run of two or more repeats "
+                         "(its repeats' total step times give the run-to-run spread); it has one")
+    return ratio
