@@ -5,14 +5,17 @@ flags, and prints what the command prints, so every intermediate directory is wh
 hand and can be inspected or rerun on its own.
 
 Loads are set from each scheduler's measured capacity (a saturation run: every request arrives
-at once). The lowest load is the calibration run; the higher loads are held out. Four step
+at once). The lowest load is the calibration run; the higher loads are held out. Five step
 models are validated on every run:
   tables      the kernel profile and the calibration load's step logs (and the saturation runs'),
   profiled    the profile alone, whole steps (device time) plus the engine's host path (the `host`
               op): the path of a user without step logs; it saw no run, so every load is held out,
   kernels     the kernel profile alone: what per-operator profiles say, without the engine's host work,
   calibrated  the kernel tables plus host terms fitted to the calibration load's request log, the
-              path of a user who has kernel profiles and a deployment's request log only.
+              path of a user who has kernel profiles and a deployment's request log only,
+  profiled_cal  the profiled tables plus host terms fitted the same way: a base that already has the
+              step's shape over batch size (on the CPU the kernels are about a third of a step, and
+              terms fitted at a low load, where batches hold few sequences, cannot learn the rest).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from experiments.campaign.config import PROFILED_OPS, CampaignConfig, load_name
+from experiments.campaign.config import CALIBRATED, PROFILED_OPS, CampaignConfig, load_name
 from experiments.campaign.headline import Headline, HeadlineRow
 from experiments.commands.output_paths import check_output
 from simulator.errors import InputError
@@ -83,21 +86,27 @@ class Campaign:
             for s in c.schedulers:
                 models[s]["profiled"] = out / "tables_profiled"
         if c.kernel_ops():
-            self.calibrate_kernel_tables(models)
+            self.stage("fit kernel-only T_step tables", "fit",
+                       lambda: self.fit([], ",".join(c.kernel_ops()), out / "tables_kernels"))
+            for s in c.schedulers:
+                models[s]["kernels"] = out / "tables_kernels"
+            self.calibrate_tables(models, "kernels", "calibrated")
+        if c.profiled_ops():
+            self.calibrate_tables(models, "profiled", "profiled_cal")
         validations = []
         for s in c.schedulers:
             for load in c.loads:
                 for model_name, model in models[s].items():
                     target = out / "validation" / model_name / s / load_name(load)
-                    # ranges on the calibrated model's held-out runs: its tables carry the device's
-                    # scatter and the host terms' covariance, measured on the calibration run
-                    ranges = c.ranges if model_name == "calibrated" and load != c.loads[0] else 0
+                    # ranges on the calibrated models' held-out runs: their tables carry the device's
+                    # scatter and the host terms' covariance, measured on the calibration runs
+                    ranges = c.ranges if model_name in CALIBRATED and load != c.loads[0] else 0
                     title = f"simulate + validate {s} at {load:.0%} load ({model_name}" + (
                         f", {ranges} replications)" if ranges else ")")
                     self.stage(title, "validate", lambda s=s, load=load, model=model, target=target, r=ranges:
                                self.validate(c.measured_dir(s, load), model, target, r))
                     validations.append((s, load, model_name, target))
-        report_dirs = [v[3] for v in validations if v[2] in ("tables", "profiled", "calibrated")] + [out / "tables"]
+        report_dirs = [v[3] for v in validations if v[2] in ("tables", "profiled", *CALIBRATED)] + [out / "tables"]
         self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
         return self.headline(capacity, validations)
 
@@ -168,22 +177,22 @@ class Campaign:
         files = build_report([str(d) for d in dirs], str(out))
         print(describe_report(str(out), files))
 
-    def calibrate_kernel_tables(self, models: dict) -> None:
-        """The path of a user with kernel profiles and a deployment's request log only: tables
-        composed from the kernels alone ("kernels"; they miss the engine's host work), then host
-        terms fitted to each scheduler's calibration-load request log ("calibrated")."""
+    def calibrate_tables(self, models: dict, base: str, name: str) -> None:
+        """Host terms fitted to each scheduler's calibration-load request log on top of the `base`
+        tables: the path of a user who has profiles and a deployment's request log only. On the kernel
+        tables ("calibrated") they stand for the engine's host work and everything the kernels miss;
+        on the whole-step tables ("profiled_cal") for what the profile's host path misses and the
+        front end."""
         from experiments.validation.calibration import calibrate_step_model
-        c, out = self.c, self.c.out
-        self.stage("fit kernel-only T_step tables", "fit",
-                   lambda: self.fit([], ",".join(c.kernel_ops()), out / "tables_kernels"))
+        c = self.c
         for s in c.schedulers:
             # the device's run-to-run spread from every calibration run's repeats, not one pair's
             others = [str(c.measured_dir(o, c.loads[0])) for o in c.schedulers if o != s and c.repeats > 1]
-            self.stage(f"calibrate host terms of the kernel tables on {s} at {c.loads[0]:.0%} load", "calibrate",
-                       lambda s=s, o=others: calibrate_step_model(str(c.measured_dir(s, c.loads[0])),
-                                                                  str(out / "tables_kernels"),
-                                                                  str(out / "calibrated" / s), scatter_runs=o))
-            models[s].update(kernels=out / "tables_kernels", calibrated=out / "calibrated" / s)
+            tables, target = models[s][base], c.out / name / s
+            self.stage(f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", "calibrate",
+                       lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
+                           str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o))
+            models[s][name] = target
 
     def measure_interleaved(self, capacity: dict) -> None:
         """Every run's repeat 0, then every run's repeat 1, ...: the machine's speed drifts over

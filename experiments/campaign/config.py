@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead", "moe")   # moe: mixture-of-experts models only
+CALIBRATED = ("calibrated", "profiled_cal")   # the step models with host terms fitted to a request log
 PROFILED_OPS = ("step", "host")    # what the "profiled" tables need: whole-step device time and host time
 
 

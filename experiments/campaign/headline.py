@@ -20,7 +20,7 @@ class HeadlineCell:
 class HeadlineRow:
     scheduler: str
     load: float                    # share of the scheduler's measured capacity
-    model: str                     # tables, kernels or calibrated
+    model: str                     # tables, profiled, kernels, calibrated or profiled_cal
     held_out: bool                 # False for the calibration load
     step_mape: float | None
     step_mape_noise: float | None
@@ -95,7 +95,7 @@ def cell_target(row: HeadlineRow, metric: str, stat: str) -> float:
 
 def target_summary(rows: list[HeadlineRow]) -> str:
     """How many held-out cells meet the validation targets (cell_target), per step model (tables,
-    kernels, calibrated); and for the misses, which term causes them: step time (the cell is within
+    profiled, kernels, calibrated, profiled_cal); and for the misses, which term causes them: step time (the cell is within
     its target once the model's step total is rescaled to the measured one) or what is left with
     step time matched (queueing, scheduling, the scatter of step time), with the preemptions that
     would point at KV capacity."""
@@ -146,14 +146,14 @@ def format_headline(headline: Headline) -> str:
     lines = ["capacity (saturation throughput): " + ", ".join(f"{s} {r:.1f} req/s" for s, r in headline.capacity_rps.items()),
              "", "errors of the simulator against the measured runs, (simulated − measured) / measured; "
              "[noise] = run-to-run difference of the measured repeats",
-             f"{'scheduler':<11}{'load':>5} {'model':<11}{'step MAPE [noise]':>19}{'step total [noise]':>20}  "
+             f"{'scheduler':<11}{'load':>5} {'model':<12}{'step MAPE [noise]':>19}{'step total [noise]':>20}  "
              + "".join(f"{names[m] + ' ' + s:>17}" for m, s in shown)]
     for r in headline.rows:
         tag = "" if r.held_out else " (calibration run)"
         cells = "".join(f"{pct(r.cell(m, s).error)} [{pct(r.cell(m, s).noise).strip():>6}]" for m, s in shown)
         step = f"{pct(r.step_mape, '')} [{pct(r.step_mape_noise, '').strip():>5}]"
         total = f"{pct(r.step_total)} [{pct(r.step_total_noise).strip():>6}]"
-        lines.append(f"{r.scheduler:<11}{r.load:>5.0%} {r.model:<11}{step:>19}{total:>20}  {cells}{tag}")
+        lines.append(f"{r.scheduler:<11}{r.load:>5.0%} {r.model:<12}{step:>19}{total:>20}  {cells}{tag}")
     lines += ["", headline.targets]
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",

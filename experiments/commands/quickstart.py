@@ -18,7 +18,8 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
             from the profile alone: whole steps plus the engine's host time ("profiled": the
             path of a user without step logs; it saw no run, so every load is held out for it),
             and from the kernel profile alone ("kernels": no engine host work in them)
-  calibrate host terms of the kernel tables from the 30%-load request logs ("calibrated")
+  calibrate host terms of the kernel tables from the 30%-load request logs ("calibrated"), and of
+            the profiled tables ("profiled_cal")
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
             TPOT, ITL, E2E (the mean of the repeats' statistics; mean, P50-P99), throughput and
             step time; 60% and 90% are held out
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("--trials", type=argtypes.count(1, 100_000), default=4, help="Optuna trials per fitted target (default 4)")
     p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
-                   help="also validate the calibrated model's held-out runs with N replications each "
+                   help="also validate the calibrated models' held-out runs with N replications each "
                         "(`stepcal validate --ranges`) and report how often the measured values fall inside the "
                         "90%% intervals (coverage, each repeat on its own) and their width (default 0: none)")
     p.add_argument("--workers", type=argtypes.count(1, 1024), default=1,

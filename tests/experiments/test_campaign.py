@@ -25,6 +25,9 @@ SMALL_GRID = {
 }
 
 
+MODELS = ("tables", "profiled", "kernels", "calibrated", "profiled_cal")
+
+
 @pytest.mark.slow
 def test_campaign_runs_every_stage(tmp_path, capsys):
     grid = tmp_path / "grid.json"
@@ -45,14 +48,20 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
         "measure continuous at 70% load (repeat 2 of 2)", "measure continuous at 30% load (repeat 2 of 2)",
         "profile kernels again (1 more rounds)", "fit T_step tables (tuned)", "fit T_step tables from the profile alone (step + host)",
         "fit kernel-only T_step tables",
-        "calibrate host terms of the kernel tables on continuous at 30% load",
-        *[f"simulate + validate continuous at {load} load ({model})" for load in ("30%", "70%")
-          for model in ("tables", "profiled", "kernels", "calibrated")][:-1],
-        "simulate + validate continuous at 70% load (calibrated, 3 replications)", "report"]
+        "calibrate host terms of the kernels tables on continuous at 30% load",
+        "calibrate host terms of the profiled tables on continuous at 30% load",
+        *[f"simulate + validate continuous at 30% load ({model})" for model in MODELS],
+        *[f"simulate + validate continuous at 70% load ({model})" for model in MODELS[:3]],
+        "simulate + validate continuous at 70% load (calibrated, 3 replications)",
+        "simulate + validate continuous at 70% load (profiled_cal, 3 replications)", "report"]
     rows = headline.rows
     assert [(r.load, r.model, r.held_out) for r in rows] == [   # the profiled tables saw no run
         (0.3, "tables", False), (0.3, "profiled", True), (0.3, "kernels", False), (0.3, "calibrated", False),
-        (0.7, "tables", True), (0.7, "profiled", True), (0.7, "kernels", True), (0.7, "calibrated", True)]
+        (0.3, "profiled_cal", False),
+        (0.7, "tables", True), (0.7, "profiled", True), (0.7, "kernels", True), (0.7, "calibrated", True),
+        (0.7, "profiled_cal", True)]
+    on_profile = json.loads((out / "profiled_cal/continuous/meta.json").read_text())
+    assert on_profile["t_step_terms"] == ["step", "host"] and "host_terms" in on_profile
     profiled = json.loads((out / "tables_profiled/meta.json").read_text())
     assert profiled["t_step_terms"] == ["step", "host"]
     kernels = json.loads((out / "tables_kernels/meta.json").read_text())
@@ -65,11 +74,12 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
                                                           record["step_matched"]["metrics"]["ttft_ms"]["p50"])
         assert (row.step_mape, row.step_total) == (record["step_level"]["mape"], record["step_level"]["total_error"])
         assert row.step_mape_noise == record["step_level"]["noise_floor"]["mape"] is not None
-    # ranges: the calibrated model's held-out run only, its coverage carried into the headline
-    assert [r.coverage is not None for r in rows] == [False] * 7 + [True]
-    coverage = json.loads((out / "validation/calibrated/continuous/load_70/validation.json").read_text())["ranges"]
-    assert coverage["num_replications"] == 3
-    assert rows[-1].coverage == {k: coverage["coverage"][k] for k in ("num_inside", "num_cells", "median_relative_width")}
+    # ranges: the calibrated models' held-out run only, their coverage carried into the headline
+    assert [r.coverage is not None for r in rows] == [False] * 8 + [True, True]
+    for row in rows[-2:]:
+        ranges = json.loads((out / f"validation/{row.model}/continuous/load_70/validation.json").read_text())["ranges"]
+        assert ranges["num_replications"] == 3
+        assert row.coverage == {k: ranges["coverage"][k] for k in ("num_inside", "num_cells", "median_relative_width")}
     assert "90% intervals: the measured value lies inside in" in target_summary(rows)
     written = json.loads((out / "headline.json").read_text())
     assert written == {**headline.to_dict(), "wall_s": headline.wall_s}
@@ -81,8 +91,8 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     table = format_headline(headline).splitlines()
     assert table[0] == f"capacity (saturation throughput): continuous {saturation['throughput_rps']:.1f} req/s"
     calibration_rows = [line for line in table if line.endswith("(calibration run)")]
-    assert [line[:28] for line in calibration_rows] == [f"continuous   30% {m:<11}" for m in ("tables", "kernels",
-                                                                                          "calibrated")]
+    assert [line[:29] for line in calibration_rows] == [f"continuous   30% {m:<12}" for m in ("tables", "kernels",
+                                                                                          "calibrated", "profiled_cal")]
     assert "held-out runs, profiled: " in format_headline(headline)
     assert target_summary(rows) in format_headline(headline)
     printed = capsys.readouterr()
@@ -159,7 +169,7 @@ def test_headline_table_lines():
     from experiments.campaign import Headline
     lines = format_headline(Headline({"sarathi": 12.345}, rows, {}, 1.0)).splitlines()
     assert lines[0] == "capacity (saturation throughput): sarathi 12.3 req/s"
-    assert lines[4] == ("sarathi      30% tables           25.0% [    -]     -50.0% [+10.0%]  "
+    assert lines[4] == ("sarathi      30% tables            25.0% [    -]     -50.0% [+10.0%]  "
                         + " +12.3% [ +5.0%]" * 6 + " (calibration run)")
     assert lines[-1] == "sarathi      30%  " + "     -2.0%" * 6
 
@@ -297,17 +307,17 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
 def test_each_calibration_pools_run_cv_with_the_other_schedulers_calibration_runs(tmp_path, monkeypatch):
     import experiments.validation.calibration as calibration
     calls = []
-    monkeypatch.setattr(Campaign, "fit", lambda self, logs, ops, out: None)
     monkeypatch.setattr(calibration, "calibrate_step_model",
-                        lambda measured, tables, out, scatter_runs=(): calls.append((measured, out, scatter_runs)))
+                        lambda measured, tables, out, scatter_runs=(): calls.append((measured, tables, out, scatter_runs)))
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.3, 0.9), repeats=2)
-    models = {s: {} for s in config.schedulers}
-    Campaign(config).calibrate_kernel_tables(models)
+    models = {s: {"profiled": f"P{s}"} for s in config.schedulers}
+    Campaign(config).calibrate_tables(models, "profiled", "profiled_cal")
     run = {s: str(config.measured_dir(s, 0.3)) for s in "abc"}
-    assert calls == [(run["a"], str(tmp_path / "calibrated/a"), [run["b"], run["c"]]),
-                     (run["b"], str(tmp_path / "calibrated/b"), [run["a"], run["c"]]),
-                     (run["c"], str(tmp_path / "calibrated/c"), [run["a"], run["b"]])]
+    assert calls == [(run["a"], "Pa", str(tmp_path / "profiled_cal/a"), [run["b"], run["c"]]),
+                     (run["b"], "Pb", str(tmp_path / "profiled_cal/b"), [run["a"], run["c"]]),
+                     (run["c"], "Pc", str(tmp_path / "profiled_cal/c"), [run["a"], run["b"]])]
+    assert models["b"] == {"profiled": "Pb", "profiled_cal": tmp_path / "profiled_cal/b"}   # validated next
     single = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=1)
     calls.clear()
-    Campaign(single).calibrate_kernel_tables({s: {} for s in "ab"})
-    assert [c[2] for c in calls] == [[], []]   # one repeat: no pair to pool
+    Campaign(single).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
+    assert [c[3] for c in calls] == [[], []]   # one repeat: no pair to pool
