@@ -185,13 +185,16 @@ class Campaign:
         front end."""
         from experiments.validation.calibration import calibrate_step_model
         c = self.c
+        # the device's run-to-run spread from every calibration run's repeats, not one pair's, and from
+        # the profile's two halves, timed before and after the measurements
+        halves = self.profile_files() if len(self.profiled) == 2 and c.repeats > 1 else []
         for s in c.schedulers:
-            # the device's run-to-run spread from every calibration run's repeats, not one pair's
             others = [str(c.measured_dir(o, c.loads[0])) for o in c.schedulers if o != s and c.repeats > 1]
             tables, target = models[s][base], c.out / name / s
             self.stage(f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", "calibrate",
                        lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
-                           str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o))
+                           str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o,
+                           scatter_profiles=halves))
             models[s][name] = target
 
     def measure_interleaved(self, capacity: dict) -> None:

@@ -37,6 +37,10 @@ def register(subparsers) -> None:
                         "times join the run's own to estimate how the device's speed varies from run to run "
                         "(the scatter's run_cv, which --ranges draws; one pair of repeats is a rough estimate "
                         "of a spread)")
+    p.add_argument("--scatter-profiles", nargs=2, default=(), metavar=("EARLY", "LATE"),
+                   help="two profiles of the same grid on this device, timed at different times (e.g. before "
+                        "and after the measurements, as the quickstart does): the median ratio of their "
+                        "whole-step times is one more pair for run_cv")
     p.add_argument("--out", required=True, help="output step-model directory")
     p.add_argument("--quiet", action="store_true")
 
@@ -47,7 +51,8 @@ def run(args) -> int:
     from experiments.validation.calibration import calibrate_step_model
     from experiments.validation.table import format_pct
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations,
-                                  host_defaults=args.host_defaults, scatter_runs=args.scatter_runs)
+                                  host_defaults=args.host_defaults, scatter_runs=args.scatter_runs,
+                                  scatter_profiles=args.scatter_profiles)
     if not args.quiet:
         repeats = f"{result.num_repeats} repeat{'s' if result.num_repeats != 1 else ''}"
         print(f"host terms ({repeats}, {result.num_simulations} simulations, {result.wall_s:.1f} s):")

@@ -365,12 +365,14 @@ def _step_scale_ms(run: MeasuredRun) -> np.ndarray:
 
 def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
                          max_simulations: int = 300, host_defaults: str | None = None,
-                         scatter_runs: Sequence[str | Path] = ()) -> Calibration:
+                         scatter_runs: Sequence[str | Path] = (),
+                         scatter_profiles: Sequence[str | Path] = ()) -> Calibration:
     """The work of `stepcal calibrate`: fit host terms of `step_model` (re-fitted from its base when it
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
     naming the model). `host_defaults` names an engine whose published terms start the search;
-    `scatter_runs`, more measured runs of the device whose repeats join the run-to-run spread."""
+    `scatter_runs`, more measured runs of the device whose repeats join the run-to-run spread, as does
+    `scatter_profiles`, a profile timed in two halves (early, late)."""
     import shutil
     import tempfile
 
@@ -381,7 +383,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     from simulator.readers import read_json
 
     run = load_measured_run(measured)
-    scatter = scatter_of(run, [load_measured_run(r) for r in scatter_runs])   # before minutes of search
+    scatter = scatter_of(run, [load_measured_run(r) for r in scatter_runs], scatter_profiles)  # before the search
     model = resolve_step_model(step_model)
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top
     start = None
@@ -408,12 +410,14 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     return result
 
 
-def scatter_of(run: MeasuredRun, scatter_runs: list[MeasuredRun]) -> dict | None:
+def scatter_of(run: MeasuredRun, scatter_runs: list[MeasuredRun], scatter_profiles: Sequence = ()) -> dict | None:
     """The scatter block calibrate stores: measured_scatter of the run, its run_cv pooled with the
-    repeats of `scatter_runs`."""
-    from experiments.validation.scatter import measured_scatter
+    repeats of `scatter_runs` and the two halves of `scatter_profiles` (early, late)."""
+    from experiments.validation.scatter import measured_scatter, profile_log_ratio
     from simulator.errors import InputError
-    if scatter_runs and run.num_repeats < 2:
-        raise InputError(f"--scatter-runs needs --measured of two or more repeats ({run.path} has one): "
+    if (scatter_runs or scatter_profiles) and run.num_repeats < 2:
+        flag = "--scatter-runs" if scatter_runs else "--scatter-profiles"
+        raise InputError(f"{flag} needs --measured of two or more repeats ({run.path} has one): "
                          "the step-to-step scatter comes from its own repeats")
-    return measured_scatter(run, scatter_runs)
+    ratios = [profile_log_ratio(*scatter_profiles)] if scatter_profiles else []
+    return measured_scatter(run, scatter_runs, ratios)

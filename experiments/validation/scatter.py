@@ -9,10 +9,14 @@
   of freedom): on this project's CPU campaigns single pairs gave sigma_run from 0.003 to 0.30 where
   the six pairs of each campaign together said 0.04 to 0.11. So every pair at hand is pooled:
   sigma_run^2 = mean(r_i^2) / 2.
+- A profile timed in two halves (the quickstart profiles before and after its measurements) is one
+  more pair: the median over the points both halves timed of log(t_late / t_early), whole-step points
+  where there are some (they are closest to a run), else every point.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -39,20 +43,38 @@ def pooled_run_cv(log_ratios: Sequence[float]) -> float:
     return float(np.sqrt(np.expm1(sigma_run_sq)))
 
 
-def measured_scatter(run, more_runs: Sequence = ()) -> dict | None:
+def profile_log_ratio(early: str | Path, late: str | Path) -> float:
+    """The device's speed between two profiles of the same points: the median over the points both
+    timed (status ok) of log(t_late / t_early), over the whole-step points where both have some."""
+    from simulator.errors import InputError
+    from simulator.readers import read_parquet
+    columns = ("point_key", "op", "time_ms", "status")
+    frames = [read_parquet(path, "--scatter-profiles", columns) for path in (early, late)]
+    both = frames[0].merge(frames[1], on="point_key", suffixes=("_early", "_late"))
+    both = both[(both["status_early"] == "ok") & (both["status_late"] == "ok")]
+    if both.empty:
+        raise InputError(f"--scatter-profiles {early} {late}: no point timed in both (profiles of the same grid "
+                         "and model are needed)")
+    steps = both[both["op_early"] == "step"]
+    both = steps if len(steps) else both
+    return float(np.median(np.log(both["time_ms_late"].to_numpy(float) / both["time_ms_early"].to_numpy(float))))
+
+
+def measured_scatter(run, more_runs: Sequence = (), more_ratios: Sequence[float] = ()) -> dict | None:
     """cv and rho from `run` (a MeasuredRun of two or more repeats), run_cv pooled over its pair of
-    repeats and those of `more_runs` (MeasuredRuns of the same device: each must have a second
-    repeat). None when `run` has one repeat."""
+    repeats, those of `more_runs` (MeasuredRuns of the same device: each must have a second repeat)
+    and `more_ratios` (other pairs' log ratios, e.g. profile_log_ratio). None when `run` has one repeat."""
     from experiments.validation.noise import run_noise
     noise, ratio = run_noise(run), speed_log_ratio(run)
     if noise is None or ratio is None:
         return None
-    ratios = [ratio, *(_required_ratio(other) for other in more_runs)]
+    ratios = [ratio, *(_required_ratio(other) for other in more_runs), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
-    pairs = "this run" if not more_runs else f"{len(ratios)} runs (this one and --scatter-runs)"
+    pairs = "this run" + (f", {len(more_runs)} more run(s) (--scatter-runs)" if more_runs else "") + (
+        f" and {len(more_ratios)} pair(s) of profiles (--scatter-profiles)" if more_ratios else "")
     block = {"cv": min(cv, 1.0), "rho": noise.rho, "run_cv": pooled_run_cv(ratios),
-             "run_cv_pairs": len(ratios), "source": SOURCE.format(pairs=pairs)}
+             "run_cv_pairs": len(ratios), "run_cv_log_ratios": ratios, "source": SOURCE.format(pairs=pairs)}
     if more_runs:
         block["run_cv_runs"] = [str(run.path), *(str(other.path) for other in more_runs)]
     return block

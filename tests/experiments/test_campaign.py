@@ -304,20 +304,24 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     assert not (tmp_path / "measured" / ".repeats").exists()
 
 
-def test_each_calibration_pools_run_cv_with_the_other_schedulers_calibration_runs(tmp_path, monkeypatch):
+def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
     import experiments.validation.calibration as calibration
     calls = []
     monkeypatch.setattr(calibration, "calibrate_step_model",
-                        lambda measured, tables, out, scatter_runs=(): calls.append((measured, tables, out, scatter_runs)))
+                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=():
+                        calls.append((measured, tables, out, scatter_runs, scatter_profiles)))
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.3, 0.9), repeats=2)
     models = {s: {"profiled": f"P{s}"} for s in config.schedulers}
-    Campaign(config).calibrate_tables(models, "profiled", "profiled_cal")
+    campaign = Campaign(config)
+    campaign.profiled = ["profile", "profile_late"]   # profiled before and after the measurements
+    campaign.calibrate_tables(models, "profiled", "profiled_cal")
     run = {s: str(config.measured_dir(s, 0.3)) for s in "abc"}
-    assert calls == [(run["a"], "Pa", str(tmp_path / "profiled_cal/a"), [run["b"], run["c"]]),
-                     (run["b"], "Pb", str(tmp_path / "profiled_cal/b"), [run["a"], run["c"]]),
-                     (run["c"], "Pc", str(tmp_path / "profiled_cal/c"), [run["a"], run["b"]])]
+    halves = [str(tmp_path / "profile/profile.parquet"), str(tmp_path / "profile_late/profile.parquet")]
+    assert calls == [(run["a"], "Pa", str(tmp_path / "profiled_cal/a"), [run["b"], run["c"]], halves),
+                     (run["b"], "Pb", str(tmp_path / "profiled_cal/b"), [run["a"], run["c"]], halves),
+                     (run["c"], "Pc", str(tmp_path / "profiled_cal/c"), [run["a"], run["b"]], halves)]
     assert models["b"] == {"profiled": "Pb", "profiled_cal": tmp_path / "profiled_cal/b"}   # validated next
     single = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=1)
     calls.clear()
     Campaign(single).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
-    assert [c[3] for c in calls] == [[], []]   # one repeat: no pair to pool
+    assert [c[3:] for c in calls] == [([], []), ([], [])]   # one repeat: no pair to pool

@@ -72,3 +72,38 @@ def test_scatter_runs_without_a_second_repeat_are_refused_naming_the_run(runs, t
     err = capsys.readouterr().err
     assert named.format(single=runs["single"]) in err and "Traceback" not in err
     assert not out.exists()
+
+
+def write_profile(path, points):
+    import pandas as pd
+    pd.DataFrame([{"point_key": key, "op": op, "time_ms": ms, "status": status}
+                  for key, op, ms, status in points]).to_parquet(path)
+    return path
+
+
+def test_a_profile_in_two_halves_is_one_more_pair_from_its_whole_steps(tmp_path):
+    from experiments.validation.scatter import profile_log_ratio
+    early = write_profile(tmp_path / "early.parquet", [("s1", "step", 2.0, "ok"), ("s2", "step", 4.0, "ok"),
+                                                       ("g1", "gemm", 1.0, "ok"), ("x", "step", 1.0, "ok")])
+    late = write_profile(tmp_path / "late.parquet", [("s1", "step", 2.2, "ok"), ("s2", "step", 4.4, "ok"),
+                                                     ("g1", "gemm", 2.0, "ok"), ("x", "step", 9.0, "failed")])
+    assert profile_log_ratio(early, late) == pytest.approx(np.log(1.1))    # the steps both timed; not the GEMM
+    kernels = write_profile(tmp_path / "k.parquet", [("g1", "gemm", 1.5, "ok"), ("a1", "attn_decode", 1.0, "ok")])
+    kernels_late = write_profile(tmp_path / "kl.parquet", [("g1", "gemm", 3.0, "ok"), ("a1", "attn_decode", 1.0, "ok")])
+    assert profile_log_ratio(kernels, kernels_late) == pytest.approx(np.log(2.0) / 2)   # no steps: every point
+    from simulator.errors import InputError
+    with pytest.raises(InputError, match="no point timed in both"):
+        profile_log_ratio(early, write_profile(tmp_path / "other.parquet", [("z", "step", 1.0, "ok")]))
+
+
+def test_calibrate_pools_the_profile_pair_into_run_cv(runs, tmp_path):
+    early = write_profile(tmp_path / "early.parquet", [("s1", "step", 2.0, "ok")])
+    late = write_profile(tmp_path / "late.parquet", [("s1", "step", 2.5, "ok")])
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
+                 "--scatter-profiles", str(early), str(late), "--quiet", "--out", str(out)]) == 0
+    scatter = json.loads((out / "meta.json").read_text())["scatter"]
+    ratios = [speed_log_ratio(load_measured_run(runs["a"])), float(np.log(1.25))]
+    assert scatter["run_cv_log_ratios"] == pytest.approx(ratios)
+    assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 2
+    assert "1 pair(s) of profiles (--scatter-profiles)" in scatter["source"]
