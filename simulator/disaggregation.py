@@ -41,7 +41,7 @@ import numpy as np
 
 from simulator.errors import InputError
 from simulator.events import ARRIVAL, EventLoop, paused_gc
-from simulator.frontend import FrontEnd
+from simulator.frontend import FrontEnd, entry_order, path_of
 from simulator.kv_cache import blocks_for
 from simulator.logs import request_log
 from simulator.metrics import distribution, summarize
@@ -138,7 +138,10 @@ class DisaggSimulation:
         self.reads_load = config.front_end.reads_load
         self.path_s = config.front_end.paths_s(originals, config.front_end_seed)
         self.num_active = 0        # requests sent and not yet finished (the load-dependent path reads it)
-        self.entering, entry_s = self._entry_order()
+        if self.reads_load:   # a request enters at its send time: its delay is known only then
+            self.entering, entry_s = list(originals), [r.arrival_s for r in originals]
+        else:
+            self.entering, entry_s = entry_order(originals, self.path_s)
         self.loop = EventLoop(entry_s, self._on_arrival)
         bs = config.block_size
         prefill_blocks = config.prefill.kv_blocks or max(1, sum(blocks_for(r.num_prompt_tokens, bs) for r in originals))
@@ -167,25 +170,10 @@ class DisaggSimulation:
             self.loop.run()
             return self._result(time.perf_counter() - wall0)
 
-    def _entry_order(self) -> tuple[list[Request], list[float]]:
-        """The requests in the order the event loop takes them, and when: at their send time behind a
-        load-dependent path (their delay is known only then), else when they reach the prefill pool."""
-        arrival_s = np.array([r.arrival_s for r in self.originals], dtype=np.float64)
-        if self.reads_load or isinstance(self.path_s, float):
-            if not self.reads_load and self.path_s:
-                arrival_s = arrival_s + self.path_s
-            return list(self.originals), arrival_s.tolist()
-        entry_s = arrival_s + np.array([self.path_s[r.request_id] for r in self.originals], dtype=np.float64)
-        order = np.argsort(entry_s, kind="stable")   # requests sent together keep their trace order
-        return [self.originals[i] for i in order.tolist()], entry_s[order].tolist()
-
-    def _path_of(self, request: Request) -> float:
-        return self.path_s if isinstance(self.path_s, float) else self.path_s[request.request_id]
-
     def _on_arrival(self, i: int, now_s: float) -> None:
         original = self.entering[i]
         if self.reads_load:   # the client sends it now: its path grows with the streams already active
-            path_s = self._path_of(original) + self.front_end.per_stream_ms * self.num_active / 1000.0
+            path_s = path_of(self.path_s, original) + self.front_end.per_stream_ms * self.num_active / 1000.0
             self.num_active += 1
             self.loop.push(now_s + path_s, ARRIVAL, _Entry(self, original))
         else:

@@ -107,3 +107,19 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+def path_of(paths_s: dict[int, float] | float, request) -> float:
+    """A request's path in seconds from FrontEnd.paths_s (one float: every request's)."""
+    return paths_s if isinstance(paths_s, float) else paths_s[request.request_id]
+
+
+def entry_order(requests, paths_s: dict[int, float] | float) -> tuple[list, list[float]]:
+    """The requests in the order they reach the engine (arrival plus path) and when; requests that
+    reach it together keep their order."""
+    arrival_s = np.array([r.arrival_s for r in requests], dtype=np.float64)
+    if isinstance(paths_s, float):
+        return list(requests), (arrival_s + paths_s if paths_s else arrival_s).tolist()
+    entry_s = arrival_s + np.array([paths_s[r.request_id] for r in requests], dtype=np.float64)
+    order = np.argsort(entry_s, kind="stable")
+    return [requests[i] for i in order.tolist()], entry_s[order].tolist()

@@ -18,7 +18,7 @@ import numpy as np
 from simulator.client import Release, Timeout, count_timeouts, link_turns
 from simulator.errors import InputError
 from simulator.events import ARRIVAL, EventLoop, paused_gc
-from simulator.frontend import FrontEnd
+from simulator.frontend import FrontEnd, entry_order, path_of
 from simulator.kv_cache import blocks_for, uses_prefix_caching
 from simulator.logs import request_log
 from simulator.metrics import prefix_cache_summary, summarize
@@ -82,14 +82,14 @@ class Simulation:
         # When each request reaches the scheduler: its arrival plus the request path (simulator.frontend).
         self.front_end = config.front_end
         self.reads_load = config.front_end.reads_load   # read per arrival and per planned run: a plain bool
-        self.path_s = self._base_paths_s(config.front_end_seed)
+        self.path_s = config.front_end.paths_s(self.requests, config.front_end_seed)
         self.num_active = 0            # requests sent and not yet finished or given up (load-dependent paths)
         self.pending_entries_s: list[float] = []   # a heap: when pushed requests reach the scheduler
         if self.reads_load:
             # the delay is known only at the arrival: the trace's arrivals are the clients' send times
             arrival_s = [r.arrival_s for r in self.open_requests]
-        else:
-            arrival_s = self._entry_times_s()
+        else:   # open_requests is put in the order they reach the scheduler
+            self.open_requests, arrival_s = entry_order(self.open_requests, self.path_s)
         self.loop = EventLoop(arrival_s, self._on_arrival)
         self.num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, config.block_size)
                                                          for r in self.requests))
@@ -117,31 +117,6 @@ class Simulation:
             self.loop.run(progress)
             return self._result(time.perf_counter() - wall0)
 
-    def _base_paths_s(self, seed: int) -> dict[int, float] | float:
-        """Each request's path without the load part, by request id; one float when all are equal."""
-        fe = self.front_end
-        if fe.sigma == 0 and fe.per_prompt_token_ms == 0:
-            return fe.median_ms / 1000.0
-        ids = np.array([r.request_id for r in self.requests], dtype=np.int64)
-        prompts = np.array([r.num_prompt_tokens for r in self.requests], dtype=np.int64)
-        return dict(zip(ids.tolist(), fe.base_delays_s(ids, prompts, seed).tolist()))
-
-    def path_of(self, request) -> float:
-        paths = self.path_s
-        return paths if isinstance(paths, float) else paths[request.request_id]
-
-    def _entry_times_s(self) -> list[float]:
-        """When the open requests reach the scheduler, sorted; open_requests is put in that order."""
-        arrival_s = np.array([r.arrival_s for r in self.open_requests], dtype=np.float64)
-        if isinstance(self.path_s, float):
-            if self.path_s:
-                arrival_s = arrival_s + self.path_s
-            return arrival_s.tolist()
-        entry_s = arrival_s + np.array([self.path_of(r) for r in self.open_requests], dtype=np.float64)
-        order = np.argsort(entry_s, kind="stable")   # requests sent together keep their trace order
-        self.open_requests = [self.open_requests[i] for i in order.tolist()]
-        return entry_s[order].tolist()
-
     def _on_arrival(self, i: int, now_s: float) -> None:
         if self.reads_load:
             self.enter_front_end(self.open_requests[i], now_s)
@@ -151,7 +126,7 @@ class Simulation:
     def enter_front_end(self, request, now_s: float) -> None:
         """The client sends `request` at now_s: it reaches the router after its path, which grows with
         the streams already active (a pushed entry, which cuts decode runs planned past it)."""
-        path_s = self.path_of(request) + self.front_end.per_stream_ms * self.num_active / 1000.0
+        path_s = path_of(self.path_s, request) + self.front_end.per_stream_ms * self.num_active / 1000.0
         self.num_active += 1
         heapq.heappush(self.pending_entries_s, now_s + path_s)
         self.loop.push(now_s + path_s, ARRIVAL, Entry(self, request))
@@ -184,7 +159,7 @@ class Simulation:
                 if reads_load:
                     self.loop.push(turn.arrival_s, ARRIVAL, Sent(self, turn))
                 else:
-                    self.loop.push(turn.arrival_s + self.path_of(turn), ARRIVAL, Release(self, turn))
+                    self.loop.push(turn.arrival_s + path_of(self.path_s, turn), ARRIVAL, Release(self, turn))
 
     def _run_horizon(self) -> tuple[float, bool]:
         """A decode run ends at the next arrival. It may include the step in flight then, since
