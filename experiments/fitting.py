@@ -104,7 +104,7 @@ def logged_scatter(paths) -> dict | None:
     import numpy as np
 
     from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import SOURCE, measured_scatter, pooled_run_cv, speed_log_ratio
+    from experiments.validation.scatter import SOURCE, measured_scatter, pooled_run_cv
     from simulator.errors import InputError
     from simulator.measured_run import STEPS, repeat_dirs
     runs = sorted({Path(p).parent.parent for p in paths
@@ -120,7 +120,7 @@ def logged_scatter(paths) -> dict | None:
         scatter = measured_scatter(measured)
         if scatter is not None:
             found[str(run)] = scatter
-            ratios.append(speed_log_ratio(measured))
+            ratios += scatter["run_cv_log_ratios"]   # the run's own pair
     if not found:
         return None
     median = {key: float(np.median([s[key] for s in found.values()])) for key in ("cv", "rho")}
