@@ -27,11 +27,20 @@ from costmodel.compose_comm import (
     all_reduce_tokens,
     collective_terms,
 )
-from costmodel.compose_elementwise import DATA_ELEMENTWISE, roofline_device, roofline_elementwise_term, sampling_term
+from costmodel.compose_elementwise import (
+    DATA_ELEMENTWISE,
+    SEQ_TERMS,
+    elementwise_width_on,
+    measured_seq_ms,
+    measured_seq_terms,
+    roofline_device,
+    roofline_elementwise_term,
+    sampling_term,
+    seq_calls_per_step,
+)
 from costmodel.features import FEATURE_DTYPE_BYTES, gemm_target
 from costmodel.fitting import FitResult
 from costmodel.grid_predict import predict_grid
-from costmodel.importers.vidur import elementwise_width
 from costmodel.records import normalise_dtype
 from costmodel.terms import AdditiveStep, FeatureCurve, Term
 from simulator.errors import InputError
@@ -39,14 +48,6 @@ from simulator.model_spec import ModelSpec, Parallelism
 
 OPS_COLUMNS = ["op", "num_tokens", "time_ms", "spread_ms", "layers"]
 EXPERTS_OP = "moe_experts"
-
-
-def _elementwise_width(name: str, spec: ModelSpec, parallelism: Parallelism) -> float:
-    """Elements per token one GPU's copy of a small per-layer operator touches."""
-    p = parallelism
-    return float(elementwise_width(name, spec.hidden_size, p.split(spec.num_heads),
-                                   p.kv_heads(spec.num_kv_heads), spec.head_dim,
-                                   p.split(spec.ffn_size)))
 
 
 def _op_frame(name: str, T: np.ndarray, mean, spread, layers: int) -> pd.DataFrame:
@@ -125,7 +126,7 @@ def _ops_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.
             mean, spread = predict_grid(result, target, dict(
                 row=np.arange(len(T)), op="elementwise", name=name, num_tokens=T,
                 tp=np.full(len(T), float(parallelism.tp)),
-                width=np.full(len(T), _elementwise_width(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
+                width=np.full(len(T), elementwise_width_on(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
                 with_spread=with_spread)
             parts.append(_op_frame(name, T, mean, spread, 1 if name == "emb" else spec.num_layers))
     experts = _experts_ops(result, spec, parallelism, T, composition, with_spread)
@@ -225,7 +226,9 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
         terms.append(FeatureCurve("lm_head", "num_seqs", axes.num_seqs, lm["time_ms"].to_numpy(),
                                   lm["spread_ms"].to_numpy(), "LM head GEMM at one row per sequence",
                                   {"source": "data", "dtype": gemm_dtypes_priced(result, spec)["lm_head"]["priced_at"]}))
-    if device is not None:
+    measured_seq = measured_seq_terms(result, spec, parallelism, axes)
+    terms += measured_seq
+    if device is not None and "sampling" not in {t.name for t in measured_seq}:
         terms.append(sampling_term(spec, axes, device))
     terms += attention_terms(result, spec, parallelism, axes)
     terms += collective_terms(result, spec, parallelism, axes, composition)
@@ -303,7 +306,7 @@ def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallel
 
 def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
                      B: np.ndarray) -> dict[str, np.ndarray]:
-    """The per-sequence terms (lm_head, overhead) at batch sizes B straight from the regressors."""
+    """The per-sequence terms (lm_head, overhead, measured sampling and KV stores) at batch sizes B straight from the regressors."""
     B = np.asarray(B, dtype=np.float64)
     out = {}
     lm = _lm_head_at(result, spec, parallelism, B, with_spread=False)
@@ -311,6 +314,9 @@ def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelis
         out["lm_head"] = lm["time_ms"].to_numpy(dtype=np.float64)
     if "overhead" in result.targets:
         out["overhead"] = _overhead_at(result, spec, B, with_spread=False)[0]
+    for name, term in SEQ_TERMS.items():
+        if f"elementwise:{name}" in result.targets:
+            out[term] = seq_calls_per_step(name, spec) * measured_seq_ms(result, spec, parallelism, name, B, with_spread=False)[0]
     return out
 
 

@@ -3,10 +3,12 @@ activation, residual adds, the embedding lookup) and greedy sampling's read of t
 
 The element-wise term comes from the data where the profiles time those kernels (Vidur's mlp.csv:
 costmodel.compose sums their regressors as Vidur's profiler times them, one residual add per layer
-and no final norm), else from the memory roofline of costmodel.roofline on a device whose datasheet costmodel.devices holds: per layer
-two RMSNorms, RoPE, the activation and two residual adds, plus the embedding and the final norm
-once per step. Sampling has no profile anywhere: roofline only. Without a known device neither
-term is made and meta.json lists them as missing.
+and no final norm; our profiler's `elementwise` op times the same names on our model, both
+residual adds in `add`), else from the memory roofline of costmodel.roofline on a device whose
+datasheet costmodel.devices holds: per layer two RMSNorms, RoPE, the activation and two residual
+adds, plus the embedding and the final norm once per step. Sampling (with the final norm) and the
+KV stores come from data where our profiler timed them (per sequence), else sampling from the
+roofline. Without data or a known device neither term is made and meta.json lists them as missing.
 
 The device: the profiles' own (AIConfigurator writes the CUDA name, e.g. 'NVIDIA H100 80GB HBM3')
 when it is a known one, else what --device-spec names.
@@ -20,23 +22,67 @@ import pandas as pd
 
 from costmodel import roofline
 from costmodel.devices import DeviceSpec, device_spec, find_device
-from costmodel.importers.vidur import elementwise_width
+from costmodel.grid_predict import predict_grid
 from costmodel.terms import FeatureCurve
 from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism
+from simulator.model_spec import ModelSpec, Parallelism, elementwise_widths_of
 
 # Vidur's per-layer small operators (its mlp.csv columns); `emb` runs once per step, not per layer.
 PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 DATA_ELEMENTWISE = ("emb",) + PER_LAYER_ELEMENTWISE
+# Our profiler's per-sequence operators, and the T_step term each one makes.
+SEQ_TERMS = {"sample": "sampling", "kv_store": "kv_store"}
+
+
+def seq_calls_per_step(name: str, spec: ModelSpec) -> int:
+    """Sampling runs once per step, a KV store once per layer."""
+    return spec.num_layers if name == "kv_store" else 1
 
 
 @dataclass(frozen=True, slots=True)
 class RooflineOp:
     """One element-wise kernel of a step: which (a key of roofline.OP_CLASSES), the elements per
-    token elementwise_width() would count for it on one GPU, and how many times a step runs it."""
+    token elementwise_widths_of() counts for it on one GPU, and how many times a step runs it."""
     name: str
     width: float
     calls_per_step: int
+
+
+def elementwise_width_on(name: str, spec: ModelSpec, parallelism: Parallelism) -> float:
+    """Elements per row one GPU's copy of an element-wise operator touches (a row: a token, a
+    sequence for sample; the logits are gathered whole under TP)."""
+    p = parallelism
+    return float(elementwise_widths_of(spec.hidden_size, p.split(spec.num_heads), p.kv_heads(spec.num_kv_heads),
+                                       spec.head_dim, p.split(spec.ffn_size), spec.vocab_size)[name])
+
+
+def measured_seq_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) -> list[FeatureCurve]:
+    """The per-sequence operators our profiler times (`stepcal profile --ops elementwise`), from
+    their regressors on the num_seqs knots: sample (final norm and greedy sampling, once per
+    step) and kv_store (once per layer). A kv_store is priced by its sequences alone: on the
+    CPU its cost is a Python loop over them, and a prefill chunk's extra tokens are one copy."""
+    B = np.asarray(axes.num_seqs, dtype=np.float64)
+    terms = []
+    for name in SEQ_TERMS:
+        if f"elementwise:{name}" not in result.targets:
+            continue
+        calls = seq_calls_per_step(name, spec)
+        mean, spread = measured_seq_ms(result, spec, parallelism, name, B)
+        what = ("final norm and greedy sampling of the emitting rows" if name == "sample"
+                else f"{calls} layers x the new tokens' KV store")
+        terms.append(FeatureCurve(SEQ_TERMS[name], "num_seqs", B, calls * mean, calls * spread,
+                                  f"{what}, by num_seqs (measured)", {"source": "data", "ops": [name]}))
+    return terms
+
+
+def measured_seq_ms(result, spec: ModelSpec, parallelism: Parallelism, name: str, B: np.ndarray,
+                    with_spread: bool = True):
+    """(time, spread) in ms of one call of a per-sequence operator at B sequences."""
+    return predict_grid(result, f"elementwise:{name}", dict(
+        row=np.arange(len(B)), op="elementwise", name=name, num_tokens=B,
+        tp=np.full(len(B), float(parallelism.tp)),
+        width=np.full(len(B), elementwise_width_on(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
+        with_spread=with_spread)
 
 
 def roofline_device(records: pd.DataFrame, requested: str | None) -> DeviceSpec | None:
@@ -70,8 +116,7 @@ def roofline_ops(spec: ModelSpec, parallelism: Parallelism) -> list[RooflineOp]:
     if spec.is_mla:
         rope = (p.split(spec.num_heads) + 1) * spec.rope_head_dim
     else:
-        rope = float(elementwise_width("attn_rope", hidden, p.split(spec.num_heads),
-                                       p.kv_heads(spec.num_kv_heads), spec.head_dim, 0.0))
+        rope = elementwise_width_on("attn_rope", spec, p)
     ops = [RooflineOp("emb", hidden, 1),
            RooflineOp("input_layernorm", hidden, L),
            RooflineOp("attn_rope", float(rope), L),

@@ -28,7 +28,7 @@ OP_CLASSES = {"emb": "emb", "input_layernorm": "norm", "post_attention_layernorm
               "add": "add", "sampling": "norm"}
 CLASSES = ("emb", "norm", "rope", "act", "add")
 
-# Bytes an operator reads and writes per element costmodel.importers.vidur.elementwise_width() counts,
+# Bytes an operator reads and writes per element simulator.model_spec.elementwise_widths_of() counts,
 # in units of the element's size, as Vidur's profiler runs the operator (vidur/profiling/mlp/mlp_impl.py):
 PASSES_PER_WIDTH_ELEMENT = {
     "emb": 2.0,                       # width = hidden: gathers one table row per token, writes it
@@ -60,7 +60,7 @@ class KernelConstants:
 
 def bytes_moved(op: str, width, num_tokens, dtype_bytes: float):
     """Bytes one call of `op` reads and writes at `num_tokens` tokens (rows), `width` elements per
-    row as elementwise_width() counts them."""
+    row as elementwise_widths_of() counts them."""
     return PASSES_PER_WIDTH_ELEMENT[op] * np.asarray(width, dtype=np.float64) * num_tokens * dtype_bytes
 
 

@@ -310,7 +310,8 @@ TERM_KINDS: dict[str, type[Term]] = {
     "linear": FeatureCurve,          # layers x per-layer GEMMs (and, in tables written before the
                                      # elementwise term, the small ops too), by num_tokens
     "elementwise": FeatureCurve,     # norms, RoPE, activation, residual adds, embedding, by num_tokens
-    "sampling": FeatureCurve,        # greedy sampling's read of the logits, by num_seqs
+    "sampling": FeatureCurve,        # greedy sampling's read of the logits (measured: with the final norm), by num_seqs
+    "kv_store": FeatureCurve,        # layers x the new tokens' KV store (measured by our profiler), by num_seqs
     "lm_head": FeatureCurve,         # by num_seqs
     "all_reduce": FeatureCurve,      # tensor parallelism's collectives, by num_tokens
     "moe": FeatureCurve,             # MoE layers x routed experts, by num_tokens

@@ -14,6 +14,9 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
                     (the engine's whole host path of an iteration: profiler.engine.probe)
     [moe]           num_tokens = [1, 2, 4, ...]; distributions = ["balanced", "power_law_1.01"]
                     (mixture-of-experts specs only: one MoE layer's routed experts)
+    [elementwise]   num_tokens (per-token operators: emb, input_layernorm, attn_rope,
+                    post_attention_layernorm, mlp_act, add); num_seqs (per-sequence ones: sample,
+                    kv_store); names = [...] (default: all eight; profiler.elementwise)
 
 Patterns make heterogeneous batches from (b, q, s), and routing distributions the tokens each
 expert receives, deterministically, so a grid names the same points on every host. Each point
@@ -30,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.model_spec import ModelSpec
+from simulator.model_spec import SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
 from simulator.readers import read_config_file
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe")
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise")
 MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has
 DECODE_PATTERNS = ("uniform", "log_uniform", "one_long")
 PREFILL_PATTERNS = ("uniform", "ragged")
@@ -45,6 +48,7 @@ SECTION_KEYS = {
     "overhead": {"num_seqs", "s", "cases"},
     "host": {"num_seqs", "s", "prefill_q", "cases"},
     "moe": {"num_tokens", "distributions"},
+    "elementwise": {"num_tokens", "num_seqs", "names"},
 }
 POWER_LAW = "power_law_"            # a routing distribution "power_law_<alpha>"
 STEP_BATCH_KEYS = {"num_prefill", "q", "s", "num_decode", "decode_s", "decode_pattern"}
@@ -163,7 +167,7 @@ QUICK = {
          "decode_pattern": "one_long"},
     ]},
     # Input building alone (the host op's inputs part; fit takes host where both are there).
-    "overhead": {"num_seqs": [1, 8, 32, 128, 256], "s": [512]},
+    "overhead": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256], "s": [512]},
     # Decodes, fresh prefills, and mixed steps of both: host time by sequences and tokens. Short
     # contexts: host time barely depends on them, and each round prefills every decode first.
     "host": {"num_seqs": [1, 2, 4, 8, 16, 32, 64, 128], "s": [64], "prefill_q": [16, 64, 256, 512],
@@ -173,6 +177,12 @@ QUICK = {
     # and power_law_1.2 (full takes all three), and every num_tokens of full's list.
     "moe": {"num_tokens": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
             "distributions": ["balanced", "power_law_1.01"]},
+    # The step's work besides GEMMs and attention (norms, RoPE, activation, residual adds,
+    # embedding; final norm and sampling, KV stores): on the CPU, with a small model, about half
+    # of a decode step, which kernel tables without it miss.
+    # Nine sizes each: fit needs eight rows per operator; dense where serving steps are.
+    "elementwise": {"num_tokens": [1, 4, 16, 32, 64, 128, 256, 1024, 4096],
+                    "num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256]},
 }
 
 _FULL_M = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
@@ -202,6 +212,7 @@ FULL = {
              "cases": [{"name": "mixed", "q_lens": [q] + [1] * d, "kv_lens": [0] + [2048] * d}
                        for q in (256, 1024) for d in (16, 64, 128)]},
     "moe": {"num_tokens": _FULL_M, "distributions": ["balanced", "power_law_1.01", "power_law_1.2"]},
+    "elementwise": {"num_tokens": [2 ** i for i in range(15)], "num_seqs": [2 ** i for i in range(10)]},
 }
 
 BUILT_IN = {"quick": QUICK, "full": FULL}
@@ -404,8 +415,22 @@ def _expand_moe(section: dict, spec: ModelSpec, where: str) -> list[Point]:
     return [Point("moe", name, m=t) for name in distributions for t in num_tokens]
 
 
+def _expand_elementwise(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    """Each operator at each row count: tokens for the per-token operators, sequences (one decode
+    token each) for sample and kv_store. m: the rows."""
+    known = TOKEN_ELEMENTWISE + SEQ_ELEMENTWISE
+    names = _names(section, "names", known, known, where)
+    if not spec.num_ffn_dense_layers:     # every FFN is routed experts: the moe op times them
+        names = [name for name in names if name != "mlp_act"]
+    tokens = _ints(section, "num_tokens", where, default=[])
+    seqs = _ints(section, "num_seqs", where, default=[])
+    return [Point("elementwise", name, m=m) for name in names
+            for m in (seqs if name in SEQ_ELEMENTWISE else tokens)]
+
+
 _EXPANDERS = {"gemm": _expand_gemm, "attn_prefill": _expand_prefill, "attn_decode": _expand_decode,
-              "step": _expand_step, "overhead": _expand_overhead, "host": _expand_host, "moe": _expand_moe}
+              "step": _expand_step, "overhead": _expand_overhead, "host": _expand_host, "moe": _expand_moe,
+              "elementwise": _expand_elementwise}
 
 
 # --- heterogeneous batches -----------------------------------------------------------------

@@ -297,19 +297,27 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, inputs: StepInputs) -> Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(self.input_norm(x))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.rope(self.qkv_proj(self.input_norm(x)), cos, sin)
         inputs.kv.store(self.index, k, v, inputs)
         attn = attend(q, self.index, inputs).reshape(num_tokens, self.q_size)
         x = x + self.o_proj(attn)
         return x + self.ffn(self.post_attn_norm(x))
 
+    def rope(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The QKV projection's output split into heads, RoPE on queries and keys."""
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        return q, k, v.view(num_tokens, self.num_kv_heads, self.head_dim)
+
     def ffn(self, h: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(h).split(self.ffn_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(self.gate_up_proj(h)))
+
+    def activation(self, gate_up: Tensor) -> Tensor:
+        """SwiGLU's element-wise part: silu(gate) * up."""
+        gate, up = gate_up.split(self.ffn_size, dim=-1)
+        return F.silu(gate) * up
 
 
 class MoEDecoderLayer(DecoderLayer):
@@ -372,13 +380,18 @@ class LlamaModel(nn.Module):
     @torch.no_grad()
     def run_step(self, inputs: StepInputs) -> Tensor:
         """The device work of one step; advances every cache by its q_len. -> [num_emit, vocab]."""
-        x = self.embed(inputs.token_ids)
-        num_positions = max(s + q for s, q in zip(inputs.kv_lens, inputs.q_lens))
-        cos, sin = self.rotary.tables(inputs.positions, num_positions, self.dtype)
+        x, cos, sin = self.embed_tokens(inputs)
         for layer in self.layers:
             x = layer(x, cos, sin, inputs)
         inputs.kv.advance(inputs)
         return self.lm_head(self.final_norm(x[inputs.emit_rows]))
+
+    def embed_tokens(self, inputs: StepInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """A step's once-per-step element-wise work: the embedding lookup and the RoPE tables'
+        rows of its positions."""
+        num_positions = max(s + q for s, q in zip(inputs.kv_lens, inputs.q_lens))
+        cos, sin = self.rotary.tables(inputs.positions, num_positions, self.dtype)
+        return self.embed(inputs.token_ids), cos, sin
 
     def forward_step(self, token_ids: list[Tensor], caches: list[KVCache], emit: list[bool]) -> Tensor:
         """One engine iteration: new tokens of each sequence over its cache -> logits of emitting rows."""

@@ -13,6 +13,8 @@
 - host: the engine's whole host path for one batch (profiler.engine.probe.EngineProbe): a real
   iteration of the engine held at the batch, its `host_ms` (schedule, input building, appending
   tokens, on_step_done): what a step costs besides the `step` op. Decodes and fresh prefills only.
+- elementwise: one of the step's operators besides GEMMs and attention (norms, RoPE, activation,
+  residual adds, embedding; final norm and sampling, KV stores): profiler.elementwise.
 - moe: `profiler.moe.routed_experts` of one MoE layer (no router, no shared experts: what a
   fused-experts kernel computes) for m tokens routed as the point's distribution says
   (profiler.grid.routed_expert_ids), with the model's experts, top-k and widths.
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from profiler.elementwise import KV_STORE_CONTEXT, elementwise_run
 from profiler.grid import Point, is_probe_batch, routed_expert_ids
 from profiler.model import KVCache, LlamaModel, attend, prepare_step, torch_dtype
 from profiler.moe import routed_experts
@@ -100,6 +103,11 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
         return num_buffer_sets(set_bytes, ctx.rotate_bytes) * set_bytes + 2 * point.m * point.n * nbytes
     if point.op == "moe":
         return _moe_bytes(point, ctx)
+    if point.op == "elementwise":   # the model's weights, a few activations, and for sample the logits
+        weights = 0 if ctx.model_built else spec.num_params * nbytes
+        width = 4 * spec.hidden_size + 2 * spec.ffn_size + spec.q_size + 2 * spec.kv_size + spec.vocab_size
+        kv = point.m * (KV_STORE_CONTEXT + 1) * 2 * spec.num_layers * spec.kv_size * nbytes
+        return weights + point.m * width * nbytes + (kv if point.name == "kv_store" else 0)
     tokens, kv_tokens = point.num_tokens, point.kv_tokens
     if point.op in ("attn_prefill", "attn_decode", "overhead"):
         set_bytes = kv_tokens * 2 * spec.kv_size * nbytes + tokens * spec.q_size * nbytes
@@ -194,31 +202,11 @@ def _paged_step(point: Point, ctx: OpContext) -> Kernel:
     the CPU into each sequence's read copy, which attention reads; a gather of the blocks on CUDA),
     the forward and greedy sampling, in a tight loop: 5-10% faster than inside the engine on the
     CPU (on contiguous caches, 11-22%: tiny, 1 to 16 decodes, interleaved in one process)."""
-    from profiler.engine.paged import PagedKVCache, default_read_copies
-    from profiler.model import step_inputs
-    model, gen = ctx.model(), ctx.generator(point)
-    q_lens, kv_lens = list(point.q_lens), list(point.kv_lens)
-    tables, start = [], 0
-    for q, s in zip(q_lens, kv_lens):   # each sequence on consecutive blocks of its own
-        count = -(-(s + q) // STEP_BLOCK_SIZE)
-        tables.append(list(range(start, start + count)))
-        start += count
-    pool = PagedKVCache.for_model(model, STEP_BLOCK_SIZE, start, read_copies=default_read_copies(ctx.device))
-    pool.reserve(start)
-    pool.data.normal_(generator=gen if pool.data.device.type == "cpu" else None)   # the cached K/V: noise
-    copies = []
-    if pool.read_copies is not None:
-        for request_id, (q, s) in enumerate(zip(q_lens, kv_lens)):
-            # The engine's copies grow by doubling: past its prefill a sequence's copy holds about twice
-            # its tokens, and attention reads a strided view of it (slower than a whole tensor).
-            copy = pool.read_copies[request_id] = model.new_cache(capacity=s + q if s == 0 else max(s + q, 2 * s))
-            copy.fill_random(s, gen)
-            copies.append(copy)
-    tokens = [torch.randint(0, ctx.spec.vocab_size, (q,), generator=gen) for q in q_lens]
+    from profiler.engine.paged import held_batch
+    model, q_lens, kv_lens = ctx.model(), list(point.q_lens), list(point.kv_lens)
     # Inputs are built once: building them is host work, the `host` op's (as in the engine, whose
     # device_ms is the forward and the sampling only).
-    kv = pool.step_kv(list(range(len(q_lens))), tables, kv_lens, q_lens)
-    inputs = step_inputs(tokens, kv_lens, [True] * len(q_lens), ctx.device, kv)
+    inputs, copies = held_batch(model, q_lens, kv_lens, STEP_BLOCK_SIZE, ctx.generator(point))
 
     def run(i: int) -> None:
         for copy, s in zip(copies, kv_lens):
@@ -281,5 +269,10 @@ def _randn(shape, gen: torch.Generator, device, dtype, scale: float = 1.0) -> to
     return (torch.randn(shape, generator=gen) * scale).to(dtype)
 
 
+def _elementwise(point: Point, ctx: OpContext) -> Kernel:
+    """A step's work besides GEMMs and attention, one operator (profiler.elementwise)."""
+    return Kernel(elementwise_run(point, ctx, STEP_BLOCK_SIZE))
+
+
 BUILDERS = {"gemm": _gemm, "attn_prefill": _attention, "attn_decode": _attention,
-            "step": _step, "overhead": _overhead, "host": _host, "moe": _moe}
+            "step": _step, "overhead": _overhead, "host": _host, "moe": _moe, "elementwise": _elementwise}

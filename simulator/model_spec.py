@@ -76,6 +76,28 @@ def gemm_shapes_of(hidden, heads, kv_heads, head_dim, ffn, vocab, gated=True) ->
     }
 
 
+# The small per-layer operators Vidur's mlp.csv times (embedding: once per step), and the
+# per-sequence ones our profiler times besides (`stepcal profile --ops elementwise`).
+TOKEN_ELEMENTWISE = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
+SEQ_ELEMENTWISE = ("sample", "kv_store")
+
+
+def elementwise_widths_of(hidden, heads, kv_heads, head_dim, ffn, vocab=0) -> dict:
+    """Elements per row each element-wise operator touches, from the sizes one GPU holds; a row
+    is a token, for sample a sequence (the final norm of its last hidden state and greedy
+    sampling's read of its logits). Numbers or numpy arrays alike, as gemm_shapes_of."""
+    return {
+        "emb": hidden,
+        "input_layernorm": hidden,
+        "post_attention_layernorm": hidden,
+        "attn_rope": (heads + kv_heads) * head_dim,
+        "mlp_act": 3 * ffn,          # reads gate and up, writes the product
+        "add": 2 * hidden,
+        "sample": hidden + vocab,
+        "kv_store": 2 * kv_heads * head_dim,   # the new token's K and V, into the cache
+    }
+
+
 ATTENTION_KINDS = ("gqa", "mla")
 REQUIRED_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size",
                    "vocab_size")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from costmodel.records import check_positive, check_times, make_records, require_columns
 from simulator.errors import InputError
-from simulator.model_spec import gemm_shapes_of
+from simulator.model_spec import elementwise_widths_of, gemm_shapes_of
 
 KEY_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
                "num_tokens", "num_tensor_parallel_workers")
@@ -89,12 +89,5 @@ def _op_records(frame: pd.DataFrame, op: str, time_ms: np.ndarray, path: str) ->
 def elementwise_width(op, hidden, heads, kv_heads, head_dim, ffn):
     """Elements touched per token by one of Vidur's small operators (bytes = width x 2), from
     the sizes one GPU holds (heads, KV heads and FFN width after the tensor-parallel split)."""
-    widths = {
-        "emb": hidden,
-        "input_layernorm": hidden,
-        "post_attention_layernorm": hidden,
-        "attn_rope": (heads + kv_heads) * head_dim,
-        "mlp_act": 3 * ffn,          # reads gate and up, writes the product
-        "add": 2 * hidden,
-    }
+    widths = elementwise_widths_of(hidden, heads, kv_heads, head_dim, ffn)
     return np.asarray(widths[op], dtype=np.float64) * np.ones_like(np.asarray(hidden, dtype=np.float64))

@@ -10,12 +10,14 @@ models are validated on every run:
   tables      the kernel profile and the calibration load's step logs (and the saturation runs'),
   profiled    the profile alone, whole steps (device time) plus the engine's host path (the `host`
               op): the path of a user without step logs; it saw no run, so every load is held out,
-  kernels     the kernel profile alone: what per-operator profiles say, without the engine's host work,
+  kernels     the kernel profile alone (GEMMs, attention and the element-wise op): what per-operator
+              profiles say, without the engine's host work,
   calibrated  the kernel tables plus host terms fitted to the calibration load's request log, the
               path of a user who has kernel profiles and a deployment's request log only,
   profiled_cal  the profiled tables plus host terms fitted the same way: a base that already has the
-              step's shape over batch size (on the CPU the kernels are about a third of a step, and
-              terms fitted at a low load, where batches hold few sequences, cannot learn the rest).
+              step's shape over batch size (on the CPU the kernels are about half of a step, a third
+              without the element-wise op, and terms fitted at a low load, where batches hold few
+              sequences, cannot learn the rest).
 """
 from __future__ import annotations
 

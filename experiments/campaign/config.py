@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "overhead", "moe")   # moe: mixture-of-experts models only
+KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "elementwise", "overhead", "moe")   # moe: MoE models only
 CALIBRATED = ("calibrated", "profiled_cal")   # the step models with host terms fitted to a request log
 PROFILED_OPS = ("step", "host")    # what the "profiled" tables need: whole-step device time and host time
 

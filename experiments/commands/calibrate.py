@@ -38,7 +38,8 @@ def register(subparsers) -> None:
                         "(the scatter's run_cv, which --ranges draws; one pair of repeats is a rough estimate "
                         "of a spread)")
     p.add_argument("--scatter-profiles", nargs=2, default=(), metavar=("EARLY", "LATE"),
-                   help="two profiles of the same grid on this device, timed at different times (e.g. before "
+                   help="two profiles (`stepcal profile` directories or their profile.parquet) of the same grid "
+                        "on this device, timed at different times (e.g. before "
                         "and after the measurements, as the quickstart does): the median ratio of their "
                         "whole-step times is one more pair for run_cv")
     p.add_argument("--out", required=True, help="output step-model directory")

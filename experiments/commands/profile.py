@@ -10,7 +10,8 @@ from experiments.profiling import OPS
 EXIT_INCOMPLETE = 3
 
 DESCRIPTION = """\
-Time GEMMs, attention (prefill and decode), whole model steps and host overhead for a model
+Time GEMMs, attention (prefill and decode), element-wise work (norms, RoPE, activation,
+residual adds, embedding, sampling, KV stores), whole model steps and host overhead for a model
 shape over a grid of batch sizes and KV lengths, and write DIR/profile.parquet (one row per
 point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/meta.json
 (configuration and hardware fingerprint).

@@ -49,6 +49,9 @@ def profile_log_ratio(early: str | Path, late: str | Path) -> float:
     from simulator.errors import InputError
     from simulator.readers import read_parquet
     columns = ("point_key", "op", "time_ms", "status")
+    # a directory `stepcal profile --out` wrote, or its profile.parquet
+    early, late = (Path(p) / "profile.parquet" if Path(p).is_dir() and (Path(p) / "profile.parquet").is_file()
+                   else p for p in (early, late))
     frames = [read_parquet(path, "--scatter-profiles", columns) for path in (early, late)]
     both = frames[0].merge(frames[1], on="point_key", suffixes=("_early", "_late"))
     both = both[(both["status_early"] == "ok") & (both["status_late"] == "ok")]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 PARTS = ("kernels", "elementwise", "host", "whole_step")
-PART_OF_TERM = {"elementwise": "elementwise", "sampling": "elementwise", "host": "host", "overhead": "host",
+PART_OF_TERM = {"elementwise": "elementwise", "sampling": "elementwise", "kv_store": "elementwise",
+                "host": "host", "overhead": "host",
                 "step": "whole_step"}      # every other term (GEMMs, attention, experts, collectives): kernels
 
 

@@ -261,3 +261,31 @@ class CopiesStepKV:
 
     def advance(self, inputs) -> None:
         self.copies.advance(inputs)
+
+
+def held_batch(model, q_lens: list[int], kv_lens: list[int], block_size: int,
+               generator: torch.Generator) -> tuple:
+    """A batch as the engine holds it, outside an engine (the profiler's `step` and `kv_store`
+    points): a fresh pool with each sequence on consecutive blocks of its own, the cached K/V
+    noise, on the CPU each sequence's read copy filled with its s_i tokens, and the step's inputs
+    built once. -> (inputs, read copies); a timing loop rewinds the copies (copy.length = s_i)."""
+    from profiler.model import step_inputs
+    tables, start = [], 0
+    for q, s in zip(q_lens, kv_lens):
+        count = -(-(s + q) // block_size)
+        tables.append(list(range(start, start + count)))
+        start += count
+    pool = PagedKVCache.for_model(model, block_size, start, read_copies=default_read_copies(model.device))
+    pool.reserve(start)
+    pool.data.normal_(generator=generator if pool.data.device.type == "cpu" else None)
+    copies = []
+    if pool.read_copies is not None:
+        for request_id, (q, s) in enumerate(zip(q_lens, kv_lens)):
+            # The engine's copies grow by doubling: past its prefill a sequence's copy holds about twice
+            # its tokens, and attention reads a strided view of it (slower than a whole tensor).
+            copy = pool.read_copies[request_id] = model.new_cache(capacity=s + q if s == 0 else max(s + q, 2 * s))
+            copy.fill_random(s, generator)
+            copies.append(copy)
+    tokens = [torch.randint(0, model.spec.vocab_size, (q,), generator=generator) for q in q_lens]
+    kv = pool.step_kv(list(range(len(q_lens))), tables, kv_lens, q_lens)
+    return step_inputs(tokens, kv_lens, [True] * len(q_lens), model.device, kv), copies

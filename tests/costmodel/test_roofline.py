@@ -270,3 +270,30 @@ def test_a_drawn_bias_moves_the_roofline_terms_by_their_spread(aiconfigurator_h1
         assert (spread > 0).all() and (spread < term.evaluate(f)).all()
         assert term.biased(1.5).evaluate(f) == pytest.approx(term.evaluate(f) + 1.5 * spread)
         assert term.biased(1.5).source == term.source
+
+
+def test_our_profilers_sampling_and_kv_stores_make_per_sequence_terms_that_win_over_the_roofline(tmp_path):
+    """`stepcal profile --ops elementwise` times sample (final norm and argmax, once per step) and
+    kv_store (once per layer) by sequences: terms on num_seqs from the data, not the roofline's."""
+    targets = ("gemm", *(f"elementwise:{op}" for op in (*VIDUR_SMALL_OPS, "sample", "kv_store")))
+    records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0, "device": "NVIDIA H100 80GB HBM3"},
+                           source="t", file="t")
+    meta = build_tables(_result(targets, records), tmp_path, spec=LLAMA3, parallelism=Parallelism(), axes=AXES)
+    assert meta["term_sources"]["sampling"] == {"source": "data", "ops": ["sample"]}
+    assert meta["term_sources"]["kv_store"] == {"source": "data", "ops": ["kv_store"]}
+    assert not {"elementwise", "sampling"} & set(meta["missing_terms"])
+    terms = {t.name: t for t in load_step_model(tmp_path).terms}
+    assert terms["sampling"].axis == terms["kv_store"].axis == "num_seqs"
+    f = StepFeatures.from_batches([StepBatch.of(range(5), [1] * 5, [100] * 5)])
+    assert terms["sampling"].evaluate(f)[0] == pytest.approx(1.0)       # 1 ms per call, one call
+    assert terms["kv_store"].evaluate(f)[0] == pytest.approx(32.0)      # one call per layer
+
+
+def test_kv_stores_count_as_element_wise_work_in_the_step_split(tmp_path):
+    from experiments.validation.split import term_parts_ms
+    targets = ("gemm", "elementwise:kv_store", "elementwise:sample")
+    records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0}, source="t", file="t")
+    build_tables(_result(targets, records), tmp_path, spec=LLAMA3, parallelism=Parallelism(), axes=AXES)
+    f = StepFeatures.from_batches([StepBatch.of(range(2), [1, 1], [10, 10])])
+    parts = term_parts_ms(load_step_model(tmp_path), f)
+    assert parts["elementwise"][0] == pytest.approx(33.0)               # 32 stores + 1 sampling

@@ -96,6 +96,18 @@ def test_a_profile_in_two_halves_is_one_more_pair_from_its_whole_steps(tmp_path)
         profile_log_ratio(early, write_profile(tmp_path / "other.parquet", [("z", "step", 1.0, "ok")]))
 
 
+def test_a_profile_directory_stands_for_its_profile_table(tmp_path):
+    from experiments.validation.scatter import profile_log_ratio
+    from simulator.errors import InputError
+    for name, ms in (("early", 2.0), ("late", 3.0)):
+        (tmp_path / name).mkdir()
+        write_profile(tmp_path / name / "profile.parquet", [("s1", "step", ms, "ok")])
+    assert profile_log_ratio(tmp_path / "early", tmp_path / "late") == pytest.approx(np.log(1.5))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"empty: is a directory \(expected --scatter-profiles\)"):
+        profile_log_ratio(tmp_path / "empty", tmp_path / "late")
+
+
 def test_calibrate_pools_the_profile_pair_into_run_cv(runs, tmp_path):
     early = write_profile(tmp_path / "early.parquet", [("s1", "step", 2.0, "ok")])
     late = write_profile(tmp_path / "late.parquet", [("s1", "step", 2.5, "ok")])

@@ -21,13 +21,26 @@ TINY = PRESETS["tiny"]
 def test_quick_grid_covers_every_op_with_model_shapes():
     grid = load_grid("quick", TINY)
     ops = {p.op for p in grid.points}
-    assert ops == {"gemm", "attn_prefill", "attn_decode", "step", "overhead", "host"}
+    assert ops == {"gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "elementwise"}
     gemms = [p for p in grid.points if p.op == "gemm"]
     assert {(p.name, p.n, p.k) for p in gemms if p.m == 1} == {
         (name, n, k) for name, (n, k) in TINY.gemm_shapes().items()}
     assert len({p.key for p in grid.points}) == len(grid.points)
     patterns = {p.name for p in grid.points if p.op == "attn_decode"}
     assert patterns == {"uniform", "log_uniform", "one_long"}
+
+
+@pytest.mark.parametrize("spec", ["tiny", "tiny-moe"])
+def test_every_target_of_the_quick_grid_has_the_rows_a_fit_needs(spec):
+    """One profile of the quick grid fits every target (costmodel.fitting skips one with fewer rows:
+    the overhead op's five points were skipped so, and its term missed from the kernel tables)."""
+    from collections import Counter
+
+    from costmodel.features import target_of
+    from costmodel.fitting import MIN_ROWS
+    rows = Counter(target_of(p.op, p.name) for p in load_grid("quick", PRESETS[spec]).points)
+    assert {target: n for target, n in rows.items() if n < MIN_ROWS} == {}
+    assert {"overhead", "host", "step", "elementwise:add", "elementwise:kv_store"} <= set(rows)
 
 
 def test_host_points_are_decodes_fresh_prefills_and_mixes_of_both():
