@@ -98,3 +98,9 @@ def test_memory_estimate_counts_the_logits_and_the_kv_pool():
     assert large > 200 * small > 0
     store = estimate_bytes(Point("elementwise", "kv_store", m=64), c)
     assert store > estimate_bytes(Point("elementwise", "add", m=64), c)
+
+
+def test_the_profile_command_offers_every_op_the_grid_knows():
+    from experiments.profiling import OPS as COMMAND_OPS      # kept apart so that --help needs no numpy
+    from profiler.grid import OPS
+    assert COMMAND_OPS == OPS and "elementwise" in OPS
