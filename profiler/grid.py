@@ -424,6 +424,11 @@ def _expand_elementwise(section: dict, spec: ModelSpec, where: str) -> list[Poin
         names = [name for name in names if name != "mlp_act"]
     tokens = _ints(section, "num_tokens", where, default=[])
     seqs = _ints(section, "num_seqs", where, default=[])
+    for name in names:
+        key, sizes = ("num_seqs", seqs) if name in SEQ_ELEMENTWISE else ("num_tokens", tokens)
+        if not sizes:
+            raise InputError(f"{where}: {name} is timed over {key}; give {key} = [...] (or leave {name} "
+                             f"out of names)")
     return [Point("elementwise", name, m=m) for name in names
             for m in (seqs if name in SEQ_ELEMENTWISE else tokens)]
 

@@ -37,6 +37,9 @@ def test_names_choose_operators_and_an_unknown_one_is_refused():
     assert [(p.name, p.m) for p in grid.points] == [("add", 2), ("add", 8), ("sample", 3)]
     with pytest.raises(InputError, match=r"grid: \[elementwise\]: unknown names \['rmsnorm'\]; known: emb, "):
         expand_grid("g", {"elementwise": {"names": ["rmsnorm"], "num_tokens": [1]}}, TINY)
+    # an operator without its sizes would make no points, silently: refused, naming the key
+    with pytest.raises(InputError, match=r"grid: \[elementwise\]: sample is timed over num_seqs; give num_seqs"):
+        expand_grid("g", {"elementwise": {"num_tokens": [1, 2]}}, TINY)
 
 
 def test_a_model_whose_every_ffn_is_experts_has_no_activation_point():
@@ -101,6 +104,6 @@ def test_memory_estimate_counts_the_logits_and_the_kv_pool():
 
 
 def test_the_profile_command_offers_every_op_the_grid_knows():
-    from experiments.profiling import OPS as COMMAND_OPS      # kept apart so that --help needs no numpy
+    from experiments.profiling import OPS as COMMAND_OPS  # kept apart so that --help needs no numpy
     from profiler.grid import OPS
     assert COMMAND_OPS == OPS and "elementwise" in OPS
