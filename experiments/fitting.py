@@ -162,6 +162,8 @@ def _report(result, meta, out, wall_s) -> None:
         print(f"  overall {split}: MAPE {e['mape']:.2f}%  P90 {e['p90_ape']:.1f}%  max {e['max_ape']:.1f}%")
     for note in meta.get("notes", []):
         print(f"  note: {note}")
+    for target, why in (meta.get("skipped_targets") or {}).items():
+        print(f"  note: {target} not fitted: {why}")      # its term is then among the missing ones
     if meta.get("missing_terms"):
         print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
     scatter = meta.get("scatter")

@@ -111,6 +111,19 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
     assert "--ops gemmm: no rows" in err and "gemm" in err and len(err.strip().splitlines()) == 1
 
 
+def test_fit_says_which_targets_had_too_few_rows(tmp_path, capsys):
+    rows = [{"op": "gemm", "name": "o_proj", "m": m, "n": 256, "k": 256, "time_ms": 0.01 * m} for m in range(1, 13)]
+    rows += [{"op": "elementwise", "name": "add", "num_tokens": t, "width": 512, "tp": 1, "time_ms": 0.01 * t}
+             for t in (1, 2, 4)]
+    path = tmp_path / "p.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    assert main(["fit", "--profile", str(path), "--model-spec", "tiny", "--regressor", "rf", "--no-mlflow",
+                 "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "note: elementwise:add not fitted: only 3 rows (need 8)" in out
+    assert "elementwise" in json.loads((tmp_path / "t" / "meta.json").read_text())["missing_terms"]
+
+
 def test_fit_ops_keeps_only_the_named_ops(profile_file, tmp_path):
     out = tmp_path / "t"
     assert main(["fit", "--profile", str(profile_file), "--ops", "gemm", "--model-spec", "tiny",
