@@ -1,9 +1,9 @@
 """attention.csv of the Vidur export: the points Vidur's attention profiler times (decode:
 batch_size x kv_cache_size; prefill: one chunk of prefill_chunk_size over kv_cache_size), from the
 attention regressors, else the tables' attention grids; with neither the export refuses (Vidur cannot
-run without the file). attn_kv_cache_save: no input we read times it, so it is an estimate: the bytes
-of K and V of the new tokens over the device memory bandwidth (--hbm-gbps), a lower bound without
-launch latency."""
+run without the file). attn_kv_cache_save: from our profiler's kv_store regressor where the tables
+were fitted with the `elementwise` op; else an estimate, the bytes of K and V of the new tokens over
+the device memory bandwidth (--hbm-gbps), a lower bound without launch latency."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,8 +70,8 @@ def vidur_attention(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys:
                          f"needs attention.csv for prefill and decode attention; fit with --profile .../attention "
                          f"tables too (e.g. AIConfigurator's attention/ directory), or Vidur cannot run")
     frame = pd.DataFrame(cols, index=points.index)
-    frame = frame.assign(**stat_columns("attn_kv_cache_save", kv_cache_save_ms(points, spec, kv_heads, hbm_gbps),
-                                        np.zeros(len(frame))))
+    save_ms, save_spread, save_note = _kv_cache_save(table_dir, meta, spec, p, points, hbm_gbps)
+    frame = frame.assign(**stat_columns("attn_kv_cache_save", save_ms, save_spread))
     for name in ("attn_input_reshape", "attn_output_reshape"):
         frame = frame.assign(**stat_columns(name, np.zeros(len(frame)), np.zeros(len(frame))))
     by_vidur_field = {k.vidur: keys[k.column] for k in MLP_KEYS if k.column in keys}
@@ -84,10 +84,31 @@ def vidur_attention(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys:
     decode = int((~points["is_prefill"]).sum())
     notes = [f"attention.csv: {decode} decode and {len(points) - decode} prefill rows at Vidur's attention "
              f"sweep (sequences to {VIDUR_MAX_SEQ_LEN}, batches to {VIDUR_MAX_BATCH_SIZE}) from "
-             f"{' and '.join(sources)}",
-             f"attn_kv_cache_save estimated: K and V bytes of the new tokens at {hbm_gbps:g} GB/s (--hbm-gbps; "
-             f"no input times it)"]
+             f"{' and '.join(sources)}", save_note]
     return frame, notes
+
+
+def _kv_cache_save(table_dir: Path, meta: dict, spec: ModelSpec, p: Parallelism, points: pd.DataFrame,
+                   hbm_gbps: float) -> tuple[np.ndarray, np.ndarray, str]:
+    """Per-layer KV-cache save at Vidur's points: from our profiler's kv_store regressor where the tables
+    have one (priced by sequences: the batch's decodes, or the one prefill chunk), else the estimate."""
+    from costmodel.compose_elementwise import elementwise_width_on
+    from costmodel.grid_predict import predict_grid
+    target = "elementwise:kv_store"
+    model = load_regressor(table_dir, meta, target)
+    if model is None:
+        zeros = np.zeros(len(points))
+        return (kv_cache_save_ms(points, spec, p.kv_heads(spec.num_kv_heads), hbm_gbps), zeros,
+                f"attn_kv_cache_save estimated: K and V bytes of the new tokens at {hbm_gbps:g} GB/s "
+                f"(--hbm-gbps; no input times it)")
+    seqs = np.where(points["is_prefill"].to_numpy(dtype=bool), 1.0,
+                    points["batch_size"].to_numpy(dtype=np.float64))
+    n = len(points)
+    time_ms, spread_ms = predict_grid(fitted({target: model}), target, dict(
+        row=np.arange(n), op="elementwise", name="kv_store", num_tokens=seqs, tp=np.full(n, float(p.tp)),
+        width=np.full(n, elementwise_width_on("kv_store", spec, p))), spec.kv_dtype or spec.dtype)
+    return (np.maximum(time_ms, 0.0), np.maximum(spread_ms, 0.0),
+            f"attn_kv_cache_save from the {target} regressor (our profiler's KV store, by sequences)")
 
 
 def _attention_times(table_dir: Path, meta: dict, spec: ModelSpec, heads: tuple[int, int], target: str,

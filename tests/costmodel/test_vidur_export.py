@@ -348,3 +348,28 @@ def test_missing_regressors_fall_back_to_the_grids(fitted_tables, tmp_path, caps
     at = mlp.set_index("num_tokens").reindex(grid.index)["time_stats.mlp_up_proj.median"].dropna()
     np.testing.assert_allclose(at, grid.loc[at.index, "time_ms"], rtol=1e-9)
     assert contract_problems(mlp, attention, as_vidur_model(PRESETS["tiny"]), 1) == []
+
+
+def test_kv_cache_save_comes_from_our_profilers_kv_store_where_the_tables_have_it(tmp_path, capsys):
+    """Tables fitted with the `elementwise` op's kv_store rows: attention.csv's attn_kv_cache_save is
+    that regressor's time per layer, by the batch's sequences (one for a prefill chunk)."""
+    rows = [{"point_key": f"kv{b}", "op": "elementwise", "name": "kv_store", "num_tokens": b, "width": 256, "tp": 1,
+             "dtype": "float32", "status": "ok", "time_ms": 0.01 + 0.02 * b} for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+    profile = tmp_path / "profile.parquet"
+    pd.concat([make_profile(), pd.DataFrame(rows)], ignore_index=True).to_parquet(profile, index=False)
+    assert main(["fit", "--profile", str(profile), "--model-spec", "tiny", "--regressor", "rf", "--no-mlflow",
+                 "--out", str(tmp_path / "t")]) == 0
+    code, printed, err = export(tmp_path / "t", tmp_path / "v", capsys)
+    assert code == 0, err
+    assert "attn_kv_cache_save from the elementwise:kv_store regressor" in printed and "GB/s" not in printed
+    _, attention = read_export(tmp_path / "v")
+    save = attention["time_stats.attn_kv_cache_save.median"]
+    prefill = attention["is_prefill"].astype(bool)
+    assert save[prefill].nunique() == 1                       # one sequence, whatever its chunk
+    by_batch = save[~prefill].groupby(attention.loc[~prefill, "batch_size"]).first()
+    assert by_batch.is_monotonic_increasing
+    # the same regressor as the tables' kv_store term (layers x one store) at that term's knots
+    term = pd.read_parquet(tmp_path / "t" / "kv_store.parquet").set_index("num_seqs")["time_ms"]
+    common = sorted(set(term.index) & set(by_batch.index))
+    assert len(common) >= 3
+    np.testing.assert_allclose(by_batch.loc[common], term.loc[common] / PRESETS["tiny"].num_layers, rtol=1e-9)
