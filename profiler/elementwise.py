@@ -15,7 +15,8 @@ Per sequence (point.m sequences, one decode token each):
 
 On the CPU with a small model these are about half of a decode step (2-layer `tiny`, one decode:
 0.7 of 1.3 ms), mostly per-call framework cost, which no roofline gives. Inputs are random, of
-the shapes the model computes; one buffer set (no rotation through L2 on CUDA). On CUDA they are
+the shapes the model computes; one buffer set (in a step the activations were just written: they
+are in cache, unlike the weights the GEMMs rotate). On CUDA they are
 timed eagerly, launches included, as our engine runs them (not replayed from a CUDA graph).
 """
 from __future__ import annotations

@@ -24,6 +24,7 @@ def hardware_fingerprint(device: str, num_threads: int) -> dict:
         "num_cpus": os.cpu_count(),
         "num_cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_bytes": _meminfo_bytes("MemTotal"),
+        "cpu_l2_bytes": cpu_l2_bytes(),
         "hostname": platform.node(),
         "platform": platform.platform(),
         "python_version": platform.python_version(),
@@ -79,6 +80,21 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_l2_bytes(cache_dir: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """One core's L2 cache (Linux sysfs: cpu0's level-2 data or unified cache); None where unknown."""
+    for index in sorted(Path(cache_dir).glob("index*")):
+        try:
+            if (index / "level").read_text().strip() != "2" or (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20}.get(size[-1:], 1)
+        digits = size[:-1] if size[-1:] in ("K", "M") else size
+        return int(digits) * scale if digits.isdigit() else None
+    return None
 
 
 def device_name(info: dict) -> str:

@@ -19,8 +19,8 @@
   fused-experts kernel computes) for m tokens routed as the point's distribution says
   (profiler.grid.routed_expert_ids), with the model's experts, top-k and widths.
 
-Inputs are rotated through several buffer sets when `rotate_bytes` asks for it (on CUDA, about
-twice the L2 size) so that a small shape is not timed from a warm cache.
+Inputs are rotated through several buffer sets when `rotate_bytes` asks for it (about twice the L2
+size: the GPU's, or one CPU core's) so that a small shape is not timed from a warm cache.
 """
 from __future__ import annotations
 

@@ -112,3 +112,21 @@ def test_repeat_fallback_counts_like_a_graph():
 def test_builders_accept_long_batches(op):
     point = Point(op, "uniform", q_lens=(1,) * 64, kv_lens=tuple(range(1, 65)))
     build_kernel(point, ctx()).run(0)
+
+
+def test_cpu_kernels_rotate_past_one_cores_l2(tmp_path, monkeypatch):
+    """A weight is reused in a step only after megabytes of others: CPU kernels rotate their inputs
+    past twice one core's L2, read from sysfs, as CUDA kernels do past the GPU's."""
+    import profiler.fingerprint as fingerprint
+    from profiler.sweep import _rotate_bytes
+    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
+                                      "index2": ("2", "Unified", "2048K"), "index3": ("3", "Unified", "300M")}.items():
+        (tmp_path / name).mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / field).write_text(value + "\n")
+    assert fingerprint.cpu_l2_bytes(tmp_path) == 2 * 2**20
+    assert fingerprint.cpu_l2_bytes(tmp_path / "absent") is None
+    monkeypatch.setattr(fingerprint, "cpu_l2_bytes", lambda: 2 * 2**20)
+    assert _rotate_bytes("cpu") == 4 * 2**20
+    monkeypatch.setattr(fingerprint, "cpu_l2_bytes", lambda: None)
+    assert _rotate_bytes("cpu") == 0
