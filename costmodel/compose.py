@@ -30,8 +30,7 @@ from costmodel.compose_comm import (
 from costmodel.compose_elementwise import (
     DATA_ELEMENTWISE,
     SEQ_TERMS,
-    elementwise_width_on,
-    measured_seq_ms,
+    elementwise_ms,
     measured_seq_terms,
     roofline_device,
     roofline_elementwise_term,
@@ -123,11 +122,7 @@ def _ops_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.
     for name in DATA_ELEMENTWISE:
         target = f"elementwise:{name}"
         if target in result.targets:
-            mean, spread = predict_grid(result, target, dict(
-                row=np.arange(len(T)), op="elementwise", name=name, num_tokens=T,
-                tp=np.full(len(T), float(parallelism.tp)),
-                width=np.full(len(T), elementwise_width_on(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
-                with_spread=with_spread)
+            mean, spread = elementwise_ms(result, spec, parallelism, name, T, with_spread)
             parts.append(_op_frame(name, T, mean, spread, 1 if name == "emb" else spec.num_layers))
     experts = _experts_ops(result, spec, parallelism, T, composition, with_spread)
     if experts is not None:
@@ -306,7 +301,8 @@ def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallel
 
 def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelism,
                      B: np.ndarray) -> dict[str, np.ndarray]:
-    """The per-sequence terms (lm_head, overhead, measured sampling and KV stores) at batch sizes B straight from the regressors."""
+    """The per-sequence terms (lm_head, overhead, measured sampling and KV stores) at batch sizes B
+    straight from the regressors."""
     B = np.asarray(B, dtype=np.float64)
     out = {}
     lm = _lm_head_at(result, spec, parallelism, B, with_spread=False)
@@ -316,7 +312,8 @@ def per_seq_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallelis
         out["overhead"] = _overhead_at(result, spec, B, with_spread=False)[0]
     for name, term in SEQ_TERMS.items():
         if f"elementwise:{name}" in result.targets:
-            out[term] = seq_calls_per_step(name, spec) * measured_seq_ms(result, spec, parallelism, name, B, with_spread=False)[0]
+            out[term] = seq_calls_per_step(name, spec) * elementwise_ms(result, spec, parallelism, name, B,
+                                                                        with_spread=False)[0]
     return out
 
 

@@ -67,7 +67,7 @@ def measured_seq_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) 
         if f"elementwise:{name}" not in result.targets:
             continue
         calls = seq_calls_per_step(name, spec)
-        mean, spread = measured_seq_ms(result, spec, parallelism, name, B)
+        mean, spread = elementwise_ms(result, spec, parallelism, name, B)
         what = ("final norm and greedy sampling of the emitting rows" if name == "sample"
                 else f"{calls} layers x the new tokens' KV store")
         terms.append(FeatureCurve(SEQ_TERMS[name], "num_seqs", B, calls * mean, calls * spread,
@@ -75,13 +75,14 @@ def measured_seq_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) 
     return terms
 
 
-def measured_seq_ms(result, spec: ModelSpec, parallelism: Parallelism, name: str, B: np.ndarray,
-                    with_spread: bool = True):
-    """(time, spread) in ms of one call of a per-sequence operator at B sequences."""
+def elementwise_ms(result, spec: ModelSpec, parallelism: Parallelism, name: str, rows: np.ndarray,
+                   with_spread: bool = True):
+    """(time, spread) in ms of one call of an element-wise operator's regressor at `rows` rows (tokens,
+    or sequences for sample and kv_store), on one GPU's share of the model."""
+    n = len(rows)
     return predict_grid(result, f"elementwise:{name}", dict(
-        row=np.arange(len(B)), op="elementwise", name=name, num_tokens=B,
-        tp=np.full(len(B), float(parallelism.tp)),
-        width=np.full(len(B), elementwise_width_on(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
+        row=np.arange(n), op="elementwise", name=name, num_tokens=rows, tp=np.full(n, float(parallelism.tp)),
+        width=np.full(n, elementwise_width_on(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
         with_spread=with_spread)
 
 

@@ -92,8 +92,7 @@ def _kv_cache_save(table_dir: Path, meta: dict, spec: ModelSpec, p: Parallelism,
                    hbm_gbps: float) -> tuple[np.ndarray, np.ndarray, str]:
     """Per-layer KV-cache save at Vidur's points: from our profiler's kv_store regressor where the tables
     have one (priced by sequences: the batch's decodes, or the one prefill chunk), else the estimate."""
-    from costmodel.compose_elementwise import elementwise_width_on
-    from costmodel.grid_predict import predict_grid
+    from costmodel.compose_elementwise import elementwise_ms
     target = "elementwise:kv_store"
     model = load_regressor(table_dir, meta, target)
     if model is None:
@@ -103,10 +102,7 @@ def _kv_cache_save(table_dir: Path, meta: dict, spec: ModelSpec, p: Parallelism,
                 f"(--hbm-gbps; no input times it)")
     seqs = np.where(points["is_prefill"].to_numpy(dtype=bool), 1.0,
                     points["batch_size"].to_numpy(dtype=np.float64))
-    n = len(points)
-    time_ms, spread_ms = predict_grid(fitted({target: model}), target, dict(
-        row=np.arange(n), op="elementwise", name="kv_store", num_tokens=seqs, tp=np.full(n, float(p.tp)),
-        width=np.full(n, elementwise_width_on("kv_store", spec, p))), spec.kv_dtype or spec.dtype)
+    time_ms, spread_ms = elementwise_ms(fitted({target: model}), spec, p, "kv_store", seqs)
     return (np.maximum(time_ms, 0.0), np.maximum(spread_ms, 0.0),
             f"attn_kv_cache_save from the {target} regressor (our profiler's KV store, by sequences)")
 
