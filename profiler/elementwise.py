@@ -76,7 +76,7 @@ def _layer(model, name: str):
     """The layer whose modules a per-token point times: the first with a dense FFN for mlp_act."""
     if name != "mlp_act":
         return model.layers[0]
-    dense = [layer for layer in model.layers if hasattr(layer, "activation") and hasattr(layer, "ffn_size")]
+    dense = [layer for layer in model.layers if hasattr(layer, "ffn_size")]   # a MoE layer builds experts instead
     if not dense:
         raise InputError(f"elementwise: model spec {model.spec.name!r} has no dense FFN layer to time mlp_act on")
     return dense[0]

@@ -77,14 +77,21 @@ def read_table(path: Path) -> pd.DataFrame:
         raise InputError(f"{path}: cannot read as a table: {one_line(exc)}") from None
 
 
+def profile_table(path: str | Path) -> Path | None:
+    """The profile table of a directory `stepcal profile --out` wrote; None for a file, or a directory
+    without one."""
+    table = Path(path) / "profile.parquet"
+    return table if Path(path).is_dir() and table.exists() else None
+
+
 def _expand(paths) -> list[Path]:
     """Files as given; a directory stands for its profile.parquet or its AIConfigurator tables."""
     out = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = [path / "profile.parquet"] if (path / "profile.parquet").exists() else []
-            found = found or aiconfigurator.table_files(path)
+            table = profile_table(path)
+            found = [table] if table else aiconfigurator.table_files(path)
             if not found:
                 raise InputError(f"{path}: directory holds neither profile.parquet nor AIConfigurator "
                                  f"tables ({', '.join(aiconfigurator.TABLES)})")

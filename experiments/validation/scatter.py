@@ -46,12 +46,11 @@ def pooled_run_cv(log_ratios: Sequence[float]) -> float:
 def profile_log_ratio(early: str | Path, late: str | Path) -> float:
     """The device's speed between two profiles of the same points: the median over the points both
     timed (status ok) of log(t_late / t_early), over the whole-step points where both have some."""
+    from costmodel.importers import profile_table
     from simulator.errors import InputError
     from simulator.readers import read_parquet
     columns = ("point_key", "op", "time_ms", "status")
-    # a directory `stepcal profile --out` wrote, or its profile.parquet
-    early, late = (Path(p) / "profile.parquet" if Path(p).is_dir() and (Path(p) / "profile.parquet").is_file()
-                   else p for p in (early, late))
+    early, late = (profile_table(p) or p for p in (early, late))   # a profile directory, or its table
     frames = [read_parquet(path, "--scatter-profiles", columns) for path in (early, late)]
     both = frames[0].merge(frames[1], on="point_key", suffixes=("_early", "_late"))
     both = both[(both["status_early"] == "ok") & (both["status_late"] == "ok")]
