@@ -30,7 +30,9 @@ from costmodel.compose_comm import (
 from costmodel.compose_elementwise import (
     DATA_ELEMENTWISE,
     SEQ_TERMS,
+    SMALL_OPS,
     elementwise_ms,
+    head_norm_pricing,
     measured_seq_terms,
     roofline_device,
     roofline_elementwise_term,
@@ -124,6 +126,9 @@ def _ops_at(result: FitResult, spec: ModelSpec, parallelism: Parallelism, T: np.
         if target in result.targets:
             mean, spread = elementwise_ms(result, spec, parallelism, name, T, with_spread)
             parts.append(_op_frame(name, T, mean, spread, 1 if name == "emb" else spec.num_layers))
+    for name, priced_as in head_norm_pricing(result, spec).items():
+        mean, spread = elementwise_ms(result, spec, parallelism, name, T, with_spread, priced_as)
+        parts.append(_op_frame(name, T, mean, spread, spec.num_layers))
     experts = _experts_ops(result, spec, parallelism, T, composition, with_spread)
     if experts is not None:
         parts.append(experts)
@@ -190,7 +195,7 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
                   ops: pd.DataFrame, composition: Composition = DEFAULT_COMPOSITION) -> list[Term]:
     terms = []
     dense = ops[ops["op"] != EXPERTS_OP]
-    measured_small = dense["op"].isin(DATA_ELEMENTWISE).to_numpy()
+    measured_small = dense["op"].isin(SMALL_OPS).to_numpy()
     gemms, small = dense[~measured_small], dense[measured_small]
     if len(gemms):
         parts = " + ".join(f"{layers} x {op}" for op, layers in _counts(gemms).items())
@@ -291,7 +296,7 @@ def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallel
         # One row per operator, in T's order (_ops_at's layout), weighted by the layers that run it.
         per_op = (ops["time_ms"] * ops["layers"]).to_numpy(dtype=np.float64).reshape(-1, len(T))
         names = ops["op"].to_numpy()[::len(T)]
-        experts, small = names == EXPERTS_OP, np.isin(names, DATA_ELEMENTWISE)
+        experts, small = names == EXPERTS_OP, np.isin(names, SMALL_OPS)
         parts = {"linear": per_op[~experts & ~small], "elementwise": per_op[small], "moe": per_op[experts]}
         out = {name: rows.sum(axis=0) for name, rows in parts.items() if len(rows)}
     if len(T) and parallelism.tp > 1 and all_reduce_target(result) is not None:

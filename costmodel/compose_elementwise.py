@@ -25,11 +25,14 @@ from costmodel.devices import DeviceSpec, device_spec, find_device
 from costmodel.grid_predict import predict_grid
 from costmodel.terms import FeatureCurve
 from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism, elementwise_widths_of
+from simulator.model_spec import HEAD_NORMS, ModelSpec, Parallelism, elementwise_widths_of
 
 # Vidur's per-layer small operators (its mlp.csv columns); `emb` runs once per step, not per layer.
 PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 DATA_ELEMENTWISE = ("emb",) + PER_LAYER_ELEMENTWISE
+# Every per-token operator a composed element-wise term may hold: Vidur's, and a qk_norm model's
+# per-head norms (head_norm_ops).
+SMALL_OPS = DATA_ELEMENTWISE + HEAD_NORMS
 # Our profiler's per-sequence operators, and the T_step term each one makes.
 SEQ_TERMS = {"sample": "sampling", "kv_store": "kv_store"}
 
@@ -76,14 +79,31 @@ def measured_seq_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) 
 
 
 def elementwise_ms(result, spec: ModelSpec, parallelism: Parallelism, name: str, rows: np.ndarray,
-                   with_spread: bool = True):
-    """(time, spread) in ms of one call of an element-wise operator's regressor at `rows` rows (tokens,
-    or sequences for sample and kv_store), on one GPU's share of the model."""
-    n = len(rows)
-    return predict_grid(result, f"elementwise:{name}", dict(
-        row=np.arange(n), op="elementwise", name=name, num_tokens=rows, tp=np.full(n, float(parallelism.tp)),
+                   with_spread: bool = True, priced_as: str | None = None):
+    """(time, spread) in ms of one call of an element-wise operator at `rows` rows (tokens, or sequences
+    for sample and kv_store), on one GPU's share of the model: by its own regressor, or by the
+    regressor of `priced_as` (another operator of the same kind) at this operator's width."""
+    n, target = len(rows), priced_as or name
+    return predict_grid(result, f"elementwise:{target}", dict(
+        row=np.arange(n), op="elementwise", name=target, num_tokens=rows, tp=np.full(n, float(parallelism.tp)),
         width=np.full(n, elementwise_width_on(name, spec, parallelism))), spec.kv_dtype or spec.dtype,
         with_spread=with_spread)
+
+
+def head_norm_pricing(result, spec: ModelSpec) -> dict[str, str]:
+    """How the data price a qk_norm model's per-head norms: name -> the operator whose regressor times
+    it. Its own where our profiler timed it, else the layer's RMSNorm (input_layernorm, e.g. Vidur's)
+    at the norm's width: the same kernel over rows of head_dim instead of hidden, the same bytes per
+    element. Empty for a model without them, or data without either."""
+    if not spec.qk_norm:
+        return {}
+    pricing = {}
+    for name in HEAD_NORMS:
+        if f"elementwise:{name}" in result.targets:
+            pricing[name] = name
+        elif "elementwise:input_layernorm" in result.targets:
+            pricing[name] = "input_layernorm"
+    return pricing
 
 
 def roofline_device(records: pd.DataFrame, requested: str | None) -> DeviceSpec | None:
@@ -110,7 +130,8 @@ def activation_bytes(spec: ModelSpec) -> int:
 def roofline_ops(spec: ModelSpec, parallelism: Parallelism) -> list[RooflineOp]:
     """The element-wise kernels of one step on one GPU. A MoE layer's activation runs inside the
     fused-experts kernel its table times (AIConfigurator's moe_perf), so only dense FFN layers and
-    shared experts run one here; MLA adds the norms of its latents and ropes one shared key."""
+    shared experts run one here; MLA adds the norms of its latents and ropes one shared key; a qk_norm
+    model (Qwen3) normalises its query and key heads, two kernels per layer."""
     p = parallelism
     L = spec.num_layers
     hidden = float(spec.hidden_size)
@@ -131,6 +152,8 @@ def roofline_ops(spec: ModelSpec, parallelism: Parallelism) -> list[RooflineOp]:
         ops.append(RooflineOp("mlp_act", 3.0 * shared, spec.num_moe_layers))
     if spec.is_mla:
         ops.append(RooflineOp("latent_norm", float(spec.kv_latent_dim + spec.q_latent_dim), L))
+    for name in HEAD_NORMS if spec.qk_norm else ():
+        ops.append(RooflineOp(name, elementwise_width_on(name, spec, p), L))
     return ops
 
 

@@ -126,6 +126,9 @@ def vidur_mlp(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
         notes.append(f"{', '.join(made['roofline'])} {roofline_note}")
     if made["zeros"]:
         notes.append(f"{', '.join(made['zeros'])} zero (no data)" + (f": {roofline_note}" if roofline_note else ""))
+    if spec.qk_norm:
+        notes.append("q_norm, k_norm (this model's per-head query and key norms) left out: Vidur's mlp.csv "
+                     "has no column for them")
     return frame, notes
 
 

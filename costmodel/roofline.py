@@ -24,7 +24,8 @@ from costmodel.devices import DeviceSpec, data_document
 # norm (and MLA's latent norms) are RMSNorms like the layers' own; greedy sampling reads each sequence's logits once and
 # reduces them to one index, the access pattern of a norm's reduction over a row.
 OP_CLASSES = {"emb": "emb", "input_layernorm": "norm", "post_attention_layernorm": "norm",
-              "final_norm": "norm", "latent_norm": "norm", "attn_rope": "rope", "mlp_act": "act",
+              "final_norm": "norm", "latent_norm": "norm", "q_norm": "norm", "k_norm": "norm",
+              "attn_rope": "rope", "mlp_act": "act",
               "add": "add", "sampling": "norm"}
 CLASSES = ("emb", "norm", "rope", "act", "add")
 
@@ -36,6 +37,8 @@ PASSES_PER_WIDTH_ELEMENT = {
     "post_attention_layernorm": 2.0,
     "final_norm": 2.0,
     "latent_norm": 2.0,               # MLA: width = the query and KV latents, normed like hidden states
+    "q_norm": 2.0,                    # width = heads x head_dim: each query head normed in place
+    "k_norm": 2.0,                    # width = kv_heads x head_dim
     "attn_rope": 2.0,                 # width = (heads + kv_heads) x head_dim: q and k rotated in place
     "mlp_act": 1.0,                   # width = 3 x ffn already counts reading gate and up, writing the product
     "add": 1.5,                       # width = 2 x hidden counts the two operands; the sum is written too

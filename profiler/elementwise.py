@@ -5,6 +5,7 @@ that costmodel.compose sums them as it sums Vidur's (per layer x layers, the emb
 - emb: the embedding lookup and the RoPE tables' rows of the step's positions (once per step);
 - input_layernorm, post_attention_layernorm: a layer's two RMSNorms;
 - attn_rope: the QKV output split into heads, RoPE on queries and keys;
+- q_norm, k_norm: a Qwen3-style layer's per-head RMSNorms of queries and keys (ModelSpec.qk_norm);
 - mlp_act: SwiGLU's silu(gate) * up (layer 0, or the first dense layer of a MoE model);
 - add: a layer's residual adds, both of them (Vidur's profiler times one).
 Per sequence (point.m sequences, one decode token each):
@@ -62,7 +63,13 @@ def elementwise_run(point: Point, ctx: OpContext, block_size: int) -> Callable[[
     if point.name == "attn_rope":
         qkv = randn(rows, spec.q_size + 2 * spec.kv_size)
         cos, sin = model.rotary.tables(torch.arange(rows, device=dev), rows, dt)
-        return lambda i: layer.rope(qkv, cos, sin)
+        return lambda i: layer.rope(qkv, cos, sin, norm_heads=False)
+    if point.name in ("q_norm", "k_norm"):
+        if layer.q_norm is None:
+            raise InputError(f"elementwise: model spec {spec.name!r} has no per-head norms (qk_norm) to time {point.name} on")
+        heads = spec.num_heads if point.name == "q_norm" else spec.num_kv_heads
+        norm, by_head = getattr(layer, point.name), randn(rows, heads, spec.head_dim)
+        return lambda i: norm(by_head)
     if point.name == "mlp_act":
         gate_up = randn(rows, 2 * spec.ffn_size)
         return lambda i: layer.activation(gate_up)

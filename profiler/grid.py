@@ -15,8 +15,9 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
     [moe]           num_tokens = [1, 2, 4, ...]; distributions = ["balanced", "power_law_1.01"]
                     (mixture-of-experts specs only: one MoE layer's routed experts)
     [elementwise]   num_tokens (per-token operators: emb, input_layernorm, attn_rope,
-                    post_attention_layernorm, mlp_act, add); num_seqs (per-sequence ones: sample,
-                    kv_store); names = [...] (default: all eight; profiler.elementwise)
+                    post_attention_layernorm, mlp_act, add, and q_norm, k_norm of a qk_norm
+                    model); num_seqs (per-sequence ones: sample,
+                    kv_store); names = [...] (default: all the model has; profiler.elementwise)
 
 Patterns make heterogeneous batches from (b, q, s), and routing distributions the tokens each
 expert receives, deterministically, so a grid names the same points on every host. Each point
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.model_spec import SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
+from simulator.model_spec import HEAD_NORMS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
 from simulator.readers import read_config_file
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise")
@@ -418,10 +419,12 @@ def _expand_moe(section: dict, spec: ModelSpec, where: str) -> list[Point]:
 def _expand_elementwise(section: dict, spec: ModelSpec, where: str) -> list[Point]:
     """Each operator at each row count: tokens for the per-token operators, sequences (one decode
     token each) for sample and kv_store. m: the rows."""
-    known = TOKEN_ELEMENTWISE + SEQ_ELEMENTWISE
+    known = TOKEN_ELEMENTWISE + HEAD_NORMS + SEQ_ELEMENTWISE
     names = _names(section, "names", known, known, where)
     if not spec.num_ffn_dense_layers:     # every FFN is routed experts: the moe op times them
         names = [name for name in names if name != "mlp_act"]
+    if not spec.qk_norm:                  # no per-head norms to time
+        names = [name for name in names if name not in HEAD_NORMS]
     tokens = _ints(section, "num_tokens", where, default=[])
     seqs = _ints(section, "num_seqs", where, default=[])
     for name in names:

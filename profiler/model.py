@@ -287,6 +287,9 @@ class DecoderLayer(nn.Module):
         self.qkv_proj = nn.Linear(spec.hidden_size, spec.q_size + 2 * spec.kv_size, **kw)
         self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, **kw)
         self.post_attn_norm = RMSNorm(spec.hidden_size, dtype=dtype, device=device)
+        # Qwen3's per-head norms of queries and keys, before RoPE (ModelSpec.qk_norm)
+        self.q_norm = RMSNorm(spec.head_dim, dtype=dtype, device=device) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, dtype=dtype, device=device) if spec.qk_norm else None
         self._build_ffn(spec, kw)
 
     def _build_ffn(self, spec: ModelSpec, kw: dict) -> None:
@@ -303,12 +306,18 @@ class DecoderLayer(nn.Module):
         x = x + self.o_proj(attn)
         return x + self.ffn(self.post_attn_norm(x))
 
-    def rope(self, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The QKV projection's output split into heads, RoPE on queries and keys."""
+    def rope(self, qkv: Tensor, cos: Tensor, sin: Tensor, norm_heads: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """The QKV projection's output split into heads, RoPE on queries and keys; each head
+        RMS-normalised first where the model does (`norm_heads=False` leaves that out: the profiler
+        times RoPE and the head norms apart)."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and norm_heads:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
         return q, k, v.view(num_tokens, self.num_kv_heads, self.head_dim)
 
     def ffn(self, h: Tensor) -> Tensor:

@@ -13,6 +13,8 @@ from simulator.errors import InputError
 from simulator.model_spec import DTYPE_BYTES, ModelSpec
 
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Architectures whose layers normalise each query and key head before RoPE (ModelSpec.qk_norm).
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 # model_type of a text_config without its own `architectures`
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "ministral": "MistralForCausalLM",
@@ -58,6 +60,8 @@ def spec_from_hf_config(data: dict, path: Path) -> ModelSpec:
                       num_dense_layers=_qwen_dense_prefix(cfg, fields["num_layers"]))
     elif architecture == "DeepseekV3ForCausalLM":
         fields.update(_deepseek_v3(cfg, fields["num_heads"]))
+    if architecture in QK_NORM_ARCHITECTURES:
+        fields["qk_norm"] = True
     try:
         return ModelSpec(**fields)
     except InputError as exc:

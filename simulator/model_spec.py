@@ -80,6 +80,9 @@ def gemm_shapes_of(hidden, heads, kv_heads, head_dim, ffn, vocab, gated=True) ->
 # per-sequence ones our profiler times besides (`stepcal profile --ops elementwise`).
 TOKEN_ELEMENTWISE = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 SEQ_ELEMENTWISE = ("sample", "kv_store")
+# The per-head query and key norms of a ModelSpec.qk_norm model (Qwen3): per token, per layer; not in
+# Vidur's mlp.csv (its models have none).
+HEAD_NORMS = ("q_norm", "k_norm")
 
 
 def elementwise_widths_of(hidden, heads, kv_heads, head_dim, ffn, vocab=0) -> dict:
@@ -95,6 +98,8 @@ def elementwise_widths_of(hidden, heads, kv_heads, head_dim, ffn, vocab=0) -> di
         "add": 2 * hidden,
         "sample": hidden + vocab,
         "kv_store": 2 * kv_heads * head_dim,   # the new token's K and V, into the cache
+        "q_norm": heads * head_dim,            # ModelSpec.qk_norm: each query head normalised
+        "k_norm": kv_heads * head_dim,         # and each key head
     }
 
 
@@ -118,7 +123,10 @@ class ModelSpec:
     Mixture of experts (num_experts > 0): every layer after the first num_dense_layers routes each
     token to experts_per_token of num_experts SwiGLU experts of width expert_ffn_size, plus
     num_shared_experts experts of that width every token passes through. Dense layers use
-    ffn_size. `dtype` is the weights' dtype; `kv_dtype` the KV cache's (None: the same)."""
+    ffn_size. `dtype` is the weights' dtype; `kv_dtype` the KV cache's (None: the same).
+
+    `qk_norm`: every layer RMS-normalises each query and key head (over head_dim) before RoPE, as
+    Qwen3 does: two more small kernels per layer, with their own weights."""
     name: str
     num_layers: int
     hidden_size: int
@@ -138,6 +146,7 @@ class ModelSpec:
     q_latent_dim: int = 0
     rope_head_dim: int = 0
     kv_dtype: str | None = None
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in REQUIRED_FIELDS + OPTIONAL_FIELDS:
@@ -153,6 +162,8 @@ class ModelSpec:
             if value is not None and value not in DTYPE_BYTES:
                 raise InputError(f"model spec {self.name!r}: unknown {name} {value!r}; "
                                  f"known: {', '.join(sorted(DTYPE_BYTES))}")
+        if not isinstance(self.qk_norm, bool):
+            raise InputError(f"model spec {self.name!r}: qk_norm must be true or false, got {shown(self.qk_norm)}")
         self._check_experts()
         self._check_attention()
 
@@ -184,6 +195,9 @@ class ModelSpec:
             if self.num_kv_heads != self.num_heads:
                 raise InputError(f"model spec {self.name!r}: MLA has one key and value per query head: "
                                  f"num_kv_heads must equal num_heads ({self.num_heads})")
+            if self.qk_norm:
+                raise InputError(f"model spec {self.name!r}: qk_norm normalises GQA query and key heads; "
+                                 "MLA normalises its latents instead")
         elif self.kv_latent_dim or self.q_latent_dim or self.rope_head_dim:
             raise InputError(f"model spec {self.name!r}: kv_latent_dim, q_latent_dim and "
                              f"rope_head_dim belong to attention \"mla\"")
@@ -350,8 +364,10 @@ class ModelSpec:
         return replace(self, dtype=dtype)
 
     def to_dict(self) -> dict:
-        """The fields, absent ones (kv_dtype None) left out: JSON and TOML alike can hold it."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The fields, absent ones (kv_dtype None) left out: JSON and TOML alike can hold it. qk_norm is
+        left out where false, so the dict of a spec without it is what it was before the field existed
+        (profiles resume and tables compare on it)."""
+        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "qk_norm" and not v)}
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -366,11 +382,11 @@ PRESETS: dict[str, ModelSpec] = {
     "llama-2-7b": ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
     "llama-3-8b": ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256),
     "llama-2-70b": ModelSpec("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
-    "qwen3-14b": ModelSpec("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936),
+    "qwen3-14b": ModelSpec("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, qk_norm=True),
     "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000,
                               num_experts=8, experts_per_token=2, expert_ffn_size=14336),
     "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936,
-                               num_experts=128, experts_per_token=8, expert_ffn_size=768),
+                               num_experts=128, experts_per_token=8, expert_ffn_size=768, qk_norm=True),
     # Weights in fp8 with 128x128 block scales as published, KV cache in bf16 (vLLM's default).
     "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 128, 18432, 129280, dtype="fp8_block",
                              num_experts=256, experts_per_token=8, expert_ffn_size=2048,

@@ -139,6 +139,14 @@ def test_moe_layers_leave_the_activation_to_the_experts_kernel_and_mla_ropes_one
     assert next(op for op in dsv3 if op.name == "latent_norm").width == 512 + 1536
 
 
+def test_a_qk_norm_model_adds_its_query_and_key_head_norms_per_layer():
+    qwen = {op.name: op for op in roofline_ops(PRESETS["qwen3-14b"], Parallelism(tp=2))}
+    assert (qwen["q_norm"].width, qwen["q_norm"].calls_per_step) == (20 * 128, 40)   # 40 heads over 2 GPUs
+    assert (qwen["k_norm"].width, qwen["k_norm"].calls_per_step) == (4 * 128, 40)
+    assert roofline.OP_CLASSES["q_norm"] == roofline.OP_CLASSES["k_norm"] == "norm"
+    assert not {"q_norm", "k_norm"} & {op.name for op in roofline_ops(LLAMA3, Parallelism())}
+
+
 def _hand_elementwise_ms(T: float, bandwidth: float) -> float:
     """Llama-3-8B's element-wise work per step on one GPU, bytes counted by hand (bf16)."""
     c = roofline.shipped_constants()
@@ -235,6 +243,28 @@ def test_measured_elementwise_operators_move_out_of_linear_and_keep_the_sum(tmp_
     batches = [StepBatch.of(range(b), rng.integers(1, 700, b), rng.integers(0, 4000, b)) for b in rng.integers(1, 64, 40)]
     f = StepFeatures.from_batches(batches)
     np.testing.assert_allclose(load_step_model(old).features_ms(f), new.features_ms(f), rtol=1e-12)
+
+
+def test_measured_rmsnorm_prices_the_head_norms_where_no_profile_timed_them(tmp_path):
+    """Vidur's data have no per-head norms: a qk_norm model's are priced by its measured RMSNorm
+    (input_layernorm) at their widths, two more calls per layer; our profiler's own q_norm/k_norm rows
+    win where they are there. The roofline adds them where no element-wise data are (the previous test's
+    AIConfigurator path), so a Qwen3 step is not short of them on either path."""
+    import dataclasses
+    qwen = PRESETS["qwen3-14b"]
+    without = dataclasses.replace(qwen, qk_norm=False)
+    L = qwen.num_layers
+    metas = {n: build_tables(_vidur_like_result(), tmp_path / n, spec=s, parallelism=Parallelism(), axes=AXES)
+             for n, s in (("qk", qwen), ("plain", without))}
+    assert metas["qk"]["term_sources"]["elementwise"]["ops"] == [*VIDUR_SMALL_OPS, "q_norm", "k_norm"]
+    terms = {n: {t.name: t for t in load_step_model(tmp_path / n).terms} for n in metas}
+    assert terms["qk"]["elementwise"].time_ms == pytest.approx(terms["plain"]["elementwise"].time_ms + 2 * L)
+    assert terms["qk"]["linear"].time_ms == pytest.approx(terms["plain"]["linear"].time_ms)
+    records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0}, source="t", file="t")
+    own = _result(("gemm", *(f"elementwise:{op}" for op in (*VIDUR_SMALL_OPS, "q_norm"))), records)
+    from costmodel.compose_elementwise import head_norm_pricing
+    assert head_norm_pricing(own, qwen) == {"q_norm": "q_norm", "k_norm": "input_layernorm"}
+    assert head_norm_pricing(own, without) == {}
 
 
 def test_measured_operators_win_over_the_roofline_and_sampling_still_comes_from_it(tmp_path):

@@ -12,7 +12,7 @@ from profiler.grid import QUICK, Point, expand_grid
 from profiler.ops import OpContext, build_kernel, estimate_bytes
 from profiler.sweep import SweepConfig, run_sweep
 from simulator.errors import InputError
-from simulator.model_spec import PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
+from simulator.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
 
 TINY = PRESETS["tiny"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05}
@@ -47,6 +47,32 @@ def test_a_model_whose_every_ffn_is_experts_has_no_activation_point():
     names = {p.name for p in expand_grid("quick", QUICK, all_moe).for_ops(("elementwise",)).points}
     assert "mlp_act" not in names and "add" in names
     assert "mlp_act" in {p.name for p in expand_grid("quick", QUICK, PRESETS["tiny-moe"]).points}
+
+
+def test_a_model_with_head_norms_times_them_and_rope_apart():
+    """A qk_norm model (Qwen3) has two more per-token operators; attn_rope stays RoPE alone, as Vidur's
+    is, so the composition does not count the norms twice."""
+    qk = replace(TINY, qk_norm=True)
+    names = {p.name for p in expand_grid("quick", QUICK, qk).for_ops(("elementwise",)).points}
+    assert names == set(TOKEN_ELEMENTWISE + HEAD_NORMS + SEQ_ELEMENTWISE)
+    assert not set(HEAD_NORMS) & {p.name for p in expand_grid("quick", QUICK, TINY).points}
+    context = ctx(qk)
+    layer = context.model().layers[0]
+    for name, heads in (("q_norm", 4), ("k_norm", 2)):
+        out = build_kernel(Point("elementwise", name, m=7), context).run(0)
+        assert tuple(out.shape) == (7, heads, 64)
+        assert torch.allclose(out.pow(2).mean(-1), torch.ones(7, heads), atol=1e-4)   # unit RMS per head
+    with torch.no_grad():
+        layer.q_norm.weight.fill_(2.0)
+    qkv = torch.randn(3, 4 * 64 + 2 * 2 * 64)
+    cos, sin = context.model().rotary.tables(torch.arange(3), 3, torch.float32)
+    timed = build_kernel(Point("elementwise", "attn_rope", m=3), context).run(0)[0]
+    assert tuple(timed.shape) == (3, 4, 64)
+    plain, normed = layer.rope(qkv, cos, sin, norm_heads=False)[0], layer.rope(qkv, cos, sin)[0]
+    assert torch.allclose(normed.pow(2).mean(-1), torch.full((3, 4), 4.0), atol=1e-3)   # weight 2: RMS 2
+    assert not torch.allclose(plain, normed)
+    with pytest.raises(InputError, match="has no per-head norms"):
+        build_kernel(Point("elementwise", "q_norm", m=2), ctx()).run(0)
 
 
 @pytest.mark.parametrize("name, shapes", [

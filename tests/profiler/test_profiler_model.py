@@ -156,3 +156,17 @@ def test_cuda_causal_bias_equals_the_cpu_mask():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # CPU: SDPA says it must materialise the bias
         torch.testing.assert_close(attend(q, 0, inputs), expected)
+
+
+def test_a_qk_norm_model_normalises_heads_and_still_batches_exactly():
+    """Qwen3's per-head query/key norms are part of the forward: their weights move the logits, and a
+    sequence's logits still do not depend on how its tokens were chunked."""
+    from dataclasses import replace
+    qk = build_model(replace(PRESETS["tiny"], qk_norm=True), device="cpu", seed=1)
+    tokens = prompt(30, seed=5)
+    whole = last_logits_in_chunks(qk, tokens, 30)
+    torch.testing.assert_close(last_logits_in_chunks(qk, tokens, 7), whole, **TOL)
+    with torch.no_grad():
+        qk.layers[0].k_norm.weight.mul_(3.0)
+    assert not torch.allclose(last_logits_in_chunks(qk, tokens, 30), whole, **TOL)
+    assert build_model(PRESETS["tiny"], seed=1).layers[0].q_norm is None

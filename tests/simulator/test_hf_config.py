@@ -38,6 +38,12 @@ def test_other_architectures_and_text_config(name, layers, experts, kind, dtype,
     assert spec.num_params / 1e9 == pytest.approx(billions, rel=0.02)
 
 
+@pytest.mark.parametrize("name, qk_norm", [("qwen3-8b", True), ("qwen3-30b-a3b", True), ("qwen2.5-7b-instruct", False),
+                                           ("llama-3.1-8b-instruct", False), ("mixtral-8x7b", False)])
+def test_qwen3_layers_normalise_query_and_key_heads(name, qk_norm):
+    assert load_model_spec(str(CONFIGS / f"{name}.json")).qk_norm is qk_norm
+
+
 def test_a_sparse_text_config_names_the_missing_key():
     # llava's text_config leaves most sizes to LlamaConfig's defaults, which we do not guess
     with pytest.raises(InputError, match=r"llava-1.5-7b.json: text_config.hidden_size: missing"):

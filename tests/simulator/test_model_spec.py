@@ -73,6 +73,9 @@ def test_kv_blocks_on_a_gpu_grow_with_tp_and_mla_is_compact():
     ({"attention": "mha"}, "attention must be one of gqa, mla"),
     ({"kv_dtype": "int3"}, "unknown kv_dtype 'int3'"),
     ({"num_shared_experts": -1}, "num_shared_experts must be a non-negative integer"),
+    ({"qk_norm": "yes"}, "qk_norm must be true or false, got 'yes'"),
+    ({"qk_norm": True, "attention": "mla", "num_heads": 2, "kv_latent_dim": 32, "rope_head_dim": 8},
+     "qk_norm normalises GQA query and key heads"),
 ])
 def test_bad_specs_are_one_clear_line(change, message):
     fields = dict(name="m", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -88,7 +91,7 @@ def test_ep_must_divide_tp(tp, ep):
 
 
 def test_spec_json_round_trips_every_family(tmp_path):
-    for spec in (MIXTRAL, DSV3, PRESETS["tiny-moe"]):
+    for spec in (MIXTRAL, DSV3, PRESETS["tiny-moe"], PRESETS["qwen3-14b"]):
         path = tmp_path / f"{spec.name}.json"
         path.write_text(json.dumps(spec.to_dict()))
         assert load_model_spec(str(path)) == spec
@@ -104,3 +107,11 @@ def test_malformed_spec_files(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(InputError, match=message):
         load_model_spec(str(path))
+
+
+def test_qk_norm_is_written_only_where_the_model_has_it():
+    """A spec without per-head norms writes the dict it wrote before the field existed: profiles resume
+    and tables compare on it."""
+    assert PRESETS["qwen3-14b"].qk_norm and PRESETS["qwen3-14b"].to_dict()["qk_norm"] is True
+    assert "qk_norm" not in PRESETS["llama-3-8b"].to_dict()
+    assert ModelSpec(**PRESETS["llama-3-8b"].to_dict()) == PRESETS["llama-3-8b"]
