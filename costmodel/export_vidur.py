@@ -25,7 +25,7 @@ from costmodel.terms import require_finite_numbers
 from costmodel.vidur_keys import filter_keys
 from costmodel.vidur_models import num_tokens_sweep, stat_columns
 from simulator.errors import InputError, shown
-from simulator.model_spec import ModelSpec, Parallelism
+from simulator.model_spec import HEAD_NORMS, ModelSpec, Parallelism
 from simulator.readers import one_line, read_parquet
 
 # Our operator names -> Vidur's (mlp.csv columns time_stats.<op>.<stat>).
@@ -106,9 +106,18 @@ def vidur_mlp(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
     grids = _regressor_grids(table_dir, meta, spec, tp, tokens)
     roofline, roofline_note = _roofline_calls(meta, spec, tp, tokens)
     cols, made = {}, {how: [] for how in SOURCES}
+    folded = []
     for ours, theirs in VIDUR_OPS.items():
         time_ms, spread_ms, how = _op_times(ours, tokens, grids, ops, roofline)
         made[how].append(theirs)
+        if ours == "input_layernorm" and spec.qk_norm:
+            # Vidur's mlp.csv has no column for per-head norms; Vidur sums a layer's operators, so they
+            # ride with the layer's first norm and the step keeps their time.
+            for name in HEAD_NORMS:
+                extra_ms, extra_spread_ms, extra_how = _op_times(name, tokens, grids, ops, roofline)
+                if extra_how != "zeros":
+                    time_ms, spread_ms = time_ms + extra_ms, spread_ms + extra_spread_ms
+                    folded.append(f"{name} ({extra_how})")
         cols.update(stat_columns(theirs, np.maximum(time_ms, 0.0), np.maximum(spread_ms, 0.0)))
     if not any(VIDUR_OPS[g] in made["regressor"] + made["interpolated"] for g in GEMM_OPS):
         raise InputError(f"{table_dir}: tables fitted without per-layer operator data (no GEMM regressor or "
@@ -127,15 +136,16 @@ def vidur_mlp(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
     if made["zeros"]:
         notes.append(f"{', '.join(made['zeros'])} zero (no data)" + (f": {roofline_note}" if roofline_note else ""))
     if spec.qk_norm:
-        notes.append("q_norm, k_norm (this model's per-head query and key norms) left out: Vidur's mlp.csv "
-                     "has no column for them")
+        notes.append(f"{' and '.join(folded)} (this model's per-head query and key norms) added into input_layernorm: "
+                     "Vidur's mlp.csv has no column for them" if folded else
+                     "q_norm, k_norm (this model's per-head query and key norms) left out: no estimate of them")
     return frame, notes
 
 
 def _regressor_grids(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, tokens: np.ndarray) -> pd.DataFrame | None:
     """op_grids() of the tables' regressors at Vidur's num_tokens; None without any regressor."""
     from costmodel.compose import Axes, op_grids  # composition: only this format needs it
-    targets = {t: m for t in ("gemm", *(f"elementwise:{op}" for op in VIDUR_OPS))
+    targets = {t: m for t in ("gemm", *(f"elementwise:{op}" for op in (*VIDUR_OPS, *HEAD_NORMS)))
                if (m := load_regressor(table_dir, meta, t)) is not None}
     if not targets:
         return None
@@ -181,7 +191,7 @@ def _roofline_calls(meta: dict, spec: ModelSpec, tp: int, tokens: np.ndarray) ->
                     f"which this stepcal's devices.json does not hold")
     calls = {}
     for op in roofline_ops(spec, Parallelism(tp=tp)):
-        if op.name in VIDUR_OPS and op.name not in calls:
+        if (op.name in VIDUR_OPS or op.name in HEAD_NORMS) and op.name not in calls:
             one = roofline_call_ms(spec, device, op, tokens)
             calls[op.name] = (one, one * op_constants(op.name).relative_sd)
     return calls, (f"roofline estimates on {device.title} (the tables' element-wise term is a memory roofline, "

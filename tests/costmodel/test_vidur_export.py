@@ -34,7 +34,7 @@ from costmodel.vidur_models import (
 from experiments.cli import main
 from experiments.commands.tables import DEFAULT_HBM_GBPS as FLAG_DEFAULT
 from simulator.batch import batch_row
-from simulator.model_spec import PRESETS, ModelSpec
+from simulator.model_spec import PRESETS, ModelSpec, Parallelism
 from tests.costmodel.conftest import make_profile
 
 LLAMA2_7B_KEYS = dict(n_head=32, n_kv_head=32, n_embd=4096, n_expanded_embd=11008, use_gated_mlp=True)
@@ -131,8 +131,9 @@ def test_every_dense_gqa_preset_passes_vidurs_filters(name, fitted_tables, tmp_p
     like = like_spec(spec)
     if like is not None and like.vocab_size != spec.vocab_size:
         assert f"vocab_size {like.vocab_size} as Vidur's {like.name}" in printed
-    # Qwen3's per-head norms have no column in Vidur's mlp.csv: the export says they are left out
-    assert ("q_norm, k_norm (this model's per-head query and key norms) left out" in printed) is spec.qk_norm
+    # Qwen3's per-head norms have no column in Vidur's mlp.csv: the export says what it did with them
+    # (here, tables without element-wise work, that it has no estimate of them)
+    assert ("(this model's per-head query and key norms)" in printed) is spec.qk_norm
 
 
 @pytest.mark.parametrize("name", NOT_EXPRESSIBLE, ids=[f"{n}-{why}" for n, why in NOT_EXPRESSIBLE.items()])
@@ -326,6 +327,31 @@ def test_roofline_elementwise_ops_are_exported_per_call(vidur_fits, tmp_path, ca
     np.testing.assert_allclose(summed, np.interp(mlp["num_tokens"], term["num_tokens"], term["time_ms"]), rtol=1e-9)
     spread = mlp["time_stats.add.std"].to_numpy()
     assert (spread > 0).all() and (spread < per_call["add"]).all()
+
+
+def test_head_norms_ride_in_the_first_norms_column(vidur_fits, tmp_path, capsys):
+    """Vidur sums a layer's operators and has no column for a Qwen3 layer's per-head norms: their
+    roofline time per call is added to input_layernorm's, and the line says so."""
+    from dataclasses import replace
+
+    from costmodel.compose_elementwise import roofline_call_ms, roofline_ops
+    from costmodel.devices import find_device
+    tables = vidur_fits["roofline"]
+    plain_spec = PRESETS["llama-2-7b"]
+    with_norms = relabelled(tables, replace(plain_spec, name="llama-2-7b-qk", qk_norm=True), tmp_path)
+    columns = {}
+    for name, directory in (("plain", tables), ("qk", with_norms)):
+        code, printed, err = export(directory, tmp_path / name, capsys)
+        assert code == 0, err
+        columns[name] = read_export(tmp_path / name)[0]
+    assert "q_norm (roofline) and k_norm (roofline) (this model's per-head query and key norms) added into input_layernorm" in printed
+    device = find_device(json.loads((tables / "meta.json").read_text())["term_sources"]["elementwise"]["device"])
+    tokens = columns["qk"]["num_tokens"].to_numpy(dtype=float)
+    norms = {op.name: op for op in roofline_ops(replace(plain_spec, qk_norm=True), Parallelism())}
+    extra = sum(roofline_call_ms(plain_spec, device, norms[n], tokens) for n in ("q_norm", "k_norm"))
+    col = "time_stats.input_layernorm.median"
+    np.testing.assert_allclose(columns["qk"][col], columns["plain"][col] + extra, rtol=1e-9)
+    assert columns["qk"]["time_stats.attn_rope.median"].equals(columns["plain"]["time_stats.attn_rope.median"])
 
 
 def test_tables_without_attention_data_are_refused(vidur_fits, tmp_path, capsys):
