@@ -25,13 +25,13 @@ from costmodel.devices import DeviceSpec, device_spec, find_device
 from costmodel.grid_predict import predict_grid
 from costmodel.terms import FeatureCurve
 from simulator.errors import InputError
-from simulator.model_spec import HEAD_NORMS, ModelSpec, Parallelism, elementwise_widths_of
+from simulator.model_spec import HEAD_NORMS, ModelSpec, Parallelism
 
 # Vidur's per-layer small operators (its mlp.csv columns); `emb` runs once per step, not per layer.
 PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")
 DATA_ELEMENTWISE = ("emb",) + PER_LAYER_ELEMENTWISE
 # Every per-token operator a composed element-wise term may hold: Vidur's, and a qk_norm model's
-# per-head norms (head_norm_ops).
+# per-head norms (head_norm_pricing).
 SMALL_OPS = DATA_ELEMENTWISE + HEAD_NORMS
 # Our profiler's per-sequence operators, and the T_step term each one makes.
 SEQ_TERMS = {"sample": "sampling", "kv_store": "kv_store"}
@@ -54,9 +54,7 @@ class RooflineOp:
 def elementwise_width_on(name: str, spec: ModelSpec, parallelism: Parallelism) -> float:
     """Elements per row one GPU's copy of an element-wise operator touches (a row: a token, a
     sequence for sample; the logits are gathered whole under TP)."""
-    p = parallelism
-    return float(elementwise_widths_of(spec.hidden_size, p.split(spec.num_heads), p.kv_heads(spec.num_kv_heads),
-                                       spec.head_dim, p.split(spec.ffn_size), spec.vocab_size)[name])
+    return float(spec.elementwise_widths(parallelism)[name])
 
 
 def measured_seq_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) -> list[FeatureCurve]:

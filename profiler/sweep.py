@@ -21,7 +21,7 @@ from profiler.store import ProfileDir
 from profiler.timing import Measurement, TimingPolicy, torch_threads
 from simulator.batch import batch_row
 from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, elementwise_widths_of
+from simulator.model_spec import ModelSpec
 from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
 
 FLUSH_POINTS = 8        # rows per part file at most
@@ -271,15 +271,9 @@ def shape_columns(point: Point, spec: ModelSpec) -> dict:
     if point.op == "moe":
         return {**row, "num_tokens": point.m, **moe_shape_columns(spec)}
     if point.op == "elementwise":   # num_tokens: the rows (tokens, or sequences for sample and kv_store)
-        return {**row, "num_tokens": point.m, "width": elementwise_width(spec, point.name), "tp": 1}
+        return {**row, "num_tokens": point.m, "width": spec.elementwise_widths()[point.name], "tp": 1}
     return {**row, "q_lens": list(point.q_lens), "kv_lens": list(point.kv_lens),
             **batch_row(point.q_lens, point.kv_lens)}
-
-
-def elementwise_width(spec: ModelSpec, name: str) -> int:
-    """Elements per row the operator touches on one device (costmodel's bytes feature)."""
-    return elementwise_widths_of(spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                                 spec.ffn_size, spec.vocab_size)[name]
 
 
 def moe_shape_columns(spec: ModelSpec) -> dict:

@@ -326,6 +326,14 @@ class ModelSpec:
                 shapes["shared_down_proj"] = (self.hidden_size, shared)
         return shapes
 
+    def elementwise_widths(self, parallelism: Parallelism = Parallelism()) -> dict:
+        """elementwise_widths_of() on one GPU's share: query heads, KV heads and FFN split as
+        gemm_shapes() splits them; the vocabulary whole (the logits are gathered under TP). Whole
+        numbers on one GPU."""
+        p = parallelism
+        return elementwise_widths_of(self.hidden_size, p.split(self.num_heads), p.kv_heads(self.num_kv_heads),
+                                     self.head_dim, p.split(self.ffn_size), self.vocab_size)
+
     def _mla_shapes(self, p: Parallelism) -> dict[str, tuple]:
         """MLA's projections (vLLM's layout): the query (through its latent when q_latent_dim),
         the KV latent with the rope key (replicated), its expansion to per-head keys and values
