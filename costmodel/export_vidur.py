@@ -106,18 +106,12 @@ def vidur_mlp(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
     grids = _regressor_grids(table_dir, meta, spec, tp, tokens)
     roofline, roofline_note = _roofline_calls(meta, spec, tp, tokens)
     cols, made = {}, {how: [] for how in SOURCES}
-    folded = []
+    head_ms, head_spread_ms, folded = _head_norm_times(spec, tokens, grids, ops, roofline)
     for ours, theirs in VIDUR_OPS.items():
         time_ms, spread_ms, how = _op_times(ours, tokens, grids, ops, roofline)
         made[how].append(theirs)
-        if ours == "input_layernorm" and spec.qk_norm:
-            # Vidur's mlp.csv has no column for per-head norms; Vidur sums a layer's operators, so they
-            # ride with the layer's first norm and the step keeps their time.
-            for name in HEAD_NORMS:
-                extra_ms, extra_spread_ms, extra_how = _op_times(name, tokens, grids, ops, roofline)
-                if extra_how != "zeros":
-                    time_ms, spread_ms = time_ms + extra_ms, spread_ms + extra_spread_ms
-                    folded.append(f"{name} ({extra_how})")
+        if ours == "input_layernorm":   # Vidur sums a layer's operators: the step keeps their time
+            time_ms, spread_ms = time_ms + head_ms, spread_ms + head_spread_ms
         cols.update(stat_columns(theirs, np.maximum(time_ms, 0.0), np.maximum(spread_ms, 0.0)))
     if not any(VIDUR_OPS[g] in made["regressor"] + made["interpolated"] for g in GEMM_OPS):
         raise InputError(f"{table_dir}: tables fitted without per-layer operator data (no GEMM regressor or "
@@ -140,6 +134,20 @@ def vidur_mlp(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
                      "Vidur's mlp.csv has no column for them" if folded else
                      "q_norm, k_norm (this model's per-head query and key norms) left out: no estimate of them")
     return frame, notes
+
+
+def _head_norm_times(spec: ModelSpec, tokens: np.ndarray, grids: pd.DataFrame | None, ops: pd.DataFrame | None,
+                     roofline: dict) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """A qk_norm model's per-head query and key norms, which Vidur's mlp.csv has no column for: their
+    time and spread per layer at `tokens`, summed (zeros for a model without them), and each one that
+    had an estimate, with its source."""
+    time_ms, spread_ms, found = np.zeros(len(tokens)), np.zeros(len(tokens)), []
+    for name in HEAD_NORMS if spec.qk_norm else ():
+        one_ms, one_spread_ms, how = _op_times(name, tokens, grids, ops, roofline)
+        if how != "zeros":
+            time_ms, spread_ms = time_ms + one_ms, spread_ms + one_spread_ms
+            found.append(f"{name} ({how})")
+    return time_ms, spread_ms, found
 
 
 def _regressor_grids(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, tokens: np.ndarray) -> pd.DataFrame | None:
