@@ -187,11 +187,13 @@ class Campaign:
         front end."""
         from experiments.validation.calibration import calibrate_step_model
         c = self.c
-        # the device's run-to-run spread from every calibration run's repeats, not one pair's, and from
-        # the profile's two halves, timed before and after the measurements
+        # the device's run-to-run spread from every calibration run's repeats, not one pair's, from
+        # the profile's two halves, timed before and after the measurements, and from the device's
+        # history (--scatter-runs: earlier runs and campaigns)
         halves = self.profile_files() if len(self.profiled) == 2 and c.repeats > 1 else []
         for s in c.schedulers:
             others = [str(c.measured_dir(o, c.loads[0])) for o in c.schedulers if o != s and c.repeats > 1]
+            others += list(c.scatter_runs) if c.repeats > 1 else []
             tables, target = models[s][base], c.out / name / s
             self.stage(f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", "calibrate",
                        lambda s=s, o=others, t=tables, d=target: calibrate_step_model(

@@ -27,6 +27,7 @@ class CampaignConfig:
     arrivals: str = "poisson"                       # or gamma:CV (bursty: CV > 1)
     ranges: int = 0                                 # replications per held-out run of the calibrated model
     workers: int = 1                                # processes for those replications
+    scatter_runs: tuple[str, ...] = ()              # earlier runs or campaigns of this device: run_cv's history
     seed: int = 0
     timings: dict = field(default_factory=dict)
 

@@ -33,10 +33,12 @@ def register(subparsers) -> None:
                         f"front-end term (choices: {', '.join(ENGINE_NAMES)}; see experiments/data/serving_defaults.json)")
     p.add_argument("--max-simulations", type=argtypes.count(1, 100_000), default=300, help="search budget (default 300)")
     p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
-                   help="more measured runs of this device, two or more repeats each: their repeats' total step "
-                        "times join the run's own to estimate how the device's speed varies from run to run "
-                        "(the scatter's run_cv, which --ranges draws; one pair of repeats is a rough estimate "
-                        "of a spread)")
+                   help="more measured runs of this device, two or more repeats each, or directories holding "
+                        "some (an earlier campaign: every run of two or more repeats under it): their repeats' "
+                        "total step times join the run's own to estimate how the device's speed varies from run "
+                        "to run (the scatter's run_cv, which --ranges draws; one pair of repeats is a rough "
+                        "estimate of a spread, and a campaign's three pairs put it anywhere from a third to "
+                        "1.6 times its value)")
     p.add_argument("--scatter-profiles", nargs=2, default=(), metavar=("EARLY", "LATE"),
                    help="two profiles (`stepcal profile` directories or their profile.parquet) of the same grid "
                         "on this device, timed at different times (e.g. before "

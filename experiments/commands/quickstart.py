@@ -44,6 +44,11 @@ def register(subparsers) -> None:
                         "90%% intervals (coverage, each repeat on its own) and their width (default 0: none)")
     p.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
                    help="processes for those replications (default 1)")
+    p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
+                   help="earlier campaigns (their directories) or measured runs of this machine: their repeats' "
+                        "speed differences join this campaign's three pairs in run_cv, the run-to-run speed "
+                        "spread that --ranges draws (as `stepcal calibrate --scatter-runs`); three pairs alone "
+                        "put it anywhere from a third to 1.6 times its value")
     g = p.add_argument_group("another device or model (the defaults are the CPU quickstart)")
     g.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda[:N] (default cpu)")
     g.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny)")
@@ -74,7 +79,8 @@ def run(args) -> int:
                             repeats=args.repeats, trials=args.trials, seed=args.seed, device=args.device,
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops,
-                            arrivals=args.arrivals, ranges=args.ranges, workers=args.workers)
+                            arrivals=args.arrivals, ranges=args.ranges, workers=args.workers,
+                            scatter_runs=tuple(args.scatter_runs))
     headline = Campaign(config).run()
     print(format_headline(headline))
     print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
@@ -106,9 +112,29 @@ def _check_setup(args) -> None:
     from simulator.workload.spec import parse_spec
     load_model_spec(args.model_spec)
     parse_spec(f"poisson:rate=1,n=1,prompt={args.prompt},output={args.output}", "--prompt / --output")
+    if args.scatter_runs:
+        _check_scatter_runs(args)
     if args.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():
             raise InputError(f"--device {args.device}: CUDA is not available on this machine")
     elif args.device != "cpu":
         raise InputError(f"--device {args.device}: expected cpu or cuda[:N]")
+
+
+def _check_scatter_runs(args) -> None:
+    """--scatter-runs: runs of two or more repeats, measured on this machine (its fingerprint now)."""
+    from experiments.validation.measured import load_measured_run
+    from experiments.validation.scatter import check_same_device, scatter_run_dirs
+    from profiler.fingerprint import hardware_fingerprint
+    from simulator.errors import InputError
+    if args.repeats < 2:
+        raise InputError("--scatter-runs needs --repeats of two or more: the step-to-step scatter comes from "
+                         "this campaign's own repeats")
+    here = hardware_fingerprint(args.device, num_threads=1)   # the engine's measurements run on one thread
+    for path in scatter_run_dirs(args.scatter_runs):
+        run = load_measured_run(path)
+        if run.num_repeats < 2:
+            raise InputError(f"--scatter-runs {path}: needs a measured run of two or more repeats "
+                             "(its repeats' total step times give the run-to-run spread); it has one")
+        check_same_device(here, run.meta, str(path))

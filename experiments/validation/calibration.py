@@ -378,12 +378,13 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
 
     from experiments.step_models import resolve_step_model
     from experiments.validation.measured import load_measured_run
+    from experiments.validation.scatter import scatter_run_dirs
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
     from simulator.readers import read_json
-
     run = load_measured_run(measured)
-    scatter = scatter_of(run, [load_measured_run(r) for r in scatter_runs], scatter_profiles)  # before the search
+    more_runs = [load_measured_run(r) for r in scatter_run_dirs(scatter_runs, own=measured)]
+    scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
     model = resolve_step_model(step_model)
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top
     start = None

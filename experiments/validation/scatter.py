@@ -12,6 +12,11 @@
 - A profile timed in two halves (the quickstart profiles before and after its measurements) is one
   more pair: the median over the points both halves timed of log(t_late / t_early), whole-step points
   where there are some (they are closest to a run), else every point.
+- The device's history: `--scatter-runs` takes earlier measured runs, or directories holding some
+  (an earlier campaign), of the same device. A campaign alone has three pairs, which put sigma_run
+  anywhere from a third of its value to 1.6 times it (a chi-square of three degrees of freedom); on
+  this project's 2-core CPU machine eight campaigns' pairs said 0.013 to 0.125 each where their 48
+  pairs together said 0.089.
 """
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+# The fingerprint fields (profiler.fingerprint) that make two runs the same device for run_cv; the
+# hostname, clocks and library versions may differ.
+DEVICE_FIELDS = ("device", "cpu_model", "num_cpus", "gpu_name", "num_threads")
 
 SOURCE = ("two repeats of the measured run: the log ratio of the batches both ran, as an AR(1) process "
           "(experiments.validation.noise); run_cv from the ratio of total step times of the repeats of "
@@ -70,6 +79,8 @@ def measured_scatter(run, more_runs: Sequence = (), more_ratios: Sequence[float]
     noise, ratio = run_noise(run), speed_log_ratio(run)
     if noise is None or ratio is None:
         return None
+    for other in more_runs:
+        check_same_device(run.meta.get("fingerprint"), other.meta, str(other.path))
     ratios = [ratio, *(_required_ratio(other) for other in more_runs), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
@@ -80,6 +91,54 @@ def measured_scatter(run, more_runs: Sequence = (), more_ratios: Sequence[float]
     if more_runs:
         block["run_cv_runs"] = [str(run.path), *(str(other.path) for other in more_runs)]
     return block
+
+
+def scatter_run_dirs(paths: Sequence[str | Path], own: str | Path | None = None) -> list[Path]:
+    """The measured runs `--scatter-runs` names: a path that is a measured run stands for itself; a
+    directory that is not stands for every measured run of two or more repeats under it (an earlier
+    campaign's, whose saturation runs have one), hidden directories (a campaign's staging) left out.
+    `own`, the run being calibrated, and repeats of a run are dropped: a pair counts once."""
+    from simulator.errors import InputError
+    from simulator.measured_run import META, repeat_dirs
+    skip = {Path(own).resolve()} if own is not None else set()
+    found: list[Path] = []
+    for given in map(Path, paths):
+        if not given.is_dir() or (given / META).exists():
+            runs = [given]        # a run (load_measured_run says what is wrong with it, if anything)
+        else:
+            runs = sorted(m.parent for m in given.rglob(META) if _is_measured_run(m)
+                          and not any(part.startswith(".") for part in m.relative_to(given).parts)
+                          and len(repeat_dirs(m.parent)) >= 2)
+            if not runs:
+                raise InputError(f"--scatter-runs {given}: no measured run of two or more repeats under it "
+                                 "(expected `stepcal measure` outputs or a directory holding some, e.g. a campaign's)")
+        for run in runs:
+            if run.resolve() not in skip:
+                skip.add(run.resolve())
+                found.append(run)
+    return found
+
+
+def _is_measured_run(meta_path: Path) -> bool:
+    import json
+    try:
+        return json.loads(meta_path.read_text()).get("kind") == "measured_run"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_same_device(reference: dict | None, other_meta: dict, where: str) -> None:
+    """InputError when the run `where` (its meta.json `other_meta`) was measured on another device than
+    `reference` (a fingerprint): its speed pairs say nothing of this one. Runs without a fingerprint
+    (imported ones) are taken as they are."""
+    from simulator.errors import InputError
+    other = other_meta.get("fingerprint")
+    if not isinstance(reference, dict) or not isinstance(other, dict):
+        return
+    for field in DEVICE_FIELDS:
+        if field in reference and field in other and reference[field] != other[field]:
+            raise InputError(f"--scatter-runs {where}: measured on another device ({field} {other[field]!r}, "
+                             f"not {reference[field]!r}): its speed pairs say nothing of this one")
 
 
 def _required_ratio(run) -> float:

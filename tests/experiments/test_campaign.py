@@ -325,3 +325,8 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     calls.clear()
     Campaign(single).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
     assert [c[3:] for c in calls] == [([], []), ([], [])]   # one repeat: no pair to pool
+    history = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2,
+                             scatter_runs=("/old/campaign", "/old/run"))
+    calls.clear()
+    Campaign(history).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
+    assert [c[3] for c in calls] == [[run["b"], "/old/campaign", "/old/run"], [run["a"], "/old/campaign", "/old/run"]]

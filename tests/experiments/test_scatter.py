@@ -119,3 +119,72 @@ def test_calibrate_pools_the_profile_pair_into_run_cv(runs, tmp_path):
     assert scatter["run_cv_log_ratios"] == pytest.approx(ratios)
     assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 2
     assert "1 pair(s) of profiles (--scatter-profiles)" in scatter["source"]
+
+
+def copy_run(source, target, **fingerprint):
+    """A copy of a measured run whose meta.json fingerprint has `fingerprint`'s fields changed."""
+    import shutil
+    shutil.copytree(source, target)
+    meta = json.loads((target / "meta.json").read_text())
+    meta["fingerprint"].update(fingerprint)
+    (target / "meta.json").write_text(json.dumps(meta))
+    return target
+
+
+def test_a_directory_of_runs_stands_for_each_of_two_or_more_repeats_once(runs, tmp_path):
+    """An earlier campaign's directory: its runs of two repeats join run_cv, its single-repeat runs
+    (saturation) and its hidden staging are left out, and the calibrated run's own pair counts once."""
+    from experiments.validation.scatter import scatter_run_dirs
+    campaign = runs["a"].parent     # a, b (two repeats) and single (one)
+    copy_run(runs["b"], campaign / ".staging" / "b")
+    assert scatter_run_dirs([campaign]) == [runs["a"], runs["b"]]
+    assert scatter_run_dirs([campaign, runs["b"]], own=runs["a"]) == [runs["b"]]
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
+                 "--scatter-runs", str(campaign), "--quiet", "--out", str(out)]) == 0
+    scatter = json.loads((out / "meta.json").read_text())["scatter"]
+    ratios = [speed_log_ratio(load_measured_run(runs[k])) for k in ("a", "b")]
+    assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 2
+    assert scatter["run_cv_runs"] == [str(runs["a"]), str(runs["b"])]
+
+
+def test_a_directory_without_runs_of_two_repeats_is_refused_in_one_line(runs, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    copy_run(runs["single"], tmp_path / "singles" / "s")
+    for where in ("empty", "singles"):
+        out = tmp_path / f"cal_{where}"
+        assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1",
+                     "--scatter-runs", str(tmp_path / where), "--quiet", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--scatter-runs {tmp_path / where}: no measured run of two or more repeats under it" in err
+        assert err.count("\n") == 1 and not out.exists()
+
+
+def test_runs_of_another_device_are_refused_naming_the_field(runs, tmp_path, capsys):
+    other = copy_run(runs["b"], tmp_path / "elsewhere", cpu_model="Another CPU")
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1",
+                 "--scatter-runs", str(other), "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--scatter-runs {other}: measured on another device (cpu_model 'Another CPU'" in err
+    assert err.count("\n") == 1 and not out.exists()
+    # the same machine under another hostname and torch build is the same device
+    renamed = copy_run(runs["b"], tmp_path / "renamed", hostname="other-vm", torch_version="9.9")
+    assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
+                 "--scatter-runs", str(renamed), "--quiet", "--out", str(tmp_path / "ok")]) == 0
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda runs, tmp: tmp / "nothing_here", "--scatter-runs {path}: no measured run of two or more repeats"),
+    (lambda runs, tmp: runs["single"], "--scatter-runs {path}: needs a measured run of two or more repeats"),
+    (lambda runs, tmp: copy_run(runs["b"], tmp / "gpu_run", device="cuda:0", gpu_name="NVIDIA H100"),
+     "--scatter-runs {path}: measured on another device (device 'cuda:0', not 'cpu')"),
+])
+def test_quickstart_refuses_bad_scatter_runs_before_any_work(runs, tmp_path, capsys, make, message):
+    path = make(runs, tmp_path)
+    if path.name == "nothing_here":
+        path.mkdir()
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--scatter-runs", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message.format(path=path) in err and err.count("\n") == 1 and not out.exists()
