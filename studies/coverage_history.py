@@ -33,18 +33,18 @@ BAND = (0.80, 0.97)
 def own_log_ratios(campaign: Path) -> list[float]:
     """The pairs the quickstart pools: each scheduler's lowest-load run and the profile's two halves."""
     from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import profile_log_ratio, speed_log_ratio
-    ratios = [speed_log_ratio(load_measured_run(runs[0])) for runs in load_runs(campaign).values()]
+    from experiments.validation.scatter import profile_log_ratio, speed_log_ratios
+    ratios = [r for runs in load_runs(campaign).values() for r in speed_log_ratios(load_measured_run(runs[0]))]
     if (campaign / "profile_late").exists():
         ratios.append(profile_log_ratio(campaign / "profile", campaign / "profile_late"))
-    return [r for r in ratios if r is not None]
+    return ratios
 
 
 def all_log_ratios(campaign: Path) -> list[float]:
     """Every run of two or more repeats in the campaign: what --scatter-runs CAMPAIGN pools."""
     from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import scatter_run_dirs, speed_log_ratio
-    return [speed_log_ratio(load_measured_run(run)) for run in scatter_run_dirs([campaign / "measured"])]
+    from experiments.validation.scatter import scatter_run_dirs, speed_log_ratios
+    return [r for run in scatter_run_dirs([campaign / "measured"]) for r in speed_log_ratios(load_measured_run(run))]
 
 
 def load_runs(campaign: Path) -> dict[str, list[Path]]:

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--schedulers", type=argtypes.names(SCHEDULER_NAMES), default=("continuous", "sarathi"),
                    help=f"comma-separated, of {','.join(SCHEDULER_NAMES)} (default continuous,sarathi)")
     p.add_argument("--num-requests", type=argtypes.count(), default=200, help="requests per measured run (default 200)")
-    p.add_argument("--repeats", type=argtypes.count(1, 1000), default=2, help="measured repeats per run (default 2: the noise floor)")
+    p.add_argument("--repeats", type=argtypes.count(1, 1000), default=2, help="measured repeats per run (default 2: the noise floor; every two repeats are one more pair for "
+                        "the run-to-run speed spread that --ranges draws)")
     p.add_argument("--trials", type=argtypes.count(1, 100_000), default=4, help="Optuna trials per fitted target (default 4)")
     p.add_argument("--seed", type=argtypes.seed, default=0)
     p.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",

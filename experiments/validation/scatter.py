@@ -5,7 +5,7 @@
   batches both repeats of one run ran (experiments.validation.noise).
 - run_cv: the device's speed from run to run. The two repeats of a run serve the same workload, so
   the log ratio r = log(T_1 / T_0) of their total step time is the speed difference of two runs,
-  with variance 2 sigma_run^2. One pair is a poor estimate of a spread (a chi-square of one degree
+  with variance 2 sigma_run^2 (four repeats are two such pairs: 0 with 1, 2 with 3). One pair is a poor estimate of a spread (a chi-square of one degree
   of freedom): on this project's CPU campaigns single pairs gave sigma_run from 0.003 to 0.30 where
   the six pairs of each campaign together said 0.04 to 0.11. So every pair at hand is pooled:
   sigma_run^2 = mean(r_i^2) / 2.
@@ -34,12 +34,16 @@ SOURCE = ("two repeats of the measured run: the log ratio of the batches both ra
           "{pairs} (experiments.validation.scatter)")
 
 
-def speed_log_ratio(run) -> float | None:
-    """log(T_1 / T_0): the total time of the batches both repeats of `run` ran, repeat 1 against
-    repeat 0; None for a run of one repeat."""
-    from experiments.validation.steps import step_noise_floor
-    floor = step_noise_floor(run)
-    return None if floor is None else float(np.log1p(floor.total_difference))
+def speed_log_ratios(run) -> list[float]:
+    """Every independent pair of `run`'s repeats: log(T_1 / T_0), log(T_3 / T_2), ... over the batches
+    each pair both ran (a run of four repeats is two pairs; a fifth repeat pairs with nothing)."""
+    from experiments.validation.steps import matched_steps
+    ratios = []
+    for first in range(0, run.num_repeats - 1, 2):
+        both = matched_steps(run, first, first + 1)
+        if both is not None:
+            ratios.append(float(np.log(both["ms_1"].sum() / both["ms_0"].sum())))
+    return ratios
 
 
 def pooled_run_cv(log_ratios: Sequence[float]) -> float:
@@ -76,12 +80,12 @@ def measured_scatter(run, more_runs: Sequence = (), more_ratios: Sequence[float]
     repeats, those of `more_runs` (MeasuredRuns of the same device: each must have a second repeat)
     and `more_ratios` (other pairs' log ratios, e.g. profile_log_ratio). None when `run` has one repeat."""
     from experiments.validation.noise import run_noise
-    noise, ratio = run_noise(run), speed_log_ratio(run)
-    if noise is None or ratio is None:
+    noise, own = run_noise(run), speed_log_ratios(run)
+    if noise is None or not own:
         return None
     for other in more_runs:
         check_same_device(run.meta.get("fingerprint"), other.meta, str(other.path))
-    ratios = [ratio, *(_required_ratio(other) for other in more_runs), *more_ratios]
+    ratios = [*own, *(r for other in more_runs for r in _required_ratios(other)), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
     pairs = "this run" + (f", {len(more_runs)} more run(s) (--scatter-runs)" if more_runs else "") + (
@@ -141,10 +145,10 @@ def check_same_device(reference: dict | None, other_meta: dict, where: str) -> N
                              f"not {reference[field]!r}): its speed pairs say nothing of this one")
 
 
-def _required_ratio(run) -> float:
+def _required_ratios(run) -> list[float]:
     from simulator.errors import InputError
-    ratio = speed_log_ratio(run)
-    if ratio is None:
+    ratios = speed_log_ratios(run)
+    if not ratios:
         raise InputError(f"--scatter-runs {run.path}: needs a measured run of two or more repeats "
                          "(its repeats' total step times give the run-to-run spread); it has one")
-    return ratio
+    return ratios

@@ -75,12 +75,12 @@ def step_level_error(model, steps, predicted: np.ndarray | None = None,
                           float(measured.mean()), noise_floor)
 
 
-def matched_steps(run: MeasuredRun):
-    """The batches (same requests, q_lens, kv_lens) that repeat 0 and repeat 1 both ran: a DataFrame
-    with `ms_0`, `ms_1` and each batch's position `index_0`, `index_1` in its repeat's step log,
-    in repeat 0's order. None without a second repeat or without a batch in common."""
+def matched_steps(run: MeasuredRun, first: int = 0, second: int = 1):
+    """The batches (same requests, q_lens, kv_lens) that repeats `first` and `second` both ran: a
+    DataFrame with `ms_0`, `ms_1` (first, second) and each batch's position `index_0`, `index_1` in
+    its repeat's step log, in the first's order. None without those repeats or a batch in common."""
     import pandas as pd
-    a, b = run.steps[run.steps["repeat"] == 0], run.steps[run.steps["repeat"] == 1]
+    a, b = run.steps[run.steps["repeat"] == first], run.steps[run.steps["repeat"] == second]
     if not len(a) or not len(b):
         return None
 

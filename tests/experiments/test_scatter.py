@@ -6,7 +6,7 @@ import pytest
 
 from experiments.cli import main
 from experiments.validation.measured import load_measured_run
-from experiments.validation.scatter import pooled_run_cv, speed_log_ratio
+from experiments.validation.scatter import pooled_run_cv, speed_log_ratios
 
 TRACE = "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12"
 
@@ -35,10 +35,10 @@ def test_pooling_many_pairs_recovers_the_speed_spread_that_one_pair_misses():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two runs of two repeats and one of a single repeat, served by the engine."""
+    """Two runs of two repeats, one of a single repeat and one of four, served by the engine."""
     root = tmp_path_factory.mktemp("scatter")
     made = {}
-    for name, repeats in (("a", 2), ("b", 2), ("single", 1)):
+    for name, repeats in (("a", 2), ("b", 2), ("single", 1), ("four", 4)):
         made[name] = root / name
         assert main(["measure", "--trace", TRACE, "--scheduler", "continuous", "--repeats", str(repeats),
                      "--quiet", "--out", str(made[name])]) == 0
@@ -50,7 +50,7 @@ def test_calibrate_pools_run_cv_over_the_scatter_runs(runs, tmp_path):
     assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
                  "--scatter-runs", str(runs["b"]), "--quiet", "--out", str(out)]) == 0
     scatter = json.loads((out / "meta.json").read_text())["scatter"]
-    ratios = [speed_log_ratio(load_measured_run(runs[k])) for k in ("a", "b")]
+    ratios = [r for k in ("a", "b") for r in speed_log_ratios(load_measured_run(runs[k]))]
     assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios))
     assert scatter["run_cv_pairs"] == 2 and scatter["run_cv_runs"] == [str(runs["a"]), str(runs["b"])]
     alone = tmp_path / "alone"
@@ -72,6 +72,26 @@ def test_scatter_runs_without_a_second_repeat_are_refused_naming_the_run(runs, t
     err = capsys.readouterr().err
     assert named.format(single=runs["single"]) in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_four_repeats_are_two_pairs_and_each_joins_run_cv(runs, tmp_path):
+    """Repeats 0 with 1 and 2 with 3: independent pairs (a third pairing, 1 with 2, would share a
+    repeat with both), each the log ratio of the total time of the batches both ran."""
+    from experiments.validation.steps import matched_steps
+    run = load_measured_run(runs["four"])
+    ratios = speed_log_ratios(run)
+    expected = []
+    for first in (0, 2):
+        both = matched_steps(run, first, first + 1)
+        expected.append(float(np.log(both["ms_1"].sum() / both["ms_0"].sum())))
+    assert ratios == pytest.approx(expected) and len(ratios) == 2
+    assert speed_log_ratios(load_measured_run(runs["single"])) == []
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(runs["four"]), "--step-model", "const:1", "--max-simulations", "20",
+                 "--scatter-runs", str(runs["a"]), "--quiet", "--out", str(out)]) == 0
+    scatter = json.loads((out / "meta.json").read_text())["scatter"]
+    assert scatter["run_cv_pairs"] == 3
+    assert scatter["run_cv_log_ratios"] == pytest.approx([*ratios, *speed_log_ratios(load_measured_run(runs["a"]))])
 
 
 def write_profile(path, points):
@@ -115,7 +135,7 @@ def test_calibrate_pools_the_profile_pair_into_run_cv(runs, tmp_path):
     assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
                  "--scatter-profiles", str(early), str(late), "--quiet", "--out", str(out)]) == 0
     scatter = json.loads((out / "meta.json").read_text())["scatter"]
-    ratios = [speed_log_ratio(load_measured_run(runs["a"])), float(np.log(1.25))]
+    ratios = [*speed_log_ratios(load_measured_run(runs["a"])), float(np.log(1.25))]
     assert scatter["run_cv_log_ratios"] == pytest.approx(ratios)
     assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 2
     assert "1 pair(s) of profiles (--scatter-profiles)" in scatter["source"]
@@ -135,17 +155,17 @@ def test_a_directory_of_runs_stands_for_each_of_two_or_more_repeats_once(runs, t
     """An earlier campaign's directory: its runs of two repeats join run_cv, its single-repeat runs
     (saturation) and its hidden staging are left out, and the calibrated run's own pair counts once."""
     from experiments.validation.scatter import scatter_run_dirs
-    campaign = runs["a"].parent     # a, b (two repeats) and single (one)
+    campaign = runs["a"].parent     # a, b (two repeats), four (four) and single (one)
     copy_run(runs["b"], campaign / ".staging" / "b")
-    assert scatter_run_dirs([campaign]) == [runs["a"], runs["b"]]
-    assert scatter_run_dirs([campaign, runs["b"]], own=runs["a"]) == [runs["b"]]
+    assert scatter_run_dirs([campaign]) == [runs["a"], runs["b"], runs["four"]]
+    assert scatter_run_dirs([campaign, runs["b"]], own=runs["a"]) == [runs["b"], runs["four"]]
     out = tmp_path / "cal"
     assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
                  "--scatter-runs", str(campaign), "--quiet", "--out", str(out)]) == 0
     scatter = json.loads((out / "meta.json").read_text())["scatter"]
-    ratios = [speed_log_ratio(load_measured_run(runs[k])) for k in ("a", "b")]
-    assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 2
-    assert scatter["run_cv_runs"] == [str(runs["a"]), str(runs["b"])]
+    ratios = [r for k in ("a", "b", "four") for r in speed_log_ratios(load_measured_run(runs[k]))]
+    assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 4
+    assert scatter["run_cv_runs"] == [str(runs["a"]), str(runs["b"]), str(runs["four"])]
 
 
 def test_a_directory_without_runs_of_two_repeats_is_refused_in_one_line(runs, tmp_path, capsys):
