@@ -129,9 +129,10 @@ class open_runner:
 
     def __enter__(self):
         function, shared, backend, workers, address, start_method = self._args
+        start_method = usable_start_method(start_method) if backend == "local" and workers > 1 else start_method
         if backend == "ray":
             self.runner = RayRunner(function, shared, workers, address)
-        elif workers > 1:
+        elif workers > 1 and start_method is not None:
             self.runner = PoolRunner(function, shared, workers, start_method)
         else:
             self.runner = InlineRunner(function, shared)
@@ -139,6 +140,20 @@ class open_runner:
 
     def __exit__(self, *exc) -> None:
         self.runner.close()
+
+
+def usable_start_method(start_method: str) -> str | None:
+    """`start_method`, unless spawned workers could not start here: a spawned worker re-runs this
+    program's __main__ from its file, and a program read from standard input (`python -`) has none
+    (its __file__ is '<stdin>'): the worker dies and the pool waits for ever. Then fork, which copies
+    this process instead, where the platform has it; else None (run in this process)."""
+    import multiprocessing
+    import os
+    import sys
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if start_method != "spawn" or main_file is None or os.path.exists(main_file):
+        return start_method
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def ordered(results: Iterator[tuple[int, object]], num_tasks: int, on_each: Callable[[], None] | None = None) -> list:

@@ -61,6 +61,28 @@ def test_one_local_worker_runs_inline():
     assert BACKENDS == ("local", "ray")
 
 
+def test_a_program_read_from_stdin_pools_by_fork_instead_of_hanging(tmp_path):
+    """`python -` has no file for a spawned worker to re-run: the worker died at start and the pool
+    waited for ever. The pool now forks there; the same tasks give the same results."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    program = ("from experiments.backends import open_runner, ordered, usable_start_method\n"
+               "from tests.experiments.test_backends import scaled\n"
+               "print(usable_start_method('spawn'))\n"
+               "with open_runner(scaled, {'factor': 3}, workers=2) as runner:\n"
+               "    print([v for v, _ in ordered(runner.as_completed(list(range(6))), 6)])\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-"], input=program, capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["fork", "[0, 3, 6, 9, 12, 15]"]
+
+
+def test_a_program_with_a_file_keeps_spawn():
+    from experiments.backends import usable_start_method
+    assert usable_start_method("spawn") == "spawn" and usable_start_method("fork") == "fork"
+
+
 @pytest.mark.slow   # starting a local Ray cluster takes several seconds
 def test_ray_gives_the_local_results_in_task_order_and_one_line_input_errors(ray_cluster, monkeypatch):  # noqa: F811
     tasks = list(range(8))
