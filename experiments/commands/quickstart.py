@@ -125,17 +125,11 @@ def _check_setup(args) -> None:
 
 def _check_scatter_runs(args) -> None:
     """--scatter-runs: runs of two or more repeats, measured on this machine (its fingerprint now)."""
-    from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import check_same_device, scatter_run_dirs
+    from experiments.validation.scatter import check_scatter_runs
     from profiler.fingerprint import hardware_fingerprint
     from simulator.errors import InputError
     if args.repeats < 2:
         raise InputError("--scatter-runs needs --repeats of two or more: the step-to-step scatter comes from "
                          "this campaign's own repeats")
-    here = hardware_fingerprint(args.device, num_threads=1)   # the engine's measurements run on one thread
-    for path in scatter_run_dirs(args.scatter_runs):
-        run = load_measured_run(path)
-        if run.num_repeats < 2:
-            raise InputError(f"--scatter-runs {path}: needs a measured run of two or more repeats "
-                             "(its repeats' total step times give the run-to-run spread); it has one")
-        check_same_device(here, run.meta, str(path))
+    # the engine's measurements run on one thread
+    check_scatter_runs(args.scatter_runs, hardware_fingerprint(args.device, num_threads=1))

@@ -5,10 +5,10 @@
   batches both repeats of one run ran (experiments.validation.noise).
 - run_cv: the device's speed from run to run. The two repeats of a run serve the same workload, so
   the log ratio r = log(T_1 / T_0) of their total step time is the speed difference of two runs,
-  with variance 2 sigma_run^2 (four repeats are two such pairs: 0 with 1, 2 with 3). One pair is a poor estimate of a spread (a chi-square of one degree
-  of freedom): on this project's CPU campaigns single pairs gave sigma_run from 0.003 to 0.30 where
-  the six pairs of each campaign together said 0.04 to 0.11. So every pair at hand is pooled:
-  sigma_run^2 = mean(r_i^2) / 2.
+  with variance 2 sigma_run^2 (four repeats are two such pairs: 0 with 1, 2 with 3). One pair is a
+  poor estimate of a spread (a chi-square of one degree of freedom): on this project's CPU campaigns
+  single pairs gave sigma_run from 0.003 to 0.30 where the six pairs of each campaign together said
+  0.04 to 0.11. So every pair at hand is pooled: sigma_run^2 = mean(r_i^2) / 2.
 - A profile timed in two halves (the quickstart profiles before and after its measurements) is one
   more pair: the median over the points both halves timed of log(t_late / t_early), whole-step points
   where there are some (they are closest to a run), else every point.
@@ -145,10 +145,27 @@ def check_same_device(reference: dict | None, other_meta: dict, where: str) -> N
                              f"not {reference[field]!r}): its speed pairs say nothing of this one")
 
 
+def check_scatter_runs(paths: Sequence[str | Path], reference: dict) -> None:
+    """What `--scatter-runs` names, checked from each run's meta.json and repeat directories alone
+    (before minutes of work, without reading its logs): runs of two or more repeats, measured on the
+    device of the fingerprint `reference`."""
+    from simulator.measured_run import META, repeat_dirs
+    from simulator.readers import read_json
+    for path in scatter_run_dirs(paths):
+        meta = read_json(path / META, "the meta.json of a measured run, for --scatter-runs")
+        if len(repeat_dirs(path)) < 2:
+            raise _one_repeat(path)
+        check_same_device(reference, meta, str(path))
+
+
 def _required_ratios(run) -> list[float]:
-    from simulator.errors import InputError
     ratios = speed_log_ratios(run)
     if not ratios:
-        raise InputError(f"--scatter-runs {run.path}: needs a measured run of two or more repeats "
-                         "(its repeats' total step times give the run-to-run spread); it has one")
+        raise _one_repeat(run.path)
     return ratios
+
+
+def _one_repeat(path):
+    from simulator.errors import InputError
+    return InputError(f"--scatter-runs {path}: needs a measured run of two or more repeats "
+                      "(its repeats' total step times give the run-to-run spread); it has one")
