@@ -38,6 +38,13 @@ class TargetKind:
     physics: tuple[str, ...]          # derived features the physics model is linear in
     size: str                         # the axis the extrapolation split cuts along
     extra: tuple[str, ...] = ()       # derived features only the trees see
+    # Columns whose additive curve may fall (costmodel.additive: every other one is held
+    # non-decreasing, as more work never makes a step faster).
+    falling: tuple[str, ...] = ()
+
+    def increasing(self, names) -> tuple[bool, ...]:
+        """For each design column: is its additive curve held non-decreasing?"""
+        return tuple(name not in self.falling for name in names)
 
 
 KINDS = {
@@ -54,8 +61,10 @@ KINDS = {
                                 "num_heads", "num_kv_heads", "head_dim"),
                                ("flops", "bytes", "blocks", "seq_len", "num_seqs"), "seq_len",
                                ("tile_work",)),
+    # A step's per-prompt cost (masks, a causal SDPA call per prompt) is num_seqs - num_decode; prompts
+    # are no feature, so an additive fit can only say it with num_seqs rising and num_decode falling.
     "step": TargetKind(FEATURE_NAMES, ("num_tokens", "num_seqs", "decode_kv_sum",
-                                       "prefill_attn_work"), "num_tokens"),
+                                       "prefill_attn_work"), "num_tokens", falling=("num_decode",)),
     "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
     # The engine's host path: intercept + one piecewise-linear function of each (the additive
     # regressor, as for whole steps): per-sequence and per-token work extrapolate linearly.

@@ -116,9 +116,10 @@ def _select_dtype(out: pd.DataFrame, dtype: str | dict) -> pd.DataFrame:
     return out[out["dtype"].isna() | matches]
 
 
-def build_estimator(choice: Choice, physics_index, seed: int):
+def build_estimator(choice: Choice, physics_index, seed: int, increasing=False):
+    """`increasing`: the additive regressor's `monotone` flags (one per design column)."""
     if choice.family == "additive":
-        return AdditiveGridRegressor(**choice.params)
+        return AdditiveGridRegressor(**choice.params, monotone=increasing)
     return make_regressor(choice.family, choice.params, physics_index, random_state=seed)
 
 
@@ -164,11 +165,12 @@ def fit_target(target: str, rows: pd.DataFrame, config: FitConfig,
     d = design(target, rows, kind)
     y = rows["time_ms"].to_numpy(dtype=np.float64)
     seed = config.seed
+    increasing = kind.increasing(d.names)
     test = random_split(group_ids(rows), config.test_fraction, seed)
     choice, trials = default_choice(kind_of(target)), []
     if config.regressor == "tuned":
         def build(c):
-            return build_estimator(c, d.physics_index, seed)
+            return build_estimator(c, d.physics_index, seed, increasing)
         choice, trials = tune(build, d.X[~test], y[~test], d.size[~test], kind=kind_of(target),
                               has_physics=bool(d.physics_index), n_trials=config.trials,
                               seed=seed, storage=config.storage,
@@ -178,11 +180,11 @@ def fit_target(target: str, rows: pd.DataFrame, config: FitConfig,
     for split, mask in splits.items():
         if mask is None or (~mask).sum() < 2:
             continue
-        model = build_estimator(choice, d.physics_index, seed).fit(d.X[~mask], y[~mask])
+        model = build_estimator(choice, d.physics_index, seed, increasing).fit(d.X[~mask], y[~mask])
         predicted = model.predict(d.X[mask])
         errors[split] = error_stats(y[mask], predicted)
         held_out[split] = (y[mask], predicted)
-    final = build_estimator(choice, d.physics_index, seed).fit(d.X, y)
+    final = build_estimator(choice, d.physics_index, seed, increasing).fit(d.X, y)
     if holdout is not None and len(holdout):
         hd = design(target, holdout.reset_index(drop=True), kind)
         measured = holdout["time_ms"].to_numpy(dtype=np.float64)

@@ -13,6 +13,7 @@ ESTIMATORS = [
     PhysicsResidualRegressor(physics_index=(0,), residual="additive", tree="et", n_estimators=5,
                              trim=0.4),
     AdditiveGridRegressor(n_knots=4),
+    AdditiveGridRegressor(n_knots=4, monotone=True),
 ]
 
 

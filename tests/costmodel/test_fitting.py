@@ -61,6 +61,11 @@ def test_whole_step_data_fits_the_additive_table_model(step_log_file, tmp_path):
     assert step.choice.family == "additive"
     assert step.errors["random"]["mape"] < 3
     assert step.errors["holdout"]["n"] == 80 and step.errors["holdout"]["mape"] < 3
+    # every curve held rising but num_decode's (costmodel.features: a per-prompt cost needs it free)
+    flags = dict(zip(step.feature_names, step.estimator.monotone))
+    assert not flags.pop("num_decode") and all(flags.values())
+    for name, values in zip(step.feature_names, step.estimator.values_):
+        assert name == "num_decode" or np.all(np.diff(values) >= -1e-9)
 
 
 def test_select_records_asks_for_a_device_and_tp():
