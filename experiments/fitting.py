@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class FitOptions:
     experiment: str = "stepcal-fit"
     register: str | None = None
     no_mlflow: bool = False
+    scatter_runs: list[str] = field(default_factory=list)
 
 
 def fit_tables(args: FitOptions) -> None:
@@ -82,7 +83,7 @@ def fit_tables(args: FitOptions) -> None:
     result = fit_all(records, config, holdout,
                      progress=lambda t, n: print(f"fitting {t} ({n} rows)", flush=True))
     out = Path(args.out)
-    scatter = logged_scatter(args.profile)     # the measured runs are read before the output is staged
+    scatter = logged_scatter(args.profile, args.scatter_runs)   # the runs are read before the output is staged
     with atomic_output_dir(out) as staging:
         meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
                             axes=Axes.default() if args.axes == "fixed" else None,
@@ -94,22 +95,30 @@ def fit_tables(args: FitOptions) -> None:
     _report(result, meta, out, time.perf_counter() - started)
 
 
-def logged_scatter(paths) -> dict | None:
+def logged_scatter(paths, scatter_runs=()) -> dict | None:
     """The device's step-time scatter from the measured runs whose step logs are among the inputs (a
     run's repeat_k/steps.parquet with a second repeat beside it), as `stepcal calibrate` stores it
     (experiments.validation.scatter): cv and rho the median over the runs, run_cv pooled over their
-    pairs of repeats. What `--ranges` draws with these tables; None without such runs."""
+    pairs of repeats and those of `scatter_runs` (--scatter-runs: the device's history), which give
+    cv and rho too where no step log among the inputs has a second repeat. What `--ranges` draws with
+    these tables; None without any such run."""
     from pathlib import Path
 
     import numpy as np
 
     from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import SOURCE, measured_scatter, pooled_run_cv
+    from experiments.validation.scatter import (
+        SOURCE,
+        check_same_device,
+        measured_scatter,
+        pooled_run_cv,
+        scatter_run_dirs,
+    )
     from simulator.errors import InputError
     from simulator.measured_run import STEPS, repeat_dirs
     runs = sorted({Path(p).parent.parent for p in paths
                    if Path(p).name == STEPS and Path(p).parent.name.startswith("repeat_")})
-    found, ratios = {}, []
+    found = {}
     for run in runs:
         if len(repeat_dirs(run)) < 2:
             continue
@@ -119,14 +128,31 @@ def logged_scatter(paths) -> dict | None:
             continue
         scatter = measured_scatter(measured)
         if scatter is not None:
-            found[str(run)] = scatter
-            ratios += scatter["run_cv_log_ratios"]   # the run's own pair
-    if not found:
+            found[str(run)] = (measured, scatter)
+    own = {Path(run).resolve() for run in found}
+    history = {}
+    for run in scatter_run_dirs(scatter_runs):
+        if run.resolve() not in own:
+            measured = load_measured_run(run)
+            scatter = measured_scatter(measured)
+            if scatter is None:
+                raise InputError(f"--scatter-runs {run}: needs a measured run of two or more repeats "
+                                 "(its repeats' total step times give the run-to-run spread); it has one")
+            history[str(run)] = (measured, scatter)
+    if not found and not history:
         return None
-    median = {key: float(np.median([s[key] for s in found.values()])) for key in ("cv", "rho")}
+    reference = next(iter({**found, **history}.values()))[0].meta.get("fingerprint")
+    for where, (measured, _) in history.items():
+        check_same_device(reference, measured.meta, where)
+    ratios = [r for _, scatter in [*found.values(), *history.values()] for r in scatter["run_cv_log_ratios"]]
+    shapes = found or history      # cv and rho: the inputs' own runs where there are some
+    median = {key: float(np.median([s[key] for _, s in shapes.values()])) for key in ("cv", "rho")}
+    pairs = f"those {len(shapes)} run(s)" + (f" and {len(history)} more (--scatter-runs)" if found and history else "")
+    where = "among the inputs" if found else "of --scatter-runs"
     return {**median, "run_cv": pooled_run_cv(ratios), "run_cv_pairs": len(ratios),
-            "source": f"cv and rho: the median over {len(found)} measured run(s) of two or more repeats among the "
-                      "inputs; " + SOURCE.format(pairs=f"those {len(found)} run(s)"), "runs": sorted(found)}
+            "source": f"cv and rho: the median over {len(shapes)} measured run(s) of two or more repeats {where}; "
+                      + SOURCE.format(pairs=pairs), "runs": sorted(shapes),
+            **({"run_cv_runs": sorted(found) + sorted(history)} if history else {})}
 
 
 def _plot(result, directory):

@@ -68,6 +68,12 @@ def register(subparsers) -> None:
                    help="Optuna storage: a journal file path or an RDB URL (default: in memory); "
                         "several workers may share one")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of splits, forests and TPE")
+    p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
+                   help="measured runs of this device, two or more repeats each, or directories holding some (an "
+                        "earlier campaign): their repeats' total step times join those of the step logs among "
+                        "--profile to estimate how the device's speed varies from run to run (the scatter's run_cv "
+                        "stored with the tables, which --ranges draws); with no such step logs they give the "
+                        "whole scatter (cv and rho too), so profile-only tables carry the device's spread")
     p.add_argument("--holdout", default=None, metavar="FILE",
                    help="also report errors on this file's rows (never used for fitting)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default sqlite:///OUT/mlflow.db)")

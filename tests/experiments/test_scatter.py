@@ -208,3 +208,46 @@ def test_quickstart_refuses_bad_scatter_runs_before_any_work(runs, tmp_path, cap
     assert main(["quickstart", "--scatter-runs", str(path), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert message.format(path=path) in err and err.count("\n") == 1 and not out.exists()
+
+
+def fit_args(profile, out, *extra):
+    return ["fit", "--profile", *map(str, profile), "--regressor", "rf", "--no-mlflow", *extra, "--out", str(out)]
+
+
+def test_fit_pools_run_cv_over_its_step_logs_and_the_scatter_runs(runs, tmp_path):
+    """The step logs among the inputs give cv and rho; their pairs and those of --scatter-runs give run_cv."""
+    logs = [runs["a"] / f"repeat_{k}" / "steps.parquet" for k in (0, 1)]
+    assert main(fit_args(logs, tmp_path / "t", "--scatter-runs", str(runs["b"]), str(runs["four"]))) == 0
+    scatter = json.loads((tmp_path / "t" / "meta.json").read_text())["scatter"]
+    own = json.loads((runs["a"] / "meta.json").read_text())   # the run whose logs were fitted
+    ratios = [r for k in ("a", "b", "four") for r in speed_log_ratios(load_measured_run(runs[k]))]
+    assert scatter["run_cv"] == pytest.approx(pooled_run_cv(ratios)) and scatter["run_cv_pairs"] == 4
+    assert scatter["runs"] == [str(runs["a"])] and own["kind"] == "measured_run"
+    assert scatter["run_cv_runs"] == [str(runs["a"]), str(runs["b"]), str(runs["four"])]
+    assert main(fit_args(logs, tmp_path / "alone")) == 0
+    alone = json.loads((tmp_path / "alone" / "meta.json").read_text())["scatter"]
+    assert (alone["cv"], alone["rho"]) == (scatter["cv"], scatter["rho"]) and alone["run_cv_pairs"] == 1
+
+
+def test_fit_without_paired_logs_takes_the_whole_scatter_from_the_scatter_runs(runs, tmp_path):
+    single = [runs["single"] / "repeat_0" / "steps.parquet"]     # one repeat: no pair, no scatter of its own
+    assert main(fit_args(single, tmp_path / "none")) == 0
+    assert "scatter" not in json.loads((tmp_path / "none" / "meta.json").read_text())
+    assert main(fit_args(single, tmp_path / "t", "--scatter-runs", str(runs["a"]), str(runs["b"]))) == 0
+    scatter = json.loads((tmp_path / "t" / "meta.json").read_text())["scatter"]
+    from experiments.validation.scatter import measured_scatter
+    each = [measured_scatter(load_measured_run(runs[k])) for k in ("a", "b")]
+    assert scatter["cv"] == pytest.approx(np.median([s["cv"] for s in each]))
+    assert scatter["run_cv"] == pytest.approx(pooled_run_cv([r for s in each for r in s["run_cv_log_ratios"]]))
+    assert "of --scatter-runs" in scatter["source"]
+
+
+def test_fit_refuses_scatter_runs_of_another_device_or_one_repeat(runs, tmp_path, capsys):
+    logs = [runs["a"] / f"repeat_{k}" / "steps.parquet" for k in (0, 1)]
+    other = copy_run(runs["b"], tmp_path / "elsewhere", cpu_model="Another CPU")
+    for extra, message in ((other, f"--scatter-runs {other}: measured on another device (cpu_model 'Another CPU'"),
+                           (runs["single"], f"--scatter-runs {runs['single']}: needs a measured run of two or more")):
+        out = tmp_path / "t"
+        assert main(fit_args(logs, out, "--scatter-runs", str(extra))) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and not out.exists()
