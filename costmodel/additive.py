@@ -29,8 +29,8 @@ class AdditiveGridRegressor(TimeRegressor):
     `monotone` holds curves non-decreasing: True for all, or a flag per feature. Step features count
     work (sequences, tokens, KV tokens), and more of it never makes a step faster. Unconstrained, the
     curves of correlated features trade off: in a profile's grid num_seqs is num_decode or one more,
-    and free curves priced real runs' steps of two prompts beside decodes at 0.64-0.73 of their
-    measured time (three quickstart campaigns, eight knots). One curve may have to fall:
+    and free curves priced real runs' steps of two prompts beside decodes at 0.64-0.79 of their
+    measured time (two bursty quickstart campaigns, eight knots). One curve may have to fall:
     costmodel.features.TargetKind.falling says which, and why.
     """
 
