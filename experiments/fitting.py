@@ -111,7 +111,9 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         SOURCE,
         check_same_device,
         measured_scatter,
+        one_repeat_error,
         pooled_run_cv,
+        required_ratios,
         scatter_run_dirs,
     )
     from simulator.errors import InputError
@@ -130,23 +132,23 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         if scatter is not None:
             found[str(run)] = (measured, scatter)
     own = {Path(run).resolve() for run in found}
-    history = {}
-    for run in scatter_run_dirs(scatter_runs):
-        if run.resolve() not in own:
-            measured = load_measured_run(run)
-            scatter = measured_scatter(measured)
-            if scatter is None:
-                raise InputError(f"--scatter-runs {run}: needs a measured run of two or more repeats "
-                                 "(its repeats' total step times give the run-to-run spread); it has one")
-            history[str(run)] = (measured, scatter)
+    history = {str(run): load_measured_run(run) for run in scatter_run_dirs(scatter_runs) if run.resolve() not in own}
+    history_ratios = {where: required_ratios(measured) for where, measured in history.items()}   # one repeat: refused
     if not found and not history:
         return None
-    reference = next(iter({**found, **history}.values()))[0].meta.get("fingerprint")
-    for where, (measured, _) in history.items():
+    reference = (next(iter(found.values()))[0] if found else next(iter(history.values()))).meta.get("fingerprint")
+    for where, measured in history.items():
         check_same_device(reference, measured.meta, where)
-    ratios = [r for _, scatter in [*found.values(), *history.values()] for r in scatter["run_cv_log_ratios"]]
-    shapes = found or history      # cv and rho: the inputs' own runs where there are some
-    median = {key: float(np.median([s[key] for _, s in shapes.values()])) for key in ("cv", "rho")}
+    if found:       # cv and rho: the inputs' own runs where there are some, else the history's
+        shapes = {where: scatter for where, (_, scatter) in found.items()}
+    else:
+        shapes = {where: measured_scatter(measured) for where, measured in history.items()}
+        missing = [where for where, scatter in shapes.items() if scatter is None]
+        if missing:
+            raise one_repeat_error(missing[0])
+    ratios = [r for where, (_, scatter) in found.items() for r in scatter["run_cv_log_ratios"]]
+    ratios += [r for pairs in history_ratios.values() for r in pairs]
+    median = {key: float(np.median([s[key] for s in shapes.values()])) for key in ("cv", "rho")}
     pairs = f"those {len(shapes)} run(s)" + (f" and {len(history)} more (--scatter-runs)" if found and history else "")
     where = "among the inputs" if found else "of --scatter-runs"
     return {**median, "run_cv": pooled_run_cv(ratios), "run_cv_pairs": len(ratios),

@@ -85,7 +85,7 @@ def measured_scatter(run, more_runs: Sequence = (), more_ratios: Sequence[float]
         return None
     for other in more_runs:
         check_same_device(run.meta.get("fingerprint"), other.meta, str(other.path))
-    ratios = [*own, *(r for other in more_runs for r in _required_ratios(other)), *more_ratios]
+    ratios = [*own, *(r for other in more_runs for r in required_ratios(other)), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
     pairs = "this run" + (f", {len(more_runs)} more run(s) (--scatter-runs)" if more_runs else "") + (
@@ -154,18 +154,19 @@ def check_scatter_runs(paths: Sequence[str | Path], reference: dict) -> None:
     for path in scatter_run_dirs(paths):
         meta = read_json(path / META, "the meta.json of a measured run, for --scatter-runs")
         if len(repeat_dirs(path)) < 2:
-            raise _one_repeat(path)
+            raise one_repeat_error(path)
         check_same_device(reference, meta, str(path))
 
 
-def _required_ratios(run) -> list[float]:
+def required_ratios(run) -> list[float]:
+    """speed_log_ratios of a --scatter-runs run; InputError (naming it) for a run of one repeat."""
     ratios = speed_log_ratios(run)
     if not ratios:
-        raise _one_repeat(run.path)
+        raise one_repeat_error(run.path)
     return ratios
 
 
-def _one_repeat(path):
+def one_repeat_error(path):
     from simulator.errors import InputError
     return InputError(f"--scatter-runs {path}: needs a measured run of two or more repeats "
                       "(its repeats' total step times give the run-to-run spread); it has one")
