@@ -113,7 +113,7 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         measured_scatter,
         one_repeat_error,
         pooled_run_cv,
-        required_ratios,
+        run_pairs,
         scatter_run_dirs,
     )
     from simulator.errors import InputError
@@ -132,22 +132,22 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         if scatter is not None:
             found[str(run)] = (measured, scatter)
     own = {Path(run).resolve() for run in found}
-    history = {str(run): load_measured_run(run) for run in scatter_run_dirs(scatter_runs) if run.resolve() not in own}
-    history_ratios = {where: required_ratios(measured) for where, measured in history.items()}   # one repeat: refused
+    # one repeat: refused (run_pairs)
+    history = {str(run): run_pairs(run) for run in scatter_run_dirs(scatter_runs) if run.resolve() not in own}
     if not found and not history:
         return None
     reference = (next(iter(found.values()))[0] if found else next(iter(history.values()))).meta.get("fingerprint")
-    for where, measured in history.items():
-        check_same_device(reference, measured.meta, where)
+    for where, pairs in history.items():
+        check_same_device(reference, pairs.meta, where)
     if found:       # cv and rho: the inputs' own runs where there are some, else the history's
         shapes = {where: scatter for where, (_, scatter) in found.items()}
     else:
-        shapes = {where: measured_scatter(measured) for where, measured in history.items()}
+        shapes = {where: measured_scatter(load_measured_run(where)) for where in history}
         missing = [where for where, scatter in shapes.items() if scatter is None]
         if missing:
             raise one_repeat_error(missing[0])
     ratios = [r for where, (_, scatter) in found.items() for r in scatter["run_cv_log_ratios"]]
-    ratios += [r for pairs in history_ratios.values() for r in pairs]
+    ratios += [r for pairs in history.values() for r in pairs.ratios]
     median = {key: float(np.median([s[key] for s in shapes.values()])) for key in ("cv", "rho")}
     pairs = f"those {len(shapes)} run(s)" + (f" and {len(history)} more (--scatter-runs)" if found and history else "")
     where = "among the inputs" if found else "of --scatter-runs"

@@ -23,6 +23,16 @@ CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF pan
 RANGES_PERCENTILES = "ranges_percentiles.parquet"         # where simulate and validate --ranges store quantile_frame
 
 
+def scatter_text(block: dict) -> str:
+    """'scatter cv 0.14, rho 0.84, run cv 0.067 (3 pairs: Student's t; the model carries a 2-repeat run's
+    speed)': what a ranges block's replications drew of the device."""
+    pairs, repeats = block.get("scatter_run_cv_pairs", 0), block.get("scatter_model_repeats", 0)
+    level = [f"{pairs} pair{'s' if pairs != 1 else ''}: Student's t"] if pairs else []
+    level += [f"the model carries a {repeats}-repeat run's speed"] if repeats else []
+    return (f"scatter cv {block.get('scatter_cv', 0.0):g}, rho {block.get('scatter_rho', 0.0):g}, "
+            f"run cv {block.get('scatter_run_cv', 0.0):g}" + (f" ({'; '.join(level)})" if level else ""))
+
+
 def keep_summary(result) -> dict:
     return result.summary
 

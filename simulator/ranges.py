@@ -10,7 +10,15 @@
   number, so that decode runs and step-by-step simulation draw the same factors;
 - the device's speed over a whole run: every step of a replica times one log-normal level of mean
   one and coefficient of variation `run_cv` (a shared machine runs the same workload 5-30% faster
-  or slower from one run to the next: the measured repeats' difference in total step time).
+  or slower from one run to the next: the measured repeats' difference in total step time). Two
+  things widen it, both exact for normal log levels:
+  - `run_cv_pairs` > 0: run_cv is an estimate from that many pairs of runs (a chi-square of as many
+    degrees of freedom; three pairs are off by up to 2x either way), so the level's z is drawn from
+    Student's t with run_cv_pairs degrees of freedom, the predictive law of a new run's level (asked
+    for by --scatter-run-cv-pairs: with three pairs it over-covers where run_cv came out right);
+  - `model_level_repeats` > 0: the model's own level was fitted to a run of that many repeats
+    (`stepcal calibrate`), so it carries that run's speed: a new run differs from it by
+    run_cv x sqrt(1 + 1 / model_level_repeats).
 
 `replicate` runs them (seeded: replication i uses seed + i) and `ranges_block` turns their summaries
 into the `ranges` block of summary.json: for every number in the summary, the median over the
@@ -34,6 +42,8 @@ class Scatter:
     cv: float = 0.0      # standard deviation of e_k
     rho: float = 0.0     # lag-one autocorrelation of e_k
     run_cv: float = 0.0  # coefficient of variation of the run's speed level
+    run_cv_pairs: int = 0         # pairs of runs run_cv was estimated from (0: taken as exact)
+    model_level_repeats: int = 0  # repeats of the run the model's level was fitted to (0: none)
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.cv) and self.cv >= 0):
@@ -42,6 +52,18 @@ class Scatter:
             raise InputError(f"--scatter-rho must lie in (-1, 1), got {self.rho}")
         if not (np.isfinite(self.run_cv) and self.run_cv >= 0):
             raise InputError(f"--scatter-run-cv must be a non-negative number, got {self.run_cv}")
+        for flag, value in (("--scatter-run-cv-pairs", self.run_cv_pairs),
+                            ("--scatter-model-repeats", self.model_level_repeats)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise InputError(f"{flag} must be a non-negative whole number, got {value!r}")
+
+    @property
+    def level_sigma(self) -> float:
+        """Standard deviation of the log of a run's level relative to the model's."""
+        sigma = float(np.sqrt(np.log1p(self.run_cv ** 2)))
+        if self.model_level_repeats:
+            sigma *= float(np.sqrt(1.0 + 1.0 / self.model_level_repeats))
+        return sigma
 
     @property
     def is_zero(self) -> bool:
@@ -59,10 +81,7 @@ class ScatterSeries:
         self.rng = np.random.default_rng([seed, replica, 0x73636174])
         self.factors = np.zeros(0)
         self._last = 0.0
-        # the run's speed: log-normal of mean one (its own stream: the step factors do not move with it)
-        sigma = float(np.sqrt(np.log1p(scatter.run_cv ** 2)))
-        z = float(np.random.default_rng([seed, replica, 0x7370656564]).standard_normal())
-        self.level = float(np.exp(sigma * z - sigma * sigma / 2.0))
+        self.level = run_level(scatter, seed, replica)
 
     def take(self, start: int, count: int) -> np.ndarray:
         while len(self.factors) < start + count:
@@ -79,6 +98,18 @@ class ScatterSeries:
             e[k] = last
         self._last = last
         return np.maximum(1.0 + e, 0.05) * self.level
+
+
+def run_level(scatter: Scatter, seed: int, replica: int) -> float:
+    """One replica's speed level: exp(sigma z - sigma^2 / 2), z standard normal, or Student's t of
+    run_cv_pairs degrees of freedom (z over the root of a chi-square's mean). Its own streams: the step
+    factors do not move with it, and z is the same draw whatever run_cv_pairs is."""
+    sigma = scatter.level_sigma
+    z = float(np.random.default_rng([seed, replica, 0x7370656564]).standard_normal())
+    if scatter.run_cv_pairs:
+        pairs = scatter.run_cv_pairs
+        z /= float(np.sqrt(np.random.default_rng([seed, replica, 0x70616972]).chisquare(pairs) / pairs))
+    return float(np.exp(sigma * z - sigma * sigma / 2.0))
 
 
 HOST = "host:"   # drawn host terms are named host:<term> (host:per_step_ms), after the tables' terms

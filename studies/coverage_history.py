@@ -13,8 +13,12 @@ but the lowest) of OUT/<model>/<scheduler> with `--ranges`, run_cv taken from
   history:  those and every pair of the campaigns before it in the list (all their runs of two
             repeats), as `--scatter-runs EARLIER ...` does;
 
-and prints the coverage of each (cells inside the interval, each repeat on its own) and the median
-width. A campaign's cells move together (one speed level per repeat), so its coverage is a sample of
+each either as an exact run_cv (the level a normal draw of that spread; `--level exact`), with the
+model's own level carrying its calibration run's speed (run_cv x sqrt(1 + 1/repeats); `--level
+carried`, what `stepcal calibrate` stores), or that and run_cv taken as an estimate as well (`--level
+estimate`: Student's t with as many degrees of freedom as pairs, `--scatter-run-cv-pairs`); `--level
+all` (the default) runs the three. It prints the coverage of each (cells inside the interval, each
+repeat on its own) and the median width. A campaign's cells move together (one speed level per repeat), so its coverage is a sample of
 about eight repeats: the last lines bootstrap campaigns of 8 and 16 repeats from the pooled repeats
 and give how often one lands inside issue 17's band of 80-97%.
 """
@@ -53,8 +57,16 @@ def load_runs(campaign: Path) -> dict[str, list[Path]]:
     return {s.name: sorted(s.glob("load_*")) for s in sorted(root.iterdir()) if s.is_dir() and not s.name.startswith(".")}
 
 
-def coverage_of(campaign: Path, model: str, run_cv: float, args, out: Path) -> list[tuple[int, int, float]]:
-    """(cells inside, cells, relative width) per held-out repeat, validated with this run_cv."""
+def calibration_repeats(campaign: Path) -> int:
+    """Repeats of the runs the campaign's models were calibrated on (each scheduler's lowest load)."""
+    from simulator.measured_run import repeat_dirs
+    return min(len(repeat_dirs(runs[0])) for runs in load_runs(campaign).values())
+
+
+def coverage_of(campaign: Path, model: str, run_cv: float, args, out: Path,
+                level: tuple[int, int] = (0, 0)) -> list[tuple[int, int, float]]:
+    """(cells inside, cells, relative width) per held-out repeat, validated with this run_cv and
+    `level`: (pairs behind run_cv, repeats of the model's calibration run); (0, 0) takes run_cv as exact."""
     from experiments.cli import main
     rows = []
     for scheduler, runs in load_runs(campaign).items():
@@ -62,7 +74,8 @@ def coverage_of(campaign: Path, model: str, run_cv: float, args, out: Path) -> l
             target = out / scheduler / run.name
             code = main(["validate", "--measured", str(run), "--step-model", str(campaign / model / scheduler),
                          "--ranges", str(args.replications), "--workers", str(args.workers), "--quiet",
-                         "--scatter-run-cv", f"{run_cv:.6g}", "--out", str(target)])
+                         "--scatter-run-cv", f"{run_cv:.6g}", "--scatter-run-cv-pairs", str(level[0]),
+                         "--scatter-model-repeats", str(level[1]), "--out", str(target)])
             if code != 0:
                 raise SystemExit(f"validate {run} failed (exit {code})")
             cells = json.loads((target / "validation.json").read_text())["ranges"]["coverage"]["cells"]
@@ -90,26 +103,35 @@ def main() -> None:
     parser.add_argument("--replications", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="keep the validations here (default: a temporary directory)")
+    parser.add_argument("--level", choices=["exact", "carried", "estimate", "all"], default="all",
+                        help="run_cv taken as exact, with the model's calibration run's speed carried, that and "
+                             "run_cv as an estimate (Student's t), or the three (default)")
+    parser.add_argument("--policies", default="own,history", help="own, history or both (default own,history)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="coverage_history_"))
-    pooled = {"own": [], "history": []}
+    levels = ["exact", "carried", "estimate"] if args.level == "all" else [args.level]
+    policies = [f"{p}-{lv}" for p in args.policies.split(",") for lv in levels]
+    pooled = {policy: [] for policy in policies}
     history: list[float] = []
-    print(f"{'campaign':24} {'policy':8} {'pairs':>5} {'run_cv':>7} {'coverage':>15} {'width':>6}")
+    print(f"{'campaign':24} {'policy':16} {'pairs':>5} {'run_cv':>7} {'coverage':>15} {'width':>6}")
     for campaign in args.campaigns:
         own = own_log_ratios(campaign)
-        for policy, ratios in (("own", own), ("history", own + history)):
+        for policy in policies:
+            ratios = own if policy.startswith("own") else own + history
             run_cv = pooled_run_cv(ratios)
-            rows = coverage_of(campaign, args.model, run_cv, args, out / campaign.name / policy)
+            level = {"exact": (0, 0), "carried": (0, calibration_repeats(campaign)),
+                     "estimate": (len(ratios), calibration_repeats(campaign))}[policy.rsplit("-", 1)[1]]
+            rows = coverage_of(campaign, args.model, run_cv, args, out / campaign.name / policy, level)
             pooled[policy] += rows
             inside, cells = sum(r[0] for r in rows), sum(r[1] for r in rows)
-            print(f"{campaign.name:24} {policy:8} {len(ratios):5d} {run_cv:7.3f} {inside:5d}/{cells:<4d} {inside / cells:5.0%} "
+            print(f"{campaign.name:24} {policy:16} {len(ratios):5d} {run_cv:7.3f} {inside:5d}/{cells:<4d} {inside / cells:5.0%} "
                   f"{np.median([r[2] for r in rows]):6.0%}", flush=True)
         history += all_log_ratios(campaign)
     for policy, rows in pooled.items():
         inside, cells = sum(r[0] for r in rows), sum(r[1] for r in rows)
         bands = ", ".join(f"{n} repeats: {b:.0%} below / {i:.0%} inside / {a:.0%} above"
                           for n in (8, 16) for b, i, a in [bootstrap_band(rows, n)])
-        print(f"{policy}: pooled {inside}/{cells} = {inside / cells:.1%}; campaigns of {bands} the band {BAND[0]:.0%}-{BAND[1]:.0%}")
+        print(f"{policy:16}: pooled {inside}/{cells} = {inside / cells:.1%}; campaigns of {bands} the band {BAND[0]:.0%}-{BAND[1]:.0%}")
     print(f"validations in {out}")
 
 

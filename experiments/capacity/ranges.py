@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from experiments.capacity.search import MAX_BRACKET_STEPS, CapacityResult, search_capacity
+from experiments.replications import scatter_text
 from simulator.ranges import INTERVAL, ranges_block
 
 CURVES = (("median", 50.0), ("low", INTERVAL[0]), ("high", INTERVAL[1]))   # name, percentile of the replications
@@ -139,7 +140,7 @@ def format_ranges(block: dict, plain_num_simulations: int, plain_wall_s: float) 
     drawn = ", ".join(block["drawn_terms"]) or "no term spread"
     ratio = block["wall_s"] / plain_wall_s if plain_wall_s > 0 else math.nan
     return (f"capacity {rate_text(curves['median'], ' req/s')} (90% interval {low}{joint}{high})\n"
-            f"  over {block['num_replications']} replications (drawn: {drawn}; scatter cv {block['scatter_cv']:g}, "
-            f"rho {block['scatter_rho']:g}, run cv {block.get('scatter_run_cv', 0.0):g}): {block['num_simulations']} simulations in {block['wall_s']:.1f} s on "
+            f"  over {block['num_replications']} replications (drawn: {drawn}; {scatter_text(block)}): "
+            f"{block['num_simulations']} simulations in {block['wall_s']:.1f} s on "
             f"{block['workers']} worker{'s' if block['workers'] != 1 else ''}; the plain search: "
             f"{plain_num_simulations} in {plain_wall_s:.1f} s ({ratio:.0f}x the wall time)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from experiments.replications import scatter_text
 from simulator.ranges import INTERVAL
 
 
@@ -71,8 +72,8 @@ def ranges_text(ranges: dict) -> str:
     coverage = ranges.get("coverage") or {}
     drawn = ", ".join(ranges.get("drawn_terms") or []) or "no term spread"
     lo, hi = ranges.get("interval_percentiles") or INTERVAL
-    text = (f"Ranges: {ranges.get('num_replications')} replications (drawn: {drawn}; scatter cv "
-            f"{ranges.get('scatter_cv', 0):g}, rho {ranges.get('scatter_rho', 0):g}); intervals are their "
+    text = (f"Ranges: {ranges.get('num_replications')} replications (drawn: {drawn}; {scatter_text(ranges)}); "
+            f"intervals are their "
             f"{lo:g}th-{hi:g}th percentiles.")
     if coverage.get("num_cells"):
         width = coverage.get("median_relative_width")

@@ -378,12 +378,12 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
 
     from experiments.step_models import resolve_step_model
     from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import scatter_run_dirs
+    from experiments.validation.scatter import run_pairs, scatter_run_dirs
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
     from simulator.readers import read_json
     run = load_measured_run(measured)
-    more_runs = [load_measured_run(r) for r in scatter_run_dirs(scatter_runs, own=measured)]
+    more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)]
     scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
     model = resolve_step_model(step_model)
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top
@@ -411,9 +411,10 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     return result
 
 
-def scatter_of(run: MeasuredRun, scatter_runs: list[MeasuredRun], scatter_profiles: Sequence = ()) -> dict | None:
+def scatter_of(run: MeasuredRun, scatter_runs: list, scatter_profiles: Sequence = ()) -> dict | None:
     """The scatter block calibrate stores: measured_scatter of the run, its run_cv pooled with the
-    repeats of `scatter_runs` and the two halves of `scatter_profiles` (early, late)."""
+    repeats of `scatter_runs` (experiments.validation.scatter.RunPairs) and the two halves of `scatter_profiles` (early, late), and the run's
+    repeats as model_level_repeats (simulator.ranges.Scatter)."""
     from experiments.validation.scatter import measured_scatter, profile_log_ratio
     from simulator.errors import InputError
     if (scatter_runs or scatter_profiles) and run.num_repeats < 2:
@@ -421,4 +422,7 @@ def scatter_of(run: MeasuredRun, scatter_runs: list[MeasuredRun], scatter_profil
         raise InputError(f"{flag} needs --measured of two or more repeats ({run.path} has one): "
                          "the step-to-step scatter comes from its own repeats")
     ratios = [profile_log_ratio(*scatter_profiles)] if scatter_profiles else []
-    return measured_scatter(run, scatter_runs, ratios)
+    block = measured_scatter(run, scatter_runs, ratios)
+    if block is not None:   # the calibrated terms are fitted to every repeat: the model carries their speed
+        block["model_level_repeats"] = run.num_repeats
+    return block

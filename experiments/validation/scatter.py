@@ -21,6 +21,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -75,17 +77,17 @@ def profile_log_ratio(early: str | Path, late: str | Path) -> float:
     return float(np.median(np.log(both["time_ms_late"].to_numpy(float) / both["time_ms_early"].to_numpy(float))))
 
 
-def measured_scatter(run, more_runs: Sequence = (), more_ratios: Sequence[float] = ()) -> dict | None:
+def measured_scatter(run, more_runs: Sequence[RunPairs] = (), more_ratios: Sequence[float] = ()) -> dict | None:
     """cv and rho from `run` (a MeasuredRun of two or more repeats), run_cv pooled over its pair of
-    repeats, those of `more_runs` (MeasuredRuns of the same device: each must have a second repeat)
-    and `more_ratios` (other pairs' log ratios, e.g. profile_log_ratio). None when `run` has one repeat."""
+    repeats, those of `more_runs` (run_pairs of runs of the same device) and `more_ratios` (other
+    pairs' log ratios, e.g. profile_log_ratio). None when `run` has one repeat."""
     from experiments.validation.noise import run_noise
     noise, own = run_noise(run), speed_log_ratios(run)
     if noise is None or not own:
         return None
     for other in more_runs:
         check_same_device(run.meta.get("fingerprint"), other.meta, str(other.path))
-    ratios = [*own, *(r for other in more_runs for r in required_ratios(other)), *more_ratios]
+    ratios = [*own, *(r for other in more_runs for r in other.ratios), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
     pairs = "this run" + (f", {len(more_runs)} more run(s) (--scatter-runs)" if more_runs else "") + (
@@ -164,6 +166,30 @@ def required_ratios(run) -> list[float]:
     if not ratios:
         raise one_repeat_error(run.path)
     return ratios
+
+
+@dataclass(frozen=True)
+class RunPairs:
+    """What run_cv needs of a --scatter-runs run: where it is, its meta.json (the fingerprint) and its
+    pairs' log ratios (required_ratios)."""
+    path: Path
+    meta: dict
+    ratios: tuple[float, ...]
+
+
+def run_pairs(path: str | Path) -> RunPairs:
+    """RunPairs of the measured run at `path`, kept for the process while its step logs are unchanged:
+    a quickstart calibrates four models on the same history, and loading a run whole takes ~0.5 s."""
+    from simulator.measured_run import STEPS, repeat_dirs
+    stamps = tuple((d / STEPS).stat().st_mtime_ns for d in repeat_dirs(path))
+    return _run_pairs(Path(path), stamps)
+
+
+@lru_cache(maxsize=256)
+def _run_pairs(path: Path, stamps: tuple) -> RunPairs:
+    from experiments.validation.measured import load_measured_run
+    run = load_measured_run(path)
+    return RunPairs(run.path, run.meta, tuple(required_ratios(run)))
 
 
 def one_repeat_error(path):

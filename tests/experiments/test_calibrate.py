@@ -185,11 +185,18 @@ def test_calibrate_stores_the_measured_scatter_and_ranges_draw_it(tmp_path):
         assert main(["validate", "--measured", str(run), "--step-model", str(out), "--ranges", "3", "--quiet",
                      "--out", str(v), *flags]) == 0
         return json.loads((v / "validation.json").read_text())["ranges"]
+    # The calibrated terms are fitted to both repeats: the model carries that run's speed.
+    assert (scatter["run_cv_pairs"], scatter["model_level_repeats"]) == (1, 2)
     stored = ranges_of()
     assert (stored["scatter_cv"], stored["scatter_rho"], stored["scatter_run_cv"], stored["scatter_source"]) == (
         scatter["cv"], scatter["rho"], scatter["run_cv"], "tables")
+    # The model's level carries the run's speed by default; run_cv is taken as exact unless asked.
+    assert (stored["scatter_run_cv_pairs"], stored["scatter_model_repeats"]) == (0, 2)
     given = ranges_of("--scatter-cv", "0", "--scatter-rho", "0", "--scatter-run-cv", "0")
     assert (given["scatter_cv"], given["scatter_run_cv"], given["scatter_source"]) == (0.0, 0.0, "flags")
+    counted = ranges_of("--scatter-run-cv", "0.1", "--scatter-run-cv-pairs", "5", "--scatter-model-repeats", "0")
+    assert (counted["scatter_run_cv_pairs"], counted["scatter_model_repeats"], counted["scatter_source"]) == (
+        5, 0, "flags and tables")
 
 
 def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):

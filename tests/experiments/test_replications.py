@@ -10,6 +10,7 @@ from experiments.replications import (
     keep_summary,
     keep_summary_and_quantiles,
     quantile_frame,
+    scatter_text,
 )
 from simulator.frontend import FrontEnd
 from simulator.ranges import Scatter, replicate, replication_seeds
@@ -77,3 +78,11 @@ def test_ray_gives_the_same_replications_in_the_same_order(ray_cluster):  # noqa
     summaries, num_done = pooled_summaries("ray", 2)
     assert (summaries, num_done) == pooled_summaries("local", 1)
     assert len({s["e2e_ms"]["mean"] for s in summaries}) == len(summaries)   # each seed its own: the order shows
+
+
+def test_scatter_text_says_how_the_runs_level_was_drawn():
+    block = {"scatter_cv": 0.14, "scatter_rho": 0.84, "scatter_run_cv": 0.067}
+    assert scatter_text(block) == "scatter cv 0.14, rho 0.84, run cv 0.067"
+    assert scatter_text({**block, "scatter_run_cv_pairs": 3, "scatter_model_repeats": 2}) == (
+        "scatter cv 0.14, rho 0.84, run cv 0.067 (3 pairs: Student's t; the model carries a 2-repeat run's speed)")
+    assert scatter_text({**block, "scatter_run_cv_pairs": 1}).endswith("(1 pair: Student's t)")

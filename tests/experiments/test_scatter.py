@@ -61,6 +61,27 @@ def test_calibrate_pools_run_cv_over_the_scatter_runs(runs, tmp_path):
     assert (own["cv"], own["rho"]) == (scatter["cv"], scatter["rho"])   # the step scatter: the run's own
 
 
+def test_a_history_runs_pairs_are_loaded_once_until_its_step_logs_change(runs, tmp_path, monkeypatch):
+    """A quickstart calibrates four models on the same --scatter-runs: each run is read once."""
+    import os
+    import shutil
+
+    import experiments.validation.measured as measured
+    from experiments.validation.scatter import run_pairs
+    run = tmp_path / "b"
+    shutil.copytree(runs["b"], run)
+    loads = []
+    real = measured.load_measured_run
+    monkeypatch.setattr(measured, "load_measured_run", lambda path: loads.append(path) or real(path))
+    first = run_pairs(run)
+    assert run_pairs(run) is first and len(loads) == 1
+    assert first.ratios == tuple(speed_log_ratios(real(run))) and first.meta["kind"] == "measured_run"
+    steps = run / "repeat_1" / "steps.parquet"
+    stamp = steps.stat().st_mtime_ns
+    os.utime(steps, ns=(stamp + 10**9, stamp + 10**9))    # rewritten: read again
+    assert run_pairs(run) is not first and len(loads) == 2
+
+
 @pytest.mark.parametrize("measured, extra, named", [
     ("a", "single", "--scatter-runs {single}: needs a measured run of two or more repeats"),
     ("single", "a", "--scatter-runs needs --measured of two or more repeats ({single} has one)"),

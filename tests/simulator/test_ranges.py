@@ -12,6 +12,7 @@ from simulator.ranges import (
     draw_bias,
     ranges_block,
     replicate,
+    run_level,
     term_names,
     with_bias,
 )
@@ -104,11 +105,42 @@ def test_a_runs_speed_level_scales_every_step_alike_with_mean_one():
     np.testing.assert_allclose(both.take(0, 100), steps * both.level)   # the step factors do not move
 
 
+def log_levels(scatter: Scatter, num_seeds: int) -> np.ndarray:
+    """log(level) + sigma^2 / 2 of replica 0 at seeds 0 .. num_seeds - 1: sigma times the drawn z."""
+    sigma = scatter.level_sigma
+    return np.array([np.log(run_level(scatter, seed, 0)) for seed in range(num_seeds)]) + sigma * sigma / 2
+
+
+def test_an_estimated_run_cv_draws_the_level_from_students_t():
+    """run_cv from n pairs of runs: the level's z is Student's t of n degrees of freedom (its 95th
+    percentile 2.35 sigma for three pairs, against 1.64 for an exact run_cv), from the same normal z."""
+    exact, three, many = (log_levels(Scatter(run_cv=0.1, run_cv_pairs=n), 6000) for n in (0, 3, 1_000_000))
+    sigma = Scatter(run_cv=0.1).level_sigma
+    assert np.percentile(np.abs(exact), 90) / sigma == pytest.approx(1.645, rel=0.06)
+    assert np.percentile(np.abs(three), 90) / sigma == pytest.approx(2.353, rel=0.08)
+    np.testing.assert_allclose(many, exact, rtol=0.05, atol=1e-3)    # t of many pairs: the normal again
+    assert np.all(np.sign(three) == np.sign(exact))                    # z divided by a chi's mean
+
+
+def test_a_model_calibrated_on_a_run_carries_its_speed():
+    """A model fitted to a run of k repeats carries that run's level: a new run's level relative to
+    it spreads by sqrt(1 + 1/k) times run_cv's, draw by draw."""
+    plain, two = (log_levels(Scatter(run_cv=0.1, model_level_repeats=k), 50) for k in (0, 2))
+    np.testing.assert_allclose(two, plain * np.sqrt(1.5))
+    assert Scatter(run_cv=0.0, run_cv_pairs=3, model_level_repeats=2).is_zero   # no spread, nothing drawn
+
+
 @pytest.mark.parametrize("cv, rho, run_cv", [(-0.1, 0.0, 0.0), (0.1, 1.0, 0.0), (float("nan"), 0.0, 0.0),
                                              (0.1, 0.0, -0.2)])
 def test_bad_scatter_is_refused(cv, rho, run_cv):
     with pytest.raises(InputError):
         Scatter(cv, rho, run_cv)
+
+
+@pytest.mark.parametrize("pairs, repeats", [(-1, 0), (2.5, 0), (0, -2), (True, 0)])
+def test_bad_level_counts_are_refused(pairs, repeats):
+    with pytest.raises(InputError, match="whole number"):
+        Scatter(0.1, 0.0, 0.1, pairs, repeats)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
