@@ -107,6 +107,8 @@ def main() -> None:
                         help="run_cv taken as exact, with the model's calibration run's speed carried, that and "
                              "run_cv as an estimate (Student's t), or the three (default)")
     parser.add_argument("--policies", default="own,history", help="own, history or both (default own,history)")
+    parser.add_argument("--history-only", type=int, default=0, metavar="N",
+                        help="the first N campaigns only give history: validate the later ones (default 0)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="coverage_history_"))
     levels = ["exact", "carried", "estimate"] if args.level == "all" else [args.level]
@@ -114,7 +116,10 @@ def main() -> None:
     pooled = {policy: [] for policy in policies}
     history: list[float] = []
     print(f"{'campaign':24} {'policy':16} {'pairs':>5} {'run_cv':>7} {'coverage':>15} {'width':>6}")
-    for campaign in args.campaigns:
+    for index, campaign in enumerate(args.campaigns):
+        if index < args.history_only:
+            history += all_log_ratios(campaign)
+            continue
         own = own_log_ratios(campaign)
         for policy in policies:
             ratios = own if policy.startswith("own") else own + history
