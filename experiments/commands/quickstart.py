@@ -84,9 +84,21 @@ def run(args) -> int:
                             scatter_runs=tuple(args.scatter_runs))
     headline = Campaign(config).run()
     print(format_headline(headline))
+    hint = history_hint(config)
+    if hint:
+        print("\n" + hint)
     print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
           f"(and report.md); headline numbers: {Path(args.out) / 'headline.json'}")
     return 0
+
+
+def history_hint(config) -> str | None:
+    """With --ranges and no --scatter-runs, how to give the next campaign the device's history: the
+    intervals' run-to-run spread then rests on this campaign's three pairs of runs alone."""
+    if not config.ranges or config.scatter_runs or config.repeats < 2:
+        return None
+    return (f"the 90% intervals' run-to-run speed spread (run_cv) rests on this campaign's three pairs of runs; "
+            f"a later campaign on this machine pools them with its own: --scatter-runs {config.out}")
 
 
 def _arrivals(text: str) -> str:

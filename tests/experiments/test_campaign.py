@@ -330,3 +330,13 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     calls.clear()
     Campaign(history).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
     assert [c[3] for c in calls] == [[run["b"], "/old/campaign", "/old/run"], [run["a"], "/old/campaign", "/old/run"]]
+
+
+def test_quickstart_says_how_to_pool_the_devices_history_when_it_had_none(tmp_path):
+    from experiments.commands.quickstart import history_hint
+    alone = CampaignConfig(out=tmp_path / "qs", ranges=20)
+    assert history_hint(alone).endswith(f"--scatter-runs {tmp_path / 'qs'}")
+    for config in (CampaignConfig(out=tmp_path / "qs", ranges=0),
+                   CampaignConfig(out=tmp_path / "qs", ranges=20, scatter_runs=(str(tmp_path / "earlier"),)),
+                   CampaignConfig(out=tmp_path / "qs", ranges=20, repeats=1)):
+        assert history_hint(config) is None
