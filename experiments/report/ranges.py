@@ -73,8 +73,7 @@ def ranges_text(ranges: dict) -> str:
     drawn = ", ".join(ranges.get("drawn_terms") or []) or "no term spread"
     lo, hi = ranges.get("interval_percentiles") or INTERVAL
     text = (f"Ranges: {ranges.get('num_replications')} replications (drawn: {drawn}; {scatter_text(ranges)}); "
-            f"intervals are their "
-            f"{lo:g}th-{hi:g}th percentiles.")
+            f"intervals are their {lo:g}th-{hi:g}th percentiles.")
     if coverage.get("num_cells"):
         width = coverage.get("median_relative_width")
         text += (f" The measured value lies inside in {coverage['num_inside']} of {coverage['num_cells']} cells "

@@ -413,8 +413,9 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
 
 def scatter_of(run: MeasuredRun, scatter_runs: list, scatter_profiles: Sequence = ()) -> dict | None:
     """The scatter block calibrate stores: measured_scatter of the run, its run_cv pooled with the
-    repeats of `scatter_runs` (experiments.validation.scatter.RunPairs) and the two halves of `scatter_profiles` (early, late), and the run's
-    repeats as model_level_repeats (simulator.ranges.Scatter)."""
+    repeats of `scatter_runs` (experiments.validation.scatter.RunPairs) and the two halves of
+    `scatter_profiles` (early, late), and the run's repeats as model_level_repeats
+    (simulator.ranges.Scatter)."""
     from experiments.validation.scatter import measured_scatter, profile_log_ratio
     from simulator.errors import InputError
     if (scatter_runs or scatter_profiles) and run.num_repeats < 2:
