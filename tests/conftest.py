@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# No test reads or adds to the user's device history (~/.cache/stepcal); its tests name their own file.
+os.environ["STEPCAL_HISTORY"] = "off"
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

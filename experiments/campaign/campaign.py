@@ -50,6 +50,8 @@ class Campaign:
         self.c = config
         self.t0 = time.perf_counter()
         self.profiled: list[str] = []     # profile directories written (profile, profile_late)
+        self.history_used: list = []      # device_history entries of earlier campaigns pooled in run_cv
+        self.history_added: list = []     # this campaign's runs, added to the ledger at the end
 
     def stage(self, title: str, command: str, work: Callable[[], T]) -> T:
         """Run one stage: its line on stderr, its time in the timings; a failure names the stage."""
@@ -67,6 +69,7 @@ class Campaign:
     def run(self) -> Headline:
         c, out = self.c, self.c.out
         check_output(out, staged=False)   # before minutes of profiling, not after
+        self.history_used = self.read_history()
         early_rounds, late_rounds = self.profile_rounds()
         self.stage(f"profile kernels ({c.grid} grid)", "profile", lambda: self.profile("profile", early_rounds))
         capacity = {}
@@ -110,7 +113,31 @@ class Campaign:
                     validations.append((s, load, model_name, target))
         report_dirs = [v[3] for v in validations if v[2] in ("tables", "profiled", *CALIBRATED)] + [out / "tables"]
         self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
-        return self.headline(capacity, validations)
+        headline = self.headline(capacity, validations)
+        self.record_history()
+        return headline
+
+    def read_history(self) -> list:
+        """The ledger's entries of this device from earlier campaigns (not of runs under OUT, which this
+        campaign replaces, or of --scatter-runs, already pooled), read once before the measurements."""
+        from experiments.validation.device_history import read_history
+        from profiler.fingerprint import hardware_fingerprint
+        c = self.c
+        if c.history_file is None or c.repeats < 2:
+            return []
+        ledger = read_history(c.history_file)
+        if ledger.num_unreadable:
+            print(f"warning: {c.history_file}: {ledger.num_unreadable} line(s) unreadable, left out",
+                  file=sys.stderr)
+        return ledger.matching(hardware_fingerprint(c.device, num_threads=1), exclude_under=[c.out, *c.scatter_runs])
+
+    def record_history(self) -> None:
+        """Every measured run of two or more repeats into the ledger: a later campaign pools its pairs."""
+        from experiments.validation.device_history import record_runs
+        c = self.c
+        if c.history_file is not None and c.repeats >= 2:
+            runs = [c.measured_dir(s, load) for s in c.schedulers for load in c.loads]
+            self.history_added = record_runs(c.history_file, runs, c.out)
 
     def profile_rounds(self) -> tuple[int | None, int]:
         """The grid's passes, split: the first half before the measurements, the rest after them, so
@@ -189,7 +216,7 @@ class Campaign:
         c = self.c
         # the device's run-to-run spread from every calibration run's repeats, not one pair's, from
         # the profile's two halves, timed before and after the measurements, and from the device's
-        # history (--scatter-runs: earlier runs and campaigns)
+        # history (--scatter-runs: earlier runs and campaigns; the ledger: earlier quickstarts)
         halves = self.profile_files() if len(self.profiled) == 2 and c.repeats > 1 else []
         for s in c.schedulers:
             others = [str(c.measured_dir(o, c.loads[0])) for o in c.schedulers if o != s and c.repeats > 1]
@@ -198,7 +225,7 @@ class Campaign:
             self.stage(f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", "calibrate",
                        lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
                            str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o,
-                           scatter_profiles=halves))
+                           scatter_profiles=halves, history=[e.pairs() for e in self.history_used]))
             models[s][name] = target
 
     def measure_interleaved(self, capacity: dict) -> None:

@@ -28,6 +28,7 @@ class CampaignConfig:
     ranges: int = 0                                 # replications per held-out run of the calibrated model
     workers: int = 1                                # processes for those replications
     scatter_runs: tuple[str, ...] = ()              # earlier runs or campaigns of this device: run_cv's history
+    history_file: Path | None = None                # the device's ledger of run pairs, read and added to (None: off)
     seed: int = 0
     timings: dict = field(default_factory=dict)
 

@@ -26,7 +26,11 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
   report    report.md / report.html with CDFs, step-time scatter, T_step heatmap, error tables
 
 and print the headline errors. Everything lands under --out; each stage does what its stepcal
-command does, so its output directory can be inspected or rerun on its own."""
+command does, so its output directory can be inspected or rerun on its own.
+
+Every quickstart adds its runs' pairs of repeats to the device's history (--history), and pools
+those of earlier quickstarts on this machine in the run-to-run speed spread that --ranges draws:
+a campaign alone has three pairs, which say that spread poorly."""
 
 
 def register(subparsers) -> None:
@@ -50,6 +54,11 @@ def register(subparsers) -> None:
                         "speed differences join this campaign's three pairs in run_cv, the run-to-run speed "
                         "spread that --ranges draws (as `stepcal calibrate --scatter-runs`); three pairs alone "
                         "put it anywhere from a third to 1.6 times its value")
+    p.add_argument("--history", default=None, metavar="FILE",
+                   help="the device's history: a ledger of every earlier quickstart's pairs of repeats on this "
+                        "machine, pooled in run_cv like --scatter-runs (runs deleted since still count), to "
+                        "which this campaign adds its own at the end; 'off': neither read nor write "
+                        "(default $STEPCAL_HISTORY, else ~/.cache/stepcal/device_history.jsonl)")
     g = p.add_argument_group("another device or model (the defaults are the CPU quickstart)")
     g.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda[:N] (default cpu)")
     g.add_argument("--model-spec", default="tiny", help="model preset, ModelSpec file or Hugging Face config.json (default tiny)")
@@ -81,24 +90,42 @@ def run(args) -> int:
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops,
                             arrivals=args.arrivals, ranges=args.ranges, workers=args.workers,
-                            scatter_runs=tuple(args.scatter_runs))
-    headline = Campaign(config).run()
+                            scatter_runs=tuple(args.scatter_runs), history_file=_history_file(args.history))
+    campaign = Campaign(config)
+    headline = campaign.run()
     print(format_headline(headline))
-    hint = history_hint(config)
-    if hint:
-        print("\n" + hint)
+    history = history_text(config, campaign.history_used, campaign.history_added)
+    if history:
+        print("\n" + history)
     print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
           f"(and report.md); headline numbers: {Path(args.out) / 'headline.json'}")
     return 0
 
 
-def history_hint(config) -> str | None:
-    """With --ranges and no --scatter-runs, how to give the next campaign the device's history: the
-    intervals' run-to-run spread then rests on this campaign's three pairs of runs alone."""
-    if not config.ranges or config.scatter_runs or config.repeats < 2:
+def history_text(config, used: list, added: list) -> str | None:
+    """What the device's history gave run_cv and what this campaign added to it, or how to keep one."""
+    from experiments.validation.device_history import describe
+    if config.repeats < 2:
         return None
-    return (f"the 90% intervals' run-to-run speed spread (run_cv) rests on this campaign's three pairs of runs; "
-            f"a later campaign on this machine pools them with its own: --scatter-runs {config.out}")
+    if config.history_file is None:
+        if not config.ranges or config.scatter_runs:
+            return None
+        return (f"the 90% intervals' run-to-run speed spread (run_cv) rests on this campaign's three pairs of runs; "
+                f"a later campaign on this machine pools them with its own: --scatter-runs {config.out}")
+    pooled = (f"run_cv pooled this campaign's pairs with {describe(used)} on this machine" if used
+              else "no earlier campaign of this machine in it")
+    return (f"device history ({config.history_file}): {pooled}; added this campaign's {len(added)} run(s) "
+            f"({sum(len(e.ratios) for e in added)} pairs), which later campaigns pool")
+
+
+def _history_file(given: str | None):
+    """--history: a file, 'off' (None), or by default the ledger of device_history."""
+    from pathlib import Path
+
+    from experiments.validation.device_history import default_history_file
+    if given is None:
+        return default_history_file()
+    return None if given.strip().lower() == "off" else Path(given)
 
 
 def _arrivals(text: str) -> str:

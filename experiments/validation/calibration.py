@@ -366,13 +366,15 @@ def _step_scale_ms(run: MeasuredRun) -> np.ndarray:
 def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
                          max_simulations: int = 300, host_defaults: str | None = None,
                          scatter_runs: Sequence[str | Path] = (),
-                         scatter_profiles: Sequence[str | Path] = ()) -> Calibration:
+                         scatter_profiles: Sequence[str | Path] = (),
+                         history: Sequence = ()) -> Calibration:
     """The work of `stepcal calibrate`: fit host terms of `step_model` (re-fitted from its base when it
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
     naming the model). `host_defaults` names an engine whose published terms start the search;
     `scatter_runs`, more measured runs of the device whose repeats join the run-to-run spread, as does
-    `scatter_profiles`, a profile timed in two halves (early, late)."""
+    `scatter_profiles`, a profile timed in two halves (early, late), and `history`, RunPairs of the
+    device's history (experiments.validation.device_history) whose runs may be gone."""
     import shutil
     import tempfile
 
@@ -383,7 +385,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     from simulator.metrics import clean_json
     from simulator.readers import read_json
     run = load_measured_run(measured)
-    more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)]
+    more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)] + list(history)
     scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
     model = resolve_step_model(step_model)
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top

@@ -90,7 +90,8 @@ def measured_scatter(run, more_runs: Sequence[RunPairs] = (), more_ratios: Seque
     ratios = [*own, *(r for other in more_runs for r in other.ratios), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
-    pairs = "this run" + (f", {len(more_runs)} more run(s) (--scatter-runs)" if more_runs else "") + (
+    pairs = "this run" + (f", {len(more_runs)} more run(s) of this device (--scatter-runs, the device's history)"
+                          if more_runs else "") + (
         f" and {len(more_ratios)} pair(s) of profiles (--scatter-profiles)" if more_ratios else "")
     block = {"cv": min(cv, 1.0), "rho": noise.rho, "run_cv": pooled_run_cv(ratios),
              "run_cv_pairs": len(ratios), "run_cv_log_ratios": ratios, "source": SOURCE.format(pairs=pairs)}
@@ -141,10 +142,15 @@ def check_same_device(reference: dict | None, other_meta: dict, where: str) -> N
     other = other_meta.get("fingerprint")
     if not isinstance(reference, dict) or not isinstance(other, dict):
         return
-    for field in DEVICE_FIELDS:
-        if field in reference and field in other and reference[field] != other[field]:
-            raise InputError(f"--scatter-runs {where}: measured on another device ({field} {other[field]!r}, "
-                             f"not {reference[field]!r}): its speed pairs say nothing of this one")
+    field = differing_field(reference, other)
+    if field is not None:
+        raise InputError(f"--scatter-runs {where}: measured on another device ({field} {other[field]!r}, "
+                         f"not {reference[field]!r}): its speed pairs say nothing of this one")
+
+
+def differing_field(reference: dict, other: dict) -> str | None:
+    """The first of DEVICE_FIELDS that both fingerprints name and that differs, else None."""
+    return next((f for f in DEVICE_FIELDS if f in reference and f in other and reference[f] != other[f]), None)
 
 
 def check_scatter_runs(paths: Sequence[str | Path], reference: dict) -> None:

@@ -34,9 +34,15 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     grid.write_text(json.dumps(SMALL_GRID))
     config = CampaignConfig(out=tmp_path / "qs", schedulers=("continuous",), loads=(0.3, 0.7), num_requests=24,
                             repeats=2, trials=1, grid=str(grid), prompt="uniform:8:48", output="uniform:2:10",
-                            ranges=3)
-    headline = Campaign(config).run()
+                            ranges=3, history_file=tmp_path / "history.jsonl")
+    campaign = Campaign(config)
+    headline = campaign.run()
     out = tmp_path / "qs"
+    # the device's history: nothing earlier; both loads' runs added, a pair each
+    from experiments.validation.device_history import read_history
+    assert campaign.history_used == [] and list(read_history(tmp_path / "history.jsonl").entries) == campaign.history_added
+    assert [(e.run, len(e.ratios)) for e in campaign.history_added] == [
+        (str(out / "measured/continuous" / load), 1) for load in ("load_30", "load_70")]
     for path in ("profile/profile.parquet", "profile_late/profile.parquet", "tables/meta.json", "calibrated/continuous/meta.json",
                  "measured/continuous/load_30/repeat_1/steps.parquet", "report/report.html", "headline.json"):
         assert (out / path).exists(), path
@@ -308,7 +314,7 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     import experiments.validation.calibration as calibration
     calls = []
     monkeypatch.setattr(calibration, "calibrate_step_model",
-                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=():
+                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=(), history=():
                         calls.append((measured, tables, out, scatter_runs, scatter_profiles)))
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.3, 0.9), repeats=2)
     models = {s: {"profiled": f"P{s}"} for s in config.schedulers}
@@ -330,13 +336,3 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     calls.clear()
     Campaign(history).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
     assert [c[3] for c in calls] == [[run["b"], "/old/campaign", "/old/run"], [run["a"], "/old/campaign", "/old/run"]]
-
-
-def test_quickstart_says_how_to_pool_the_devices_history_when_it_had_none(tmp_path):
-    from experiments.commands.quickstart import history_hint
-    alone = CampaignConfig(out=tmp_path / "qs", ranges=20)
-    assert history_hint(alone).endswith(f"--scatter-runs {tmp_path / 'qs'}")
-    for config in (CampaignConfig(out=tmp_path / "qs", ranges=0),
-                   CampaignConfig(out=tmp_path / "qs", ranges=20, scatter_runs=(str(tmp_path / "earlier"),)),
-                   CampaignConfig(out=tmp_path / "qs", ranges=20, repeats=1)):
-        assert history_hint(config) is None

@@ -8,8 +8,6 @@ from experiments.cli import main
 from experiments.validation.measured import load_measured_run
 from experiments.validation.scatter import pooled_run_cv, speed_log_ratios
 
-TRACE = "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12"
-
 
 def test_one_pair_gives_the_single_pair_formula_and_pairs_pool_their_squares():
     r = 0.2
@@ -33,16 +31,10 @@ def test_pooling_many_pairs_recovers_the_speed_spread_that_one_pair_misses():
     assert np.quantile(singles, 0.9) / np.quantile(singles, 0.1) > 10
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Two runs of two repeats, one of a single repeat and one of four, served by the engine."""
-    root = tmp_path_factory.mktemp("scatter")
-    made = {}
-    for name, repeats in (("a", 2), ("b", 2), ("single", 1), ("four", 4)):
-        made[name] = root / name
-        assert main(["measure", "--trace", TRACE, "--scheduler", "continuous", "--repeats", str(repeats),
-                     "--quiet", "--out", str(made[name])]) == 0
-    return made
+@pytest.fixture
+def runs(paired_runs):
+    """Two runs of two repeats, one of a single repeat and one of four (tests/experiments/conftest.py)."""
+    return paired_runs
 
 
 def test_calibrate_pools_run_cv_over_the_scatter_runs(runs, tmp_path):

@@ -1,0 +1,19 @@
+"""Fixtures shared by the experiments tests."""
+import pytest
+
+from experiments.cli import main
+
+PAIRS_TRACE = "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12"
+
+
+@pytest.fixture(scope="session")
+def paired_runs(tmp_path_factory):
+    """Measured runs served by the engine, all in one directory: a and b of two repeats (one pair
+    each), single of one repeat and four of four (two pairs): the device's run-to-run speed pairs."""
+    root = tmp_path_factory.mktemp("paired_runs")
+    made = {}
+    for name, repeats in (("a", 2), ("b", 2), ("single", 1), ("four", 4)):
+        made[name] = root / name
+        assert main(["measure", "--trace", PAIRS_TRACE, "--scheduler", "continuous", "--repeats", str(repeats),
+                     "--quiet", "--out", str(made[name])]) == 0
+    return made
