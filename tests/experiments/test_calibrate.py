@@ -93,6 +93,29 @@ def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     assert result.loss_after < result.loss_before / 100
 
 
+def test_per_sequence_and_per_token_time_found_at_a_low_load_carries_to_three_times_it():
+    """A chunked-prefill run whose host time has per-step, per-sequence and per-token parts (0.45 ms,
+    0.03 ms and 0.008 ms: the CPU engine's, from its step logs) and a constant request path. At a low
+    load the prefill chunks' per-token cost looks like a skewed front end; the fit must find it as
+    step time (searched from the two-term fit alone, it kept 0.61 ms per step and a front-end shape
+    instead, and three times the load came out 17-31% fast), so that three times the load is right."""
+    from simulator.simulation import SimConfig, simulate
+    from simulator.workload import load_workload
+    base = LinearStepModel(1.0, 0.02, 0.0005)
+    truth = HostTermsModel(base, HostTerms(per_step_ms=0.45, per_seq_ms=0.03, per_token_ms=0.008,
+                                           per_request_ms=0.3))
+    shape = "prompt=lognormal:128:0.8,output=lognormal:32:0.8"
+    low = synthetic_run(load_workload(f"poisson:rate=20,n=200,{shape}", seed=1), truth, front_end_seed=5)
+    result = calibrate(low, base, max_simulations=300, uncertainty=False)
+    assert not result.front_end["kept"] and result.terms.per_token_ms > 0.004
+    high = load_workload(f"poisson:rate=60,n=200,{shape}", seed=2)
+    config = SimConfig(scheduler="vllm", record_batches=False)
+    true, fitted = (simulate(high, model, config).summary for model in (truth, HostTermsModel(base, result.terms)))
+    for metric in ("ttft_ms", "tpot_ms"):
+        for stat in ("p50", "p90"):
+            assert fitted[metric][stat] == pytest.approx(true[metric][stat], rel=0.15), (metric, stat)
+
+
 def test_search_terms_are_the_host_terms_in_their_natural_units(measured):
     """The first search's vector is HostTerms' first four fields in order (the front end's shape is
     searched after); each term's unit is a typical step, per sequence and per token of a step, and a
