@@ -98,7 +98,7 @@ def test_per_sequence_and_per_token_time_found_at_a_low_load_carries_to_three_ti
     0.03 ms and 0.008 ms: the CPU engine's, from its step logs) and a constant request path. At a low
     load the prefill chunks' per-token cost looks like a skewed front end; the fit must find it as
     step time (searched from the two-term fit alone, it kept 0.61 ms per step and a front-end shape
-    instead, and three times the load came out 17-31% fast), so that three times the load is right."""
+    instead, and three times the load came out 10-31% fast), so that three times the load is right."""
     from simulator.simulation import SimConfig, simulate
     from simulator.workload import load_workload
     base = LinearStepModel(1.0, 0.02, 0.0005)
