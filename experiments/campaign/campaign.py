@@ -125,7 +125,12 @@ class Campaign:
         c = self.c
         if c.history_file is None or c.repeats < 2:
             return []
-        ledger = read_history(c.history_file)
+        try:
+            ledger = read_history(c.history_file)
+        except OSError as exc:   # the campaign does not need it: say so and go on without
+            print(f"warning: {c.history_file}: cannot read the device history ({exc.strerror}); "
+                  "this campaign pools no earlier one", file=sys.stderr)
+            return []
         if ledger.num_unreadable:
             print(f"warning: {c.history_file}: {ledger.num_unreadable} line(s) unreadable, left out",
                   file=sys.stderr)
@@ -137,7 +142,11 @@ class Campaign:
         c = self.c
         if c.history_file is not None and c.repeats >= 2:
             runs = [c.measured_dir(s, load) for s in c.schedulers for load in c.loads]
-            self.history_added = record_runs(c.history_file, runs, c.out)
+            try:
+                self.history_added = record_runs(c.history_file, runs, c.out)
+            except OSError as exc:   # the campaign's results are written; only the ledger is not
+                print(f"warning: {c.history_file}: cannot add to the device history ({exc.strerror})",
+                      file=sys.stderr)
 
     def profile_rounds(self) -> tuple[int | None, int]:
         """The grid's passes, split: the first half before the measurements, the rest after them, so

@@ -31,9 +31,10 @@ def register(subparsers) -> None:
     p.add_argument("--host-defaults", choices=ENGINE_NAMES, default=None, metavar="ENGINE",
                    help="start the search at this engine's published host terms and keep its per-prompt-token "
                         f"front-end term (choices: {', '.join(ENGINE_NAMES)}; see experiments/data/serving_defaults.json)")
-    p.add_argument("--max-simulations", type=argtypes.count(1, 100_000), default=300, help="search budget, in simulations: a third of it for per-step and per-request time, "
-                        "a third for each of three searches of all four step terms, a third for the front end's "
-                        "shape (default 300)")
+    p.add_argument("--max-simulations", type=argtypes.count(1, 100_000), default=300,
+                   help="search budget, in simulations: a third of it for per-step and per-request time, a third "
+                        "for each of three searches of all four step terms, a third for the front end's shape "
+                        "(default 300)")
     p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
                    help="more measured runs of this device, two or more repeats each, or directories holding "
                         "some (an earlier campaign: every run of two or more repeats under it): their repeats' "

@@ -154,6 +154,9 @@ def _check_setup(args) -> None:
     parse_spec(f"poisson:rate=1,n=1,prompt={args.prompt},output={args.output}", "--prompt / --output")
     if args.scatter_runs:
         _check_scatter_runs(args)
+    if args.history is not None and args.history.strip().lower() != "off":
+        from experiments.commands.output_paths import check_output
+        check_output(args.history, kind="file", flag="--history")   # written at the end, minutes later
     if args.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():

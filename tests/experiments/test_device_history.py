@@ -140,3 +140,26 @@ def test_the_quickstart_flag_and_its_help_name_the_ledger(monkeypatch, tmp_path,
     assert _history_file("off") is None and _history_file(str(tmp_path / "f")) == tmp_path / "f"
     assert main(["quickstart", "--help"]) == 0
     assert f"${device_history.ENV}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_quickstart_refuses_a_history_it_could_not_write_before_any_work(tmp_path, capsys):
+    from experiments.cli import main
+    out = tmp_path / "qs"
+    (tmp_path / "a_directory").mkdir()
+    assert main(["quickstart", "--history", str(tmp_path / "a_directory"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--history {tmp_path / 'a_directory'}: " in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_campaign_goes_on_without_a_ledger_it_cannot_read_or_write(paired_runs, tmp_path, capsys):
+    """The default ledger is not the user's choice: a directory in its place costs a warning, not the campaign."""
+    (tmp_path / "h.jsonl").mkdir()
+    config = CampaignConfig(out=tmp_path / "qs", schedulers=("a",), loads=(0.3,), repeats=2,
+                            history_file=tmp_path / "h.jsonl")
+    shutil.copytree(paired_runs["a"], config.measured_dir("a", 0.3))
+    campaign = Campaign(config)
+    assert campaign.read_history() == []
+    campaign.record_history()
+    err = capsys.readouterr().err
+    assert "cannot read the device history" in err and "cannot add to the device history" in err
+    assert campaign.history_added == []
