@@ -112,6 +112,7 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         check_same_device,
         measured_scatter,
         one_repeat_error,
+        pairs_of,
         pooled_run_cv,
         run_pairs,
         scatter_run_dirs,
@@ -132,8 +133,17 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         if scatter is not None:
             found[str(run)] = (measured, scatter)
     own = {Path(run).resolve() for run in found}
-    # one repeat: refused (run_pairs)
-    history = {str(run): run_pairs(run) for run in scatter_run_dirs(scatter_runs) if run.resolve() not in own}
+    # one repeat: refused (run_pairs, pairs_of). Without the inputs' own runs the history gives cv and
+    # rho too: its runs are loaded once, for both.
+    loaded, history = {}, {}
+    for run in scatter_run_dirs(scatter_runs):
+        if run.resolve() in own:
+            continue
+        if found:
+            history[str(run)] = run_pairs(run)
+        else:
+            loaded[str(run)] = load_measured_run(run)
+            history[str(run)] = pairs_of(loaded[str(run)])
     if not found and not history:
         return None
     reference = (next(iter(found.values()))[0] if found else next(iter(history.values()))).meta.get("fingerprint")
@@ -142,7 +152,7 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
     if found:       # cv and rho: the inputs' own runs where there are some, else the history's
         shapes = {where: scatter for where, (_, scatter) in found.items()}
     else:
-        shapes = {where: measured_scatter(load_measured_run(where)) for where in history}
+        shapes = {where: measured_scatter(run) for where, run in loaded.items()}
         missing = [where for where, scatter in shapes.items() if scatter is None]
         if missing:
             raise one_repeat_error(missing[0])

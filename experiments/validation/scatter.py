@@ -194,7 +194,11 @@ def run_pairs(path: str | Path) -> RunPairs:
 @lru_cache(maxsize=256)
 def _run_pairs(path: Path, stamps: tuple) -> RunPairs:
     from experiments.validation.measured import load_measured_run
-    run = load_measured_run(path)
+    return pairs_of(load_measured_run(path))
+
+
+def pairs_of(run) -> RunPairs:
+    """RunPairs of a loaded MeasuredRun (InputError for a run of one repeat)."""
     return RunPairs(run.path, run.meta, tuple(required_ratios(run)))
 
 
