@@ -80,6 +80,7 @@ def run(args) -> int:
     check_output(args.out, staged=False)   # the stages fill OUT as they go
 
     from experiments.campaign import Campaign, CampaignConfig, format_headline
+    from experiments.validation.device_history import history_file
     from simulator.errors import InputError
     # --schedulers, --repeats, --trials and --chunk-size were refused when parsed (argtypes)
     if args.num_requests < 20:
@@ -90,7 +91,7 @@ def run(args) -> int:
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops,
                             arrivals=args.arrivals, ranges=args.ranges, workers=args.workers,
-                            scatter_runs=tuple(args.scatter_runs), history_file=_history_file(args.history))
+                            scatter_runs=tuple(args.scatter_runs), history_file=history_file(args.history))
     campaign = Campaign(config)
     headline = campaign.run()
     print(format_headline(headline))
@@ -118,16 +119,6 @@ def history_text(config, used: list, added: list) -> str | None:
             f"({sum(len(e.ratios) for e in added)} pairs), which later campaigns pool")
 
 
-def _history_file(given: str | None):
-    """--history: a file, 'off' (None), or by default the ledger of device_history."""
-    from pathlib import Path
-
-    from experiments.validation.device_history import default_history_file
-    if given is None:
-        return default_history_file()
-    return None if given.strip().lower() == "off" else Path(given)
-
-
 def _arrivals(text: str) -> str:
     """poisson or gamma:CV with CV a positive number."""
     import argparse
@@ -147,6 +138,7 @@ def _arrivals(text: str) -> str:
 
 def _check_setup(args) -> None:
     """Bad flags fail here, in one line, before minutes of profiling."""
+    from experiments.validation.device_history import history_file
     from simulator.errors import InputError
     from simulator.model_spec import load_model_spec
     from simulator.workload.spec import parse_spec
@@ -154,7 +146,7 @@ def _check_setup(args) -> None:
     parse_spec(f"poisson:rate=1,n=1,prompt={args.prompt},output={args.output}", "--prompt / --output")
     if args.scatter_runs:
         _check_scatter_runs(args)
-    if args.history is not None and args.history.strip().lower() != "off":
+    if args.history is not None and history_file(args.history) is not None:
         from experiments.commands.output_paths import check_output
         check_output(args.history, kind="file", flag="--history")   # written at the end, minutes later
     if args.device.startswith("cuda"):

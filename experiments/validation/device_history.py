@@ -24,9 +24,12 @@ ENV = "STEPCAL_HISTORY"      # the ledger's path, or "off"
 MAX_ENTRIES = 2000           # the oldest are dropped past this: a machine's noise changes over months
 
 
-def default_history_file() -> Path | None:
-    """$STEPCAL_HISTORY ("off": none), else $XDG_CACHE_HOME/stepcal/device_history.jsonl, else
+def history_file(given: str | None = None) -> Path | None:
+    """The ledger: `given` (quickstart's --history; "off": none), else $STEPCAL_HISTORY ("off" or
+    empty: none), else $XDG_CACHE_HOME/stepcal/device_history.jsonl, else
     ~/.cache/stepcal/device_history.jsonl."""
+    if given is not None:
+        return None if given.strip().lower() == "off" else Path(given)
     given = os.environ.get(ENV)
     if given is not None:
         return None if given.strip().lower() in ("", "off") else Path(given)

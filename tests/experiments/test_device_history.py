@@ -7,7 +7,7 @@ import pytest
 
 from experiments.campaign import Campaign, CampaignConfig
 from experiments.validation import device_history
-from experiments.validation.device_history import HistoryEntry, default_history_file, read_history, record_runs
+from experiments.validation.device_history import HistoryEntry, history_file, read_history, record_runs
 from experiments.validation.measured import load_measured_run
 from experiments.validation.scatter import pooled_run_cv, speed_log_ratios
 
@@ -65,12 +65,12 @@ def test_unreadable_lines_are_counted_and_left_out_and_the_oldest_entries_go_pas
 
 def test_the_ledger_is_found_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPCAL_HISTORY", str(tmp_path / "h.jsonl"))
-    assert default_history_file() == tmp_path / "h.jsonl"
+    assert history_file() == tmp_path / "h.jsonl"
     monkeypatch.setenv("STEPCAL_HISTORY", "off")
-    assert default_history_file() is None
+    assert history_file() is None
     monkeypatch.delenv("STEPCAL_HISTORY")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_history_file() == tmp_path / "xdg" / "stepcal" / "device_history.jsonl"
+    assert history_file() == tmp_path / "xdg" / "stepcal" / "device_history.jsonl"
 
 
 def test_calibrate_pools_history_pairs_whose_runs_are_gone(paired_runs, tmp_path):
@@ -134,10 +134,9 @@ def test_quickstart_says_what_the_history_gave_and_got(tmp_path):
 
 def test_the_quickstart_flag_and_its_help_name_the_ledger(monkeypatch, tmp_path, capsys):
     from experiments.cli import main
-    from experiments.commands.quickstart import _history_file
     monkeypatch.setenv("STEPCAL_HISTORY", str(tmp_path / "env.jsonl"))
-    assert _history_file(None) == tmp_path / "env.jsonl"
-    assert _history_file("off") is None and _history_file(str(tmp_path / "f")) == tmp_path / "f"
+    assert history_file(None) == tmp_path / "env.jsonl"
+    assert history_file("off") is None and history_file(str(tmp_path / "f")) == tmp_path / "f"
     assert main(["quickstart", "--help"]) == 0
     assert f"${device_history.ENV}" in " ".join(capsys.readouterr().out.split())
 
