@@ -16,9 +16,13 @@ load; kept only where it cuts the loss by a quarter. P99 is not fitted. Every re
 used: statistics are averaged over the repeats, and each repeat's requests are grouped by the streams
 active in that repeat.
 Each fitted term is printed with its standard error (the least-squares sandwich: the sensitivity of
-the statistics to the terms, from 2 simulations per term, and a block bootstrap of the measured
-requests). The default budget (300 + 100 + about 12 simulations) takes a few minutes for a run of a
-few thousand requests.
+the statistics to the terms, from 2 simulations per term, and the noise of the measured statistics).
+That noise is the device's step scatter, measured on the run's repeats and simulated over 16 seeds:
+the simulation replays the measured requests, so their variety is no noise. A run of one repeat has
+no measured scatter and takes a block bootstrap of its requests instead, which counts that variety
+too (10-50 times the variance on the quickstart's runs: wider errors). Where the fit misses the run
+by more than the noise explains, the errors grow by that misfit ratio. The default budget (300 + 100
++ about 30 simulations) takes a few minutes for a run of a few thousand requests.
 Writes OUT as a step-model directory for --step-model: the input tables with `host_terms` and a
 `calibration` record in meta.json (for const:/linear: models, a small directory naming the model).
 
@@ -63,6 +67,8 @@ def run(args) -> int:
         repeats = f"{result.num_repeats} repeat{'s' if result.num_repeats != 1 else ''}"
         print(f"host terms ({repeats}, {result.num_simulations} simulations, {result.wall_s:.1f} s):")
         print(format_terms(result))
+        if result.noise:
+            print(format_noise(result.noise))
         print(f"{'metric':<24}{'before':>10}{'after':>10}")
         errors = [(result.errors_before, result.errors_after),
                   (result.front_end.get("errors_before", {}), result.front_end.get("errors_after", {}))]
@@ -92,3 +98,12 @@ def format_terms(result) -> str:
             spread = "" if value else " (not fitted)"
         lines.append(f"  {value:.4g}{spread} {UNITS[name]}")
     return "\n".join(lines)
+
+
+def format_noise(noise: dict) -> str:
+    """What the standard errors were sized on (Calibration.noise)."""
+    source = {"scatter": "the device's step scatter measured on the run's repeats",
+              "bootstrap": "a bootstrap of the measured requests (one repeat: no step scatter measured)"}
+    ratio = noise.get("misfit_ratio", 1.0)
+    misfit = f", times {ratio:.2g}: the fit misses the run by more than that noise" if ratio > 1.0 else ""
+    return f"  (standard errors from {source.get(noise.get('noise'), noise.get('noise'))}{misfit})"

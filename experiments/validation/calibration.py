@@ -20,9 +20,12 @@ with each repeat under that repeat's groups. With one repeat everything is as it
 
 Each fitted term gets a standard error: the sandwich (J'J)^-1 J' S J (J'J)^-1 of the least-squares
 fit, with J the sensitivity of the log statistics to the terms (central differences, two simulations
-per term) and S the covariance of the measured log statistics (a block bootstrap over the measured
-requests, no simulation) plus the simulation's own scatter over front-end seeds. It costs 2k + 4
-simulations for k terms, where refitting bootstrap resamples would cost a whole search each.
+per term) and S the noise of the measured log statistics about what the model gives (_noise_covariance):
+the device's step-to-step scatter, measured on the run's repeats and simulated over seeds, where the
+run has it; else a block bootstrap over the measured requests. S is scaled up by the fit's misfit
+ratio where the residual exceeds that noise (_misfit_ratio): what the model misses at the calibration
+load it is taken to miss, in the same directions, elsewhere. It costs 2k + 4 (+ 16) simulations for k
+terms, where refitting bootstrap resamples would cost a whole search each.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from experiments.validation.request_stats import (
     repeat_groups,
 )
 from simulator.measured_run import RunStats
+from simulator.ranges import Scatter
 from simulator.step_model import HostTerms, HostTermsModel
 
 # (metric, statistic) pairs the fit matches; P99 is left out on purpose: it is what we validate.
@@ -61,6 +65,7 @@ CONSTANT_BUDGET = 15      # simulations of the best constant front end the shape
 MIN_GAIN = 0.25    # per-sequence, per-token and front-end shape terms must cut the loss by a quarter to be kept
 FD_STEP = 0.05     # finite-difference step of the uncertainty, in units of each term's scale
 SIM_SEEDS = 4      # other front-end seeds that measure the simulation's own scatter at the fit
+NOISE_SEEDS = 16   # seeds of the device's step scatter whose simulations measure the statistics' noise
 
 Errors = dict   # (metric, statistic) -> relative error of the simulated statistic (None where undefined)
 
@@ -78,6 +83,7 @@ class Calibration:
     std_err: dict = field(default_factory=dict)        # fitted term -> standard error (None: not identifiable)
     covariance: dict = field(default_factory=dict)     # {"names", "matrix"} of the identifiable terms (ms^2)
     num_repeats: int = 1                               # measured repeats whose request logs were fitted
+    noise: dict = field(default_factory=dict)          # S of the uncertainty: its source and the misfit ratio
 
     def to_dict(self) -> dict:
         """The `calibration` record of meta.json (errors keyed "metric.stat")."""
@@ -89,14 +95,20 @@ class Calibration:
                 "num_simulations": self.num_simulations, "wall_s": self.wall_s,
                 "objective": [f"{m}.{s}" for m, s in OBJECTIVE], "front_end": front,
                 "num_repeats": self.num_repeats,
-                "uncertainty": {"std_err": self.std_err, "method": UNCERTAINTY_METHOD,
-                                **({"covariance": self.covariance} if self.covariance else {})}}
+                "uncertainty": {"std_err": self.std_err,
+                                "method": UNCERTAINTY_METHOD + NOISE_METHODS.get(self.noise.get("noise"), ""),
+                                **self.noise, **({"covariance": self.covariance} if self.covariance else {})}}
 
 
 UNCERTAINTY_METHOD = ("sandwich (J'J)^-1 J'SJ (J'J)^-1 of the least-squares fit: J by central differences of the "
-                      "log statistics, S = block-bootstrap covariance of the measured log statistics (every "
-                      "repeat's requests resampled apart, statistics averaged over the repeats; 200 resamples) + "
-                      "the simulation's scatter over 4 front-end seeds")
+                      "log statistics, S = the noise of the measured log statistics, times the misfit ratio "
+                      "(the residual's mean square over the noise's, where above 1): ")
+NOISE_METHODS = {
+    "scatter": f"the device's step scatter (the run's AR(1) cv and rho) simulated over {NOISE_SEEDS} seeds, over "
+               "the repeats averaged",
+    "bootstrap": "block-bootstrap covariance of the measured requests' log statistics (every repeat's requests "
+                 "resampled apart, statistics averaged over the repeats; 200 resamples; no step scatter measured) "
+                 f"+ the simulation's scatter over {SIM_SEEDS} front-end seeds"}
 
 
 def _keyed(errors: Errors) -> dict:
@@ -125,8 +137,9 @@ def _term_vector(**values: float) -> np.ndarray:
 class _Fit:
     """Simulations of the measured workload under candidate terms, and their errors (cached by terms)."""
 
-    def __init__(self, run: MeasuredRun, base_model) -> None:
+    def __init__(self, run: MeasuredRun, base_model, scatter: Scatter | None = None) -> None:
         self.run, self.base_model = run, base_model
+        self.scatter = scatter     # simulator.ranges.Scatter of the device, measured on the run (or None)
         self.logs = run.request_logs
         self.groups = repeat_groups(self.logs)   # each repeat's, from its own queue
         self.measured_front = measured_group_stats(self.logs, self.groups)
@@ -134,17 +147,19 @@ class _Fit:
         self.covariances: dict = {}
         self.count = 0
 
-    def simulate(self, terms: HostTerms, seed: int = 0):
+    def simulate(self, terms: HostTerms, seed: int = 0, scattered: bool = False):
+        """One serving of the workload; `scattered`: with the device's step scatter drawn from `seed`."""
         from simulator.simulation import simulate
         self.count += 1
-        config = replace(sim_config_for(self.run, 0.0, terms.front_end), front_end_seed=seed)
+        config = replace(sim_config_for(self.run, 0.0, terms.front_end), front_end_seed=seed,
+                         **({"scatter": self.scatter, "scatter_seed": seed} if scattered else {}))
         return simulate(self.run.trace, HostTermsModel(self.base_model, terms), config)
 
-    def stats(self, terms: HostTerms, seed: int = 0) -> dict:
+    def stats(self, terms: HostTerms, seed: int = 0, scattered: bool = False) -> dict:
         """{(metric, stat): simulated value} over OBJECTIVE and FRONT_OBJECTIVE."""
-        key = (terms, seed)
+        key = (terms, seed, scattered)
         if key not in self.cache:
-            result = self.simulate(terms, seed)
+            result = self.simulate(terms, seed, scattered)
             simulated = RunStats.from_summary(result.summary)
             stats = {(m, s): simulated.stat(m, s) for m, s in OBJECTIVE}
             stats.update(pooled_group_stats(result.requests, self.groups))
@@ -174,15 +189,17 @@ class _Fit:
 
 
 def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: HostTerms | None = None,
-              uncertainty: bool = True) -> Calibration:
+              uncertainty: bool = True, scatter: Scatter | None = None) -> Calibration:
     """Fit the host terms of `base_model` on `run`. `start` (e.g. an engine's published defaults) is where
     the search starts; its per-prompt-token term is kept as it is (a workload of similar prompts cannot
-    tell it from the median). Stage budgets, in simulations: a third of max_simulations for the first
-    two step terms and for each of three searches of all four (_search_all_four), a third for the
-    front end's shape; plus 2k + 4 for the uncertainty."""
+    tell it from the median). `scatter` (simulator.ranges.Scatter: the device's step scatter, measured
+    on the run's repeats) is the noise the uncertainty is sized on; None: a bootstrap of the requests.
+    Stage budgets, in simulations: a third of max_simulations for the first two step terms and for
+    each of three searches of all four (_search_all_four), a third for the front end's shape; plus
+    2k + 4 (+ NOISE_SEEDS with a scatter) for the uncertainty."""
     from scipy.optimize import minimize
     t0 = time.perf_counter()
-    fit = _Fit(run, base_model)
+    fit = _Fit(run, base_model, scatter if scatter is not None and scatter.cv > 0 else None)
     start = start or HostTerms()
     scale = _step_scale_ms(run)
     fixed = {"per_prompt_token_ms": start.per_prompt_token_ms}
@@ -228,9 +245,10 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     if front["kept"]:
         fitted += [name for name in SHAPE_TERMS if name not in fitted]
     errors1 = fit.errors(terms)
-    std_err, covariance = _std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted else ({}, {})
+    std_err, covariance, noise = (_std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted
+                                  else ({}, {}, {}))
     return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
-                       front, std_err, covariance, len(fit.logs))
+                       front, std_err, covariance, len(fit.logs), noise)
 
 
 def _search_all_four(search, two_term: np.ndarray, x_start: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
@@ -329,17 +347,18 @@ def _shape_start(fit: _Fit, terms: HostTerms) -> np.ndarray:
     return np.array([math.exp(float(logs.mean())), float(logs.std()), per_stream])
 
 
-def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool) -> tuple[dict, dict]:
-    """Standard error of each fitted term (its units), None where no statistic moves with it; and the
+def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool) -> tuple[dict, dict, dict]:
+    """Standard error of each fitted term (its units), None where no statistic moves with it; the
     covariance of the terms that have one ({"names", "matrix"}): `--ranges` draws them jointly, since
-    terms fitted at one load trade off (simulator.step_model.TermUncertainty)."""
+    terms fitted at one load trade off (simulator.step_model.TermUncertainty); and what S was
+    ({"noise", "misfit_ratio"})."""
     keys = [k for k in (OBJECTIVE + FRONT_OBJECTIVE if with_front else OBJECTIVE)
             if (fit.measured(k) or 0) > 0 and (fit.stats(terms).get(k) or 0) > 0]
     if not keys:
-        return dict.fromkeys(fitted), {}
+        return dict.fromkeys(fitted), {}, {}
 
-    def log_stats(t: HostTerms, seed: int = 0) -> np.ndarray:
-        stats = fit.stats(t, seed)
+    def log_stats(t: HostTerms, seed: int = 0, scattered: bool = False) -> np.ndarray:
+        stats = fit.stats(t, seed, scattered)
         return np.array([math.log(stats[k]) if stats.get(k) and stats[k] > 0 else math.nan for k in keys])
     # per_request_ms is in both: the shape's scale (a typical TTFT) wins, as it is the front end's median
     scales = dict(zip(TERM_NAMES, _step_scale_ms(fit.run))) | dict(zip(SHAPE_TERMS, _shape_scale(fit.run)))
@@ -352,19 +371,46 @@ def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool
             jac[:, j] = (up - log_stats(replace(terms, **{name: value - h}))) / (2 * h)
         else:
             jac[:, j] = (up - center) / h
-    covariance = fit.log_covariance(keys)
-    if terms.per_request_sigma > 0:   # the simulation's own scatter over front-end seeds
-        draws = np.array([log_stats(terms, seed) for seed in range(1, SIM_SEEDS + 1)] + [center])
-        covariance = covariance + np.diag(np.nanvar(draws, axis=0, ddof=1))
-    ok = np.all(np.isfinite(jac), axis=1) & np.isfinite(np.diag(covariance))
+    covariance, source = _noise_covariance(fit, terms, keys, log_stats)
+    residual = center - np.log([fit.measured(k) for k in keys])
+    ok = np.all(np.isfinite(jac), axis=1) & np.isfinite(np.diag(covariance)) & np.isfinite(residual)
     jac, covariance = jac[ok], covariance[np.ix_(ok, ok)]
+    misfit = _misfit_ratio(residual[ok], np.diag(covariance), len(fitted))
     inverse = np.linalg.pinv(jac.T @ jac)
-    sandwich = inverse @ jac.T @ covariance @ jac @ inverse
+    sandwich = misfit * (inverse @ jac.T @ covariance @ jac @ inverse)
     moves = np.linalg.norm(jac, axis=0) > 1e-12
     std_err = {name: (float(math.sqrt(max(sandwich[j, j], 0.0))) if moves[j] else None) for j, name in enumerate(fitted)}
     kept = np.flatnonzero(moves)
     covariance = {"names": [fitted[j] for j in kept], "matrix": sandwich[np.ix_(kept, kept)].tolist()}
-    return std_err, (covariance if len(kept) else {})
+    return std_err, (covariance if len(kept) else {}), {"noise": source, "misfit_ratio": misfit}
+
+
+def _noise_covariance(fit: _Fit, terms: HostTerms, keys: list, log_stats) -> tuple[np.ndarray, str]:
+    """Covariance of the noise in the measured log statistics `keys`, and its source. The simulation
+    replays the measured requests themselves, so the noise that moves a fit is what the device adds:
+    its step scatter (simulated over NOISE_SEEDS seeds, front-end draws with them, over the repeats
+    averaged). A bootstrap of the requests also counts their variety, which simulation and measurement
+    share: 10-50 times the variance of two repeats' difference on the quickstart's runs. It serves
+    where no scatter was measured (a run of one repeat, an imported `vllm bench` run)."""
+    if fit.scatter is not None:
+        draws = np.array([log_stats(terms, seed, scattered=True) for seed in range(1, NOISE_SEEDS + 1)])
+        return np.atleast_2d(np.cov(draws, rowvar=False)) / len(fit.logs), "scatter"
+    covariance = fit.log_covariance(keys)
+    if terms.per_request_sigma > 0:   # the simulation's own scatter over front-end seeds
+        draws = np.array([log_stats(terms, seed) for seed in range(1, SIM_SEEDS + 1)] + [log_stats(terms)])
+        covariance = covariance + np.diag(np.nanvar(draws, axis=0, ddof=1))
+    return covariance, "bootstrap"
+
+
+def _misfit_ratio(residual: np.ndarray, noise_variance: np.ndarray, num_terms: int) -> float:
+    """The fit's residual mean square (over its degrees of freedom) against the noise's mean variance,
+    at least 1: a model that misses its calibration run by more than the noise explains is as unsure
+    as that miss (Birge's ratio, reduced chi-square). 1 where there are no degrees of freedom left."""
+    dof = len(residual) - num_terms
+    noise = float(np.mean(noise_variance)) if len(noise_variance) else 0.0
+    if dof <= 0 or not noise > 0:
+        return 1.0
+    return max(1.0, float(np.sum(residual ** 2)) / dof / noise)
 
 
 def _step_scale_ms(run: MeasuredRun) -> np.ndarray:
@@ -411,7 +457,8 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     if host_defaults is not None:
         from experiments.host_defaults import host_defaults as engine_defaults
         start = engine_defaults(host_defaults)
-    result = calibrate(run, base, max_simulations=max_simulations, start=start)
+    step_scatter = Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter is not None else None
+    result = calibrate(run, base, max_simulations=max_simulations, start=start, scatter=step_scatter)
     source = Path(step_model)
     with atomic_output_dir(out) as staging:
         if source.is_dir():

@@ -67,6 +67,7 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
     assert calibration["loss_after"] < calibration["loss_before"]
     assert list(calibration["errors_after"]) == calibration["objective"] == [f"{m}.{s}" for m, s in OBJECTIVE]
     assert calibration["measured_run"] == str(measured.path)
+    assert calibration["uncertainty"]["noise"] == "bootstrap"    # one repeat: no step scatter measured
     # the calibrated directory is a step model for validate, which replays exactly what calibration fitted
     assert main(["validate", "--measured", str(measured.path), "--step-model", str(out), "--quiet",
                  "--out", str(tmp_path / "v")]) == 0

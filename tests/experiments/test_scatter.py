@@ -53,6 +53,15 @@ def test_calibrate_pools_run_cv_over_the_scatter_runs(runs, tmp_path):
     assert (own["cv"], own["rho"]) == (scatter["cv"], scatter["rho"])   # the step scatter: the run's own
 
 
+def test_calibrate_sizes_its_standard_errors_on_the_run_s_step_scatter(runs, tmp_path, capsys):
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(runs["a"]), "--step-model", "const:1", "--max-simulations", "20",
+                 "--out", str(out)]) == 0
+    uncertainty = json.loads((out / "meta.json").read_text())["calibration"]["uncertainty"]
+    assert uncertainty["noise"] == "scatter" and uncertainty["misfit_ratio"] >= 1.0
+    assert "standard errors from the device's step scatter" in capsys.readouterr().out
+
+
 def test_a_history_runs_pairs_are_loaded_once_until_its_step_logs_change(runs, tmp_path, monkeypatch):
     """A quickstart calibrates four models on the same --scatter-runs: each run is read once."""
     import os
