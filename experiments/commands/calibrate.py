@@ -21,8 +21,10 @@ That noise is the device's step scatter, measured on the run's repeats and simul
 the simulation replays the measured requests, so their variety is no noise. A run of one repeat has
 no measured scatter and takes a block bootstrap of its requests instead, which counts that variety
 too (10-50 times the variance on the quickstart's runs: wider errors). Where the fit misses the run
-by more than the noise explains, the errors grow by that misfit ratio. The default budget (300 + 100
-+ about 30 simulations) takes a few minutes for a run of a few thousand requests.
+by more than the noise explains, the errors grow by that misfit ratio.
+The default budget (at most 400 + 100 + about 30 simulations: the step terms, the front end's shape,
+the errors; 460-540 on the quickstart's runs) takes a few minutes for a run of a few thousand
+requests.
 Writes OUT as a step-model directory for --step-model: the input tables with `host_terms` and a
 `calibration` record in meta.json (for const:/linear: models, a small directory naming the model).
 
