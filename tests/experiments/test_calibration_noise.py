@@ -76,6 +76,12 @@ def test_the_noise_grows_with_the_scatter_and_shrinks_with_the_repeats(run):
     assert variances(None, run)[1] == "bootstrap"
 
 
+def test_a_scatter_of_zero_cv_falls_back_to_the_bootstrap(run):
+    """A device measured without step scatter has no noise to simulate: the requests are bootstrapped."""
+    result = calibrate(run, BASE, max_simulations=20, scatter=Scatter(cv=0.0, rho=0.0))
+    assert result.to_dict()["uncertainty"]["noise"] == "bootstrap"
+
+
 def test_misfit_ratio_scales_only_when_the_residual_exceeds_the_noise():
     noise = np.full(8, 1e-4)
     assert _misfit_ratio(np.full(8, 0.005), noise, 4) == 1.0           # within the noise
