@@ -1,6 +1,6 @@
 """Which noise should size a calibration's standard errors (issue 17)?
 
-    .venv/bin/python studies/calibration_noise.py CAMPAIGN [CAMPAIGN ...] [--seeds 16]
+    .venv/bin/python studies/calibration_noise.py CAMPAIGN [CAMPAIGN ...]
 
 `stepcal calibrate` gives each host term a standard error from the sandwich (J'J)^-1 J'SJ (J'J)^-1,
 S the noise of the calibration run's log statistics. For each campaign's calibrated models
@@ -10,7 +10,7 @@ mean variance of the fitted log statistics under three views of that noise:
   bootstrap:  a block bootstrap of the run's requests (what S was before f051966; still the one for a
               run of one repeat);
   scatter:    the device's step scatter (the run's AR(1) cv and rho, meta.json's `scatter`) simulated
-              over --seeds seeds with the calibrated terms, over the repeats averaged (what S is now);
+              over calibrate's 16 seeds with the calibrated terms, over the repeats averaged (what S is now);
   repeats:    what two repeats of the same run show: d^2 / 4 for d the log ratio of their statistics
               (the variance of their mean), less the part common to all statistics (the run's speed
               level, which `--ranges` draws apart);
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,35 +39,35 @@ def repeats_variance(run, keys) -> float | None:
     return float(np.var(d)) / 4.0
 
 
-def scatter_variance(fit, terms, scatter: dict, keys, seeds: int) -> float:
-    from experiments.validation.measured import sim_config_for
-    from simulator.measured_run import RunStats
-    from simulator.ranges import Scatter
-    from simulator.simulation import simulate
-    from simulator.step_model import HostTermsModel
-    rows = []
-    for seed in range(1, seeds + 1):
-        config = replace(sim_config_for(fit.run, 0.0, terms.front_end), front_end_seed=seed,
-                         scatter=Scatter(cv=scatter["cv"], rho=scatter["rho"]), scatter_seed=seed)
-        stats = RunStats.from_summary(simulate(fit.run.trace, HostTermsModel(fit.base_model, terms), config).summary)
-        rows.append([math.log(stats.stat(*k)) for k in keys])
-    return float(np.mean(np.var(np.array(rows), axis=0, ddof=1))) / fit.run.num_repeats
+def scatter_variance(fit, terms, keys) -> float:
+    """Mean variance of the log statistics under the device's step scatter, as calibrate takes it
+    (experiments.validation.calibration._noise_covariance, fit.scatter set)."""
+    from experiments.validation.calibration import _noise_covariance
+
+    def log_stats(t, seed: int = 0, scattered: bool = False) -> np.ndarray:
+        stats = fit.stats(t, seed, scattered)
+        return np.array([math.log(stats[k]) for k in keys])
+    covariance, _ = _noise_covariance(fit, terms, keys, log_stats)
+    return float(np.mean(np.diag(covariance)))
 
 
-def one_model(campaign: Path, model_name: str, scheduler: str, seeds: int) -> str:
+def one_model(campaign: Path, model_name: str, scheduler: str) -> str:
     from experiments.step_models import resolve_step_model
     from experiments.validation.calibration import OBJECTIVE, _Fit
     from experiments.validation.measured import load_measured_run
+    from simulator.ranges import Scatter
     from simulator.readers import read_json
     from simulator.step_model import HostTerms
     directory = campaign / model_name / scheduler
     meta = read_json(directory / "meta.json", "a calibrated step model's meta.json")
     calibration = meta["calibration"]
     run = load_measured_run(calibration["measured_run"])
-    fit = _Fit(run, resolve_step_model(str(directory)).base)
+    scatter = meta.get("scatter")
+    fit = _Fit(run, resolve_step_model(str(directory)).base,
+               Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter else None)
     terms, keys = HostTerms(**meta["host_terms"]), list(OBJECTIVE)
     boot = float(np.mean(np.diag(fit.log_covariance(keys))))
-    scat = scatter_variance(fit, terms, meta["scatter"], keys, seeds) if meta.get("scatter") else math.nan
+    scat = scatter_variance(fit, terms, keys) if scatter else math.nan
     reps = repeats_variance(run, keys)
     errors = fit.errors(terms)
     residual = np.array([math.log1p(errors[k]) for k in keys])
@@ -81,14 +80,13 @@ def one_model(campaign: Path, model_name: str, scheduler: str, seeds: int) -> st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("campaigns", nargs="+", type=Path, help="quickstart output directories")
-    parser.add_argument("--seeds", type=int, default=16, help="scatter seeds simulated per model (default 16)")
     args = parser.parse_args()
     print("| campaign | model | scheduler | bootstrap | scatter | repeats | residual / bootstrap | residual / scatter |")
     print("|---|---|---|---|---|---|---|---|")
     for campaign in args.campaigns:
         for model_name in MODELS:
             for scheduler in sorted(p.name for p in (campaign / model_name).iterdir() if p.is_dir()):
-                print(one_model(campaign, model_name, scheduler, args.seeds), flush=True)
+                print(one_model(campaign, model_name, scheduler), flush=True)
 
 
 if __name__ == "__main__":
