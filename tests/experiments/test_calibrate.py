@@ -128,9 +128,10 @@ def test_search_terms_are_the_host_terms_in_their_natural_units(measured):
                                                                step_ms / max(tokens, 1.0), ttft_ms])
 
 
-def synthetic_run(trace, model, front_end_seed: int):
+def synthetic_run(trace, model, front_end_seed: int, scatter=None):
     """A measured run that is a simulation: its request log, step log and statistics, as validate and
-    calibrate read them (front-end draws seeded apart from calibration's own seed 0)."""
+    calibrate read them (front-end draws seeded apart from calibration's own seed 0; `scatter`, a
+    simulator.ranges.Scatter, drawn from the same seed)."""
     from dataclasses import asdict
     from pathlib import Path
 
@@ -138,7 +139,7 @@ def synthetic_run(trace, model, front_end_seed: int):
     from simulator.schedulers import SchedulerConfig
     from simulator.simulation import SimConfig, simulate
     config = SimConfig(scheduler="vllm", front_end=model.front_end, front_end_seed=front_end_seed,
-                       record_batches=False)
+                       scatter=scatter, scatter_seed=front_end_seed, record_batches=False)
     result = simulate(trace, model, config)
     meta = {"scheduler": "vllm", "scheduler_config": asdict(SchedulerConfig()), "block_size": 16, "kv_blocks": None,
             "prefix_caching": False}
@@ -246,12 +247,13 @@ def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):
 
 # --- every repeat of a run (issue 16): statistics averaged over repeats, each grouped in its own queue ----
 
-def two_repeat_run(trace, model, seeds=(99, 98)):
-    """A measured run of two repeats that are simulations served with different front-end draws."""
+def two_repeat_run(trace, model, seeds=(99, 98), scatter=None):
+    """A measured run of two repeats that are simulations served with different front-end draws (and
+    step scatter, given one)."""
     from dataclasses import replace
 
     from experiments.validation.measured import mean_over_repeats
-    first, second = (synthetic_run(trace, model, front_end_seed=seed) for seed in seeds)
+    first, second = (synthetic_run(trace, model, front_end_seed=seed, scatter=scatter) for seed in seeds)
     stats = mean_over_repeats([first.stats, second.stats])
     return replace(first, stats=stats, later_requests=(second.requests,), num_repeats=2), first
 

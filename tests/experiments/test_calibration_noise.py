@@ -6,27 +6,9 @@ import pytest
 from experiments.validation.calibration import _misfit_ratio, calibrate
 from simulator.ranges import Scatter
 from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from tests.experiments.test_calibrate import two_repeat_run
 
 SCATTER = Scatter(cv=0.08, rho=0.8)
-
-
-def scattered_run(trace, model, seeds=(11, 12)):
-    """A measured run of two repeats, each a simulation served with the device's step scatter drawn
-    from its own seed (the same requests, as two repeats of a real run are)."""
-    from dataclasses import asdict, replace
-    from pathlib import Path
-
-    from experiments.validation.measured import MeasuredRun, mean_over_repeats
-    from simulator.measured_run import RunStats
-    from simulator.schedulers import SchedulerConfig
-    from simulator.simulation import SimConfig, simulate
-    results = [simulate(trace, model, SimConfig(scheduler="vllm", front_end=model.front_end, scatter=SCATTER, scatter_seed=seed,
-                                                record_batches=False)) for seed in seeds]
-    meta = {"scheduler": "vllm", "scheduler_config": asdict(SchedulerConfig()), "block_size": 16, "kv_blocks": None,
-            "prefix_caching": False}
-    stats = [RunStats.from_summary(r.summary) for r in results]
-    run = MeasuredRun(Path("synthetic"), meta, trace, results[0].requests, results[0].steps, stats[0])
-    return replace(run, stats=mean_over_repeats(stats), later_requests=(results[1].requests,), num_repeats=2)
 
 
 BASE = LinearStepModel(2.0, 0.01, 0.0005)
@@ -37,7 +19,8 @@ TRUTH = HostTerms(per_step_ms=1.0, per_request_ms=3.0)
 def run():
     from simulator.workload import load_workload
     trace = load_workload("poisson:rate=20,n=200,prompt=uniform:32:256,output=uniform:8:64", seed=4)
-    return scattered_run(trace, HostTermsModel(BASE, TRUTH))
+    # two repeats of the same requests, each with the device's step scatter drawn from its own seed
+    return two_repeat_run(trace, HostTermsModel(BASE, TRUTH), seeds=(11, 12), scatter=SCATTER)[0]
 
 
 def test_the_device_s_scatter_sizes_the_uncertainty_and_the_truth_lies_within_it(run):
