@@ -12,7 +12,9 @@ from one measured run's request-level metrics (TTFT, TPOT, E2E: what a user of a
 has), by simulating the measured workload until the simulated mean/P50/P90 match. Then the front
 end's shape: the per-request delay as a log-normal (its sigma) plus a part per stream active at the
 request's arrival, matched on TTFT P10/P50/P90 of the requests that arrived at light and at heavy
-load; kept only where it cuts the loss by a quarter. P99 is not fitted. Every repeat of the run is
+load; kept only where it cuts the loss by a quarter. P99 is not fitted. Tables with a profiled host
+term (`stepcal profile`'s host op) get no per-sequence term: the profile timed the host path over the
+number of sequences, which a run at low load cannot tell from a step's cost. Every repeat of the run is
 used: statistics are averaged over the repeats, and each repeat's requests are grouped by the streams
 active in that repeat.
 Each fitted term is printed with its standard error (the least-squares sandwich: the sensitivity of
@@ -93,7 +95,9 @@ def format_terms(result) -> str:
     """One line per term: its value, with ± its standard error where it was fitted."""
     lines = []
     for name, value in result.terms.to_dict().items():
-        if name in result.std_err:
+        if name in result.held:
+            spread = f" (not fitted: {result.held[name]})"
+        elif name in result.std_err:
             err = result.std_err[name]
             spread = f" ± {err:.2g}" if err is not None else " (not identifiable from this run)"
         else:

@@ -3,7 +3,8 @@
 The terms (per step, per sequence, per token of a step; per request for the request path) are
 found by simulating the measured workload with the base step model plus the terms and matching
 the measured TTFT, TPOT and E2E distributions: a bounded Powell search over four numbers, each
-evaluation one deterministic simulation.
+evaluation one deterministic simulation. Over three where the base tables have a profiled host term:
+they price a sequence already, better than a run at low load can (held_terms).
 
 Then the front end's shape (simulator.frontend): the per-request delay's log-normal sigma and its
 per-stream part, with its median searched again, matching besides TTFT quantiles among the requests
@@ -84,6 +85,7 @@ class Calibration:
     covariance: dict = field(default_factory=dict)     # {"names", "matrix"} of the identifiable terms (ms^2)
     num_repeats: int = 1                               # measured repeats whose request logs were fitted
     noise: dict = field(default_factory=dict)          # S of the uncertainty: its source and the misfit ratio
+    held: dict = field(default_factory=dict)           # term -> why it was not searched (held_terms)
 
     def to_dict(self) -> dict:
         """The `calibration` record of meta.json (errors keyed "metric.stat")."""
@@ -94,7 +96,7 @@ class Calibration:
                 "errors_before": _keyed(self.errors_before), "errors_after": _keyed(self.errors_after),
                 "num_simulations": self.num_simulations, "wall_s": self.wall_s,
                 "objective": [f"{m}.{s}" for m, s in OBJECTIVE], "front_end": front,
-                "num_repeats": self.num_repeats,
+                "num_repeats": self.num_repeats, "held_terms": self.held,
                 "uncertainty": {"std_err": self.std_err,
                                 "method": UNCERTAINTY_METHOD + NOISE_METHODS.get(self.noise.get("noise"), ""),
                                 **self.noise, **({"covariance": self.covariance} if self.covariance else {})}}
@@ -234,10 +236,12 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     third = max_simulations // 3
     best, loss1 = search(x_start, FIRST_TERMS, third)
     fitted = list(FIRST_TERMS)
+    held = held_terms(base_model)
+    searched = tuple(name for name in TERM_NAMES if name not in held)
     if loss1 > 0:
-        x4, loss4 = _search_all_four(search, best, x_start, third)
+        x4, loss4 = _search_all_four(search, best, x_start, third, searched)
         if loss4 < (1.0 - MIN_GAIN) * loss1:
-            best, loss1, fitted = x4, loss4, list(TERM_NAMES)
+            best, loss1, fitted = x4, loss4, list(searched)
     if loss1 > loss0:   # never return terms worse than none
         best, loss1, fitted = none, loss0, []
     terms = step_terms(best)
@@ -248,12 +252,28 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     std_err, covariance, noise = (_std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted
                                   else ({}, {}, {}))
     return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
-                       front, std_err, covariance, len(fit.logs), noise)
+                       front, std_err, covariance, len(fit.logs), noise=noise, held=held)
 
 
-def _search_all_four(search, two_term: np.ndarray, x_start: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
-    """All four step terms searched from two starts, the two-term fit and afresh, then once more from
-    the better (per-sequence and per-token terms nudged): `budget` simulations each.
+def held_terms(base_model) -> dict:
+    """Step terms the search leaves at zero, and why. A base whose tables price the engine's host path
+    from a profile over num_seqs (a `host` term: `stepcal profile`'s host op) gets no per-sequence
+    correction. At a calibration load most steps hold one to three sequences, so a sequence's cost is
+    nearly a step's: per step and per sequence came out correlated -0.94 to -1.00 in every such fit of
+    ten quickstart campaigns, and that one direction made most of the width of their 90% intervals at
+    90% load (coverage 98-100% on four of them). The profile timed the host path at 1 to hundreds of
+    sequences, which pins the slope that the run's request log cannot."""
+    for term in getattr(base_model, "terms", None) or []:
+        if getattr(term, "name", None) == "host" and "num_seqs" in term.axes:
+            return {"per_seq_ms": "the base tables' host term prices each sequence, profiled over num_seqs"}
+    return {}
+
+
+def _search_all_four(search, two_term: np.ndarray, x_start: np.ndarray, budget: int,
+                     names: tuple[str, ...] = TERM_NAMES) -> tuple[np.ndarray, float]:
+    """All four step terms (`names`: those not held) searched from two starts, the two-term fit and
+    afresh, then once more from the better (per-sequence and per-token terms nudged): `budget`
+    simulations each.
 
     The loss is a simulation's, so Powell stops short of its floor, and from the two-term fit alone
     it stays in that fit's basin, where the per-request term has taken what the per-token cost of
@@ -263,9 +283,9 @@ def _search_all_four(search, two_term: np.ndarray, x_start: np.ndarray, budget: 
     reset), the search fell to 0.0003 (0.49 ms per step, 0.020 per sequence, 0.0065 per token; that
     run's step log says 0.43, 0.031, 0.010): 8% and 18% fast, 35 and 40 of 40 cells inside."""
     nudge = _term_vector(per_seq_ms=START, per_token_ms=START)
-    found = min((search(two_term + nudge, TERM_NAMES, budget), search(x_start, TERM_NAMES, budget)),
+    found = min((search(two_term + nudge, names, budget), search(x_start, names, budget)),
                 key=lambda candidate: candidate[1])
-    return min((found, search(found[0] + nudge, TERM_NAMES, budget)), key=lambda candidate: candidate[1])
+    return min((found, search(found[0] + nudge, names, budget)), key=lambda candidate: candidate[1])
 
 
 def _shape_scale(run: MeasuredRun) -> np.ndarray:
