@@ -17,3 +17,13 @@ def paired_runs(tmp_path_factory):
         assert main(["measure", "--trace", PAIRS_TRACE, "--scheduler", "continuous", "--repeats", str(repeats),
                      "--quiet", "--out", str(made[name])]) == 0
     return made
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A continuous-batching run of 40 requests on the engine, loaded (calibration's tests)."""
+    from experiments.validation.measured import load_measured_run
+    out = tmp_path_factory.mktemp("m") / "run"
+    assert main(["measure", "--trace", "poisson:rate=30,n=40,prompt=uniform:8:80,output=uniform:2:16",
+                 "--scheduler", "continuous", "--quiet", "--out", str(out)]) == 0
+    return load_measured_run(out)

@@ -23,14 +23,6 @@ def test_host_terms_add_to_every_path_bit_identically():
     assert model.per_request_ms == 7.0
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("m") / "run"
-    assert main(["measure", "--trace", "poisson:rate=30,n=40,prompt=uniform:8:80,output=uniform:2:16",
-                 "--scheduler", "continuous", "--quiet", "--out", str(out)]) == 0
-    return load_measured_run(out)
-
-
 def test_calibration_recovers_host_time_a_base_model_misses(measured):
     """The measured workload served at a constant step time (a run simulated from it, so that the
     figures do not depend on this machine's speed); a base model at half that step time: calibration

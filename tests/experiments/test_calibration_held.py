@@ -11,7 +11,7 @@ import pytest
 from costmodel.tables import load_step_model
 from experiments.cli import main
 from experiments.validation.calibration import calibrate, held_terms
-from experiments.validation.measured import load_measured_run, sim_config_for
+from experiments.validation.measured import sim_config_for
 from simulator.measured_run import RunStats
 from simulator.simulation import simulate
 from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
@@ -35,14 +35,6 @@ def profiled_tables(tmp_path_factory):
     out = _fit(tmp, profile, name="tables")
     assert json.loads((out / "meta.json").read_text())["t_step_terms"] == ["step", "host"]
     return out
-
-
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("m") / "run"
-    assert main(["measure", "--trace", "poisson:rate=30,n=40,prompt=uniform:8:80,output=uniform:2:16",
-                 "--scheduler", "continuous", "--quiet", "--out", str(out)]) == 0
-    return load_measured_run(out)
 
 
 def test_only_tables_with_a_profiled_host_term_hold_the_per_sequence_term(profiled_tables, tmp_path):
