@@ -1,0 +1,108 @@
+"""A campaign's calibrated models fitted again with this tree's `calibrate`, their held-out runs
+validated with `--ranges`, beside the campaign's own figures (issues 16 and 17).
+
+    .venv/bin/python studies/recalibrate.py CAMPAIGN --out DIR [--models calibrated,profiled_cal]
+        [--schedulers continuous,sarathi] [--ranges 20] [--workers 2]
+
+A change to calibration is judged on campaigns already measured: their runs stay fixed, so what moves
+is the change alone, and a campaign takes a minute or two instead of the quickstart's five. For each
+model and scheduler this calibrates on the campaign's lowest load as the campaign did (the same base
+tables, the other runs and profile halves its scatter was pooled from), validates every higher load,
+and prints per run, then in total:
+  coverage   measured values inside the 90% intervals, of the run's cells, and their median width;
+  cells      P50/P90 errors of TTFT, TPOT and E2E within max(5%, 1.5 x noise floor) (issue 16);
+  ttft       TTFT P90 within 10% and P99 within 15% (issue 16's calibrated target);
+then the same from CAMPAIGN/validation (the campaign's own calibration) as `was`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+BASES = {"calibrated": "tables_kernels", "profiled_cal": "tables_profiled"}
+METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def loads_of(campaign: Path, scheduler: str) -> list[str]:
+    """The campaign's load directories for a scheduler, lowest first (load_30, load_60, ...)."""
+    return sorted((p.name for p in (campaign / "measured" / scheduler).glob("load_*")), key=lambda n: int(n[5:]))
+
+
+def figures(validation: dict) -> dict:
+    """What this study reports of one validation.json."""
+    metrics, coverage = validation["metrics"], validation["ranges"]["coverage"]
+    cells = sum(abs(metrics[m][p]["error"]) <= max(0.05, 1.5 * abs(metrics[m][p].get("noise_floor") or 0.0))
+                for m in METRICS for p in ("p50", "p90"))
+    ttft = metrics["ttft_ms"]
+    return {"inside": coverage["num_inside"], "cells_ranged": coverage["num_cells"],
+            "width": coverage["median_relative_width"], "cells": cells,
+            "ttft": abs(ttft["p90"]["error"]) <= 0.10 and abs(ttft["p99"]["error"]) <= 0.15}
+
+
+def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibration_load: str) -> Path:
+    """Fit the model again as the campaign did; returns the new step-model directory."""
+    from experiments.validation.calibration import calibrate_step_model
+    own = json.loads((campaign / model / scheduler / "meta.json").read_text())
+    measured = campaign / "measured" / scheduler / calibration_load
+    pooled = own.get("scatter", {}).get("run_cv_runs", [])
+    halves = [campaign / name / "profile.parquet" for name in ("profile", "profile_late")]
+    target = out / model / scheduler
+    result = calibrate_step_model(str(measured), str(campaign / BASES[model]), str(target),
+                                  scatter_runs=[r for r in pooled if Path(r) != measured],
+                                  scatter_profiles=[str(h) for h in halves] if all(h.exists() for h in halves) else ())
+    terms = {k: round(v, 4) for k, v in result.terms.to_dict().items() if v}
+    print(f"{model} {scheduler}: loss {result.loss_after:.5f} ({result.num_simulations} simulations) {terms}", flush=True)
+    return target
+
+
+def validate(measured: Path, step_model: Path, out: Path, ranges: int, workers: int) -> dict:
+    from experiments.cli import main
+    if main(["validate", "--measured", str(measured), "--step-model", str(step_model), "--ranges", str(ranges),
+             "--workers", str(workers), "--quiet", "--out", str(out)]) != 0:
+        raise SystemExit(f"validate failed on {measured}")
+    return json.loads((out / "validation.json").read_text())
+
+
+def add(total: dict, f: dict) -> None:
+    """Accumulate one run's figures into a model's total."""
+    for key in ("inside", "cells_ranged", "cells", "ttft"):
+        total[key] = total.get(key, 0) + int(f[key])
+    total["runs"] = total.get("runs", 0) + 1
+
+
+def line(label: str, f: dict) -> str:
+    return (f"{label} coverage {f['inside']}/{f['cells_ranged']} width {f['width']:.2f} "
+            f"cells {f['cells']}/6 ttft {'ok' if f['ttft'] else 'miss'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("campaign", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--models", default="calibrated,profiled_cal")
+    parser.add_argument("--schedulers", default="continuous,sarathi")
+    parser.add_argument("--ranges", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    totals: dict = {}
+    for model in args.models.split(","):
+        for scheduler in args.schedulers.split(","):
+            first, *held_out = loads_of(args.campaign, scheduler)
+            fitted = recalibrate(args.campaign, args.out, model, scheduler, first)
+            for load in held_out:
+                now = figures(validate(args.campaign / "measured" / scheduler / load, fitted,
+                                       args.out / "validation" / model / scheduler / load, args.ranges, args.workers))
+                was_file = args.campaign / "validation" / model / scheduler / load / "validation.json"
+                was = figures(json.loads(was_file.read_text())) if was_file.exists() else None
+                print(f"  {load}: {line('now', now)}" + (f" | {line('was', was)}" if was else ""), flush=True)
+                for key, f in (("now", now), ("was", was)):
+                    if f is not None:
+                        add(totals.setdefault((model, key), {}), f)
+    for (model, key), t in totals.items():
+        print(f"TOTAL {model} {key}: coverage {t['inside']}/{t['cells_ranged']} = {t['inside'] / t['cells_ranged']:.1%}; "
+              f"cells {t['cells']}/{6 * t['runs']}; TTFT target {t['ttft']}/{t['runs']} runs")
+
+
+if __name__ == "__main__":
+    main()
