@@ -259,10 +259,10 @@ def held_terms(base_model) -> dict:
     """Step terms the search leaves at zero, and why. A base whose tables price the engine's host path
     from a profile over num_seqs (a `host` term: `stepcal profile`'s host op) gets no per-sequence
     correction. At a calibration load most steps hold one to three sequences, so a sequence's cost is
-    nearly a step's: per step and per sequence came out correlated -0.94 to -1.00 in every such fit of
-    ten quickstart campaigns, and that one direction made most of the width of their 90% intervals at
-    90% load (coverage 98-100% on four of them). The profile timed the host path at 1 to hundreds of
-    sequences, which pins the slope that the run's request log cannot."""
+    nearly a step's: per step and per sequence came out correlated -0.82 to -0.995 in the fits on the
+    quickstart's Poisson trace (less on bursty ones), and that one direction made most of the width of
+    their 90% intervals at 90% load (coverage 98-100% on three campaigns of ten). The profile timed the
+    host path at 1 to hundreds of sequences, which pins the slope that the run's request log cannot."""
     for term in getattr(base_model, "terms", None) or []:
         if getattr(term, "name", None) == "host" and "num_seqs" in term.axes:
             return {"per_seq_ms": "the base tables' host term prices each sequence, profiled over num_seqs"}
