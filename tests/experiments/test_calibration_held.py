@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-import pandas as pd
 import pytest
 
 from costmodel.tables import load_step_model
@@ -16,24 +15,15 @@ from simulator.measured_run import RunStats
 from simulator.simulation import simulate
 from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.costmodel.conftest import make_step_log
-from tests.costmodel.test_host_term import _host_and_step_rows
-
-
-def _fit(tmp_path, *inputs, name):
-    out = tmp_path / name
-    assert main(["fit", "--model-spec", "tiny", "--regressor", "rf", "--ops", "step,host", "--out", str(out),
-                 "--profile", *map(str, inputs)]) == 0
-    return out
+from tests.costmodel.test_host_term import _fit, _profile
 
 
 @pytest.fixture(scope="module")
 def profiled_tables(tmp_path_factory):
     """Tables of the profiler's own steps plus its host op: T_step = step + host."""
     tmp = tmp_path_factory.mktemp("profiled")
-    profile = tmp / "profile.parquet"
-    pd.DataFrame(_host_and_step_rows()).to_parquet(profile, index=False)
-    out = _fit(tmp, profile, name="tables")
-    assert json.loads((out / "meta.json").read_text())["t_step_terms"] == ["step", "host"]
+    out, meta = _fit(tmp, _profile(tmp), ops="step,host")
+    assert meta["t_step_terms"] == ["step", "host"]
     return out
 
 
@@ -43,9 +33,7 @@ def test_only_tables_with_a_profiled_host_term_hold_the_per_sequence_term(profil
     # tables trained on engine step logs hold the host time inside `step`: their host term is not added
     log = tmp_path / "steps.parquet"
     make_step_log().to_parquet(log, index=False)
-    profile = tmp_path / "profile.parquet"
-    pd.DataFrame(_host_and_step_rows()).to_parquet(profile, index=False)
-    from_logs = load_step_model(_fit(tmp_path, profile, log, name="from_logs"))
+    from_logs = load_step_model(_fit(tmp_path, _profile(tmp_path), log, ops="step,host", name="from_logs")[0])
     assert [term.name for term in from_logs.terms] == ["step"] and held_terms(from_logs) == {}
 
 
