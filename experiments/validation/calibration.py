@@ -263,8 +263,10 @@ def held_terms(base_model) -> dict:
     quickstart's Poisson trace (less on bursty ones), and that one direction made most of the width of
     their 90% intervals at 90% load (coverage 98-100% on three campaigns of ten). The profile timed the
     host path at 1 to hundreds of sequences, which pins the slope that the run's request log cannot."""
-    for term in getattr(base_model, "terms", None) or []:
-        if getattr(term, "name", None) == "host" and "num_seqs" in term.axes:
+    base = base_model.base if isinstance(base_model, HostTermsModel) else base_model   # its terms are HostTerms
+    terms = getattr(base, "terms", None)   # a table's Terms; const:/linear: models have none
+    for term in terms if isinstance(terms, list) else []:
+        if term.name == "host" and "num_seqs" in term.axes:
             return {"per_seq_ms": "the base tables' host term prices each sequence, profiled over num_seqs"}
     return {}
 

@@ -29,6 +29,8 @@ def profiled_tables(tmp_path_factory):
 
 def test_only_tables_with_a_profiled_host_term_hold_the_per_sequence_term(profiled_tables, tmp_path):
     assert set(held_terms(load_step_model(profiled_tables))) == {"per_seq_ms"}
+    # a calibrated model's own terms are HostTerms, not table terms: its base decides
+    assert set(held_terms(HostTermsModel(load_step_model(profiled_tables), HostTerms()))) == {"per_seq_ms"}
     assert held_terms(LinearStepModel(1.0, 0.01, 0.001)) == {}
     # tables trained on engine step logs hold the host time inside `step`: their host term is not added
     log = tmp_path / "steps.parquet"
