@@ -87,7 +87,16 @@ def select_records(records: pd.DataFrame, *, device: str | None = None, dtype: s
         if wanted not in have:
             raise InputError(f"--tp {tp}: no whole-step rows at that degree; the input has {have}")
         out = out[~steps | (out["tp"] == wanted)]
-    return out.reset_index(drop=True)
+    return whole_steps(out).reset_index(drop=True)
+
+
+def whole_steps(records: pd.DataFrame) -> pd.DataFrame:
+    """Where engine step logs train the whole-step target, the profiler's own step rows go: they time
+    an iteration's device part alone (the `host` op its host part), held or served, and would pull
+    the target below the logs' whole steps (a served profile adds thousands of them)."""
+    is_step = records["op"] == "step"
+    from_logs = is_step & (records["name"] == "step_log")
+    return records[~is_step | from_logs] if from_logs.any() else records
 
 
 def dtypes_for(spec) -> dict[str, str | tuple[str, ...]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from simulator.errors import InputError
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise")
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
 
 
 def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str | None = None,

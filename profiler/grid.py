@@ -18,6 +18,10 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
                     post_attention_layernorm, mlp_act, add, and q_norm, k_norm of a qk_norm
                     model); num_seqs (per-sequence ones: sample,
                     kv_store); names = [...] (default: all the model has; profiler.elementwise)
+    [serve]         schedulers = ["continuous", "sarathi:64"]; concurrency = [1, 4, ...];
+                    requests_per_seq = 2, min_requests = 8; prompt = [16, 1024]; output = [4, 128];
+                    rounds = 1 (passes of its own, at most the grid's): whole steps timed while the
+                    engine serves closed-loop workloads (profiler.serve)
 
 Patterns make heterogeneous batches from (b, q, s), and routing distributions the tokens each
 expert receives, deterministically, so a grid names the same points on every host. Each point
@@ -37,7 +41,7 @@ from simulator.errors import InputError
 from simulator.model_spec import HEAD_NORMS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
 from simulator.readers import read_config_file
 
-OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise")
+OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
 MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has
 DECODE_PATTERNS = ("uniform", "log_uniform", "one_long")
 PREFILL_PATTERNS = ("uniform", "ragged")
@@ -50,6 +54,7 @@ SECTION_KEYS = {
     "host": {"num_seqs", "s", "prefill_q", "cases"},
     "moe": {"num_tokens", "distributions"},
     "elementwise": {"num_tokens", "num_seqs", "names"},
+    "serve": {"schedulers", "concurrency", "requests_per_seq", "min_requests", "prompt", "output", "rounds"},
 }
 POWER_LAW = "power_law_"            # a routing distribution "power_law_<alpha>"
 STEP_BATCH_KEYS = {"num_prefill", "q", "s", "num_decode", "decode_s", "decode_pattern"}
@@ -103,6 +108,13 @@ class Grid:
             raise InputError(f"--ops {missing[0]}: {self.unavailable[missing[0]]}")
         return Grid(self.name, tuple(p for p in self.points if p.op in ops), self.timing, self.source,
                     self.unavailable)
+
+    def rounds_of(self, point: Point, rounds: int) -> int:
+        """Passes a point of this grid gets in a sweep of `rounds`: a section's own `rounds` (serve's:
+        one workload already times hundreds of steps) caps the grid's."""
+        section = self.source.get(point.op)
+        own = section.get("rounds", 1 if point.op == "serve" else None) if isinstance(section, dict) else None
+        return rounds if own is None else min(rounds, int(own))
 
     def shard(self, index: int, count: int) -> tuple[Point, ...]:
         """The index-th of count disjoint parts, by key hash (stable when the grid grows)."""
@@ -184,6 +196,10 @@ QUICK = {
     # Nine sizes each: fit needs eight rows per operator; dense where serving steps are.
     "elementwise": {"num_tokens": [1, 4, 16, 32, 64, 128, 256, 1024, 4096],
                     "num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256]},
+    # Whole steps as serving forms them (profiler.serve): the profiled tables' step and host fits take
+    # them beside the held points above, which alone priced the quickstart's runs 6-9% low.
+    "serve": {"schedulers": ["continuous", "sarathi:64", "vllm"], "concurrency": [1, 2, 4, 8, 16, 32, 64],
+              "requests_per_seq": 2, "min_requests": 8, "prompt": [16, 1024], "output": [4, 128], "rounds": 1},
 }
 
 _FULL_M = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
@@ -214,6 +230,8 @@ FULL = {
                        for q in (256, 1024) for d in (16, 64, 128)]},
     "moe": {"num_tokens": _FULL_M, "distributions": ["balanced", "power_law_1.01", "power_law_1.2"]},
     "elementwise": {"num_tokens": [2 ** i for i in range(15)], "num_seqs": [2 ** i for i in range(10)]},
+    "serve": {"schedulers": ["continuous", "sarathi:512", "vllm"], "concurrency": [1, 2, 4, 8, 16, 32, 64, 128, 256],
+              "requests_per_seq": 2, "min_requests": 8, "prompt": [16, 4096], "output": [4, 512], "rounds": 2},
 }
 
 BUILT_IN = {"quick": QUICK, "full": FULL}
@@ -436,9 +454,16 @@ def _expand_elementwise(section: dict, spec: ModelSpec, where: str) -> list[Poin
             for m in (seqs if name in SEQ_ELEMENTWISE else tokens)]
 
 
+def _expand_serve(section: dict, spec: ModelSpec, where: str) -> list[Point]:
+    """One point per served workload (profiler.serve); m is its concurrency."""
+    from profiler.serve import expand_serve
+    _ints(section, "rounds", where, default=1)
+    return [Point("serve", w.name, m=w.concurrency) for w in expand_serve(section, where)]
+
+
 _EXPANDERS = {"gemm": _expand_gemm, "attn_prefill": _expand_prefill, "attn_decode": _expand_decode,
               "step": _expand_step, "overhead": _expand_overhead, "host": _expand_host, "moe": _expand_moe,
-              "elementwise": _expand_elementwise}
+              "elementwise": _expand_elementwise, "serve": _expand_serve}
 
 
 # --- heterogeneous batches -----------------------------------------------------------------

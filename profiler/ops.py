@@ -103,6 +103,8 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
         return num_buffer_sets(set_bytes, ctx.rotate_bytes) * set_bytes + 2 * point.m * point.n * nbytes
     if point.op == "moe":
         return _moe_bytes(point, ctx)
+    if point.op == "serve":
+        return _serve_bytes(point, ctx)
     if point.op == "elementwise":   # the model's weights, a few activations, and for sample the logits
         weights = 0 if ctx.model_built else spec.num_params * nbytes
         width = 4 * spec.hidden_size + 2 * spec.ffn_size + spec.q_size + 2 * spec.kv_size + spec.vocab_size
@@ -122,6 +124,18 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
     activations = tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
     masks = sum(q * (s + q) for q, s in zip(point.q_lens, point.kv_lens) if q > 1 and s > 0)
     return weights + kv + 2 * activations + len(point.q_lens) * spec.vocab_size * 4 + masks
+
+
+def _serve_bytes(point: Point, ctx: OpContext) -> int:
+    """A served workload: the weights, its K/V twice (the engine's pool and, on the CPU, each request's
+    read copy) and the activations of its largest step (every prompt in flight at once)."""
+    from profiler.serve import Workload
+    spec, nbytes, workload = ctx.spec, ctx.dtype_bytes, Workload.parse(point.name)
+    weights = 0 if ctx.model_built else spec.num_params * nbytes
+    kv = workload.max_tokens_in_flight() * 2 * spec.num_layers * spec.kv_size * nbytes
+    tokens = workload.concurrency * workload.prompt[1]
+    activations = tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
+    return weights + 2 * kv + 2 * activations + workload.concurrency * spec.vocab_size * 4
 
 
 def ffn_activation_width(spec: ModelSpec) -> int:

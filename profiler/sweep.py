@@ -96,9 +96,10 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
         fingerprint = hardware_fingerprint(config.device, config.num_threads)
         frame, _ = pdir.read_rows()
         previous = _previous_rows(frame, retry_failed)
-        done = {p.key: _rounds_done(previous.get(p.key), rounds) for p in points}
+        wanted = {p.key: config.grid.rounds_of(p, rounds) for p in points}
+        done = {p.key: _rounds_done(previous.get(p.key), wanted[p.key]) for p in points}
         # Round r measures every point with r rounds done: pass after pass over the grid.
-        tasks = [p for r in range(rounds) for p in points if done[p.key] <= r]
+        tasks = [p for r in range(rounds) for p in points if done[p.key] <= r < wanted[p.key]]
         meta.update({"hardware": fingerprint, "fingerprint_id": fingerprint_id(fingerprint),
                      "status": "running", "started_at": _now()})
         pdir.write_meta(meta)
@@ -109,20 +110,20 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
             "schema_version": SCHEMA_VERSION, "fingerprint_id": fingerprint_id(fingerprint)}
         measurer = PointMeasurer(config, timer_factory)
         measured = _measure_all(tasks, previous, measurer, pdir, provenance,
-                                sum(done.values()), len(points) * rounds, started, max_minutes,
-                                progress, clock)
+                                sum(min(n, wanted[k]) for k, n in done.items()), sum(wanted.values()), started,
+                                max_minutes, progress, clock)
         frame = pdir.compact([p.key for p in config.grid.points])
         in_shard = frame[frame["point_key"].isin(done)]
-        finished = in_shard["rounds"].fillna(0).ge(rounds) | in_shard["status"].eq("failed")
+        finished = in_shard["rounds"].fillna(0).ge(in_shard["point_key"].map(wanted)) | in_shard["status"].eq("failed")
         complete = len(in_shard) == len(points) and bool(finished.all())
         num_failed = int((in_shard["status"] == "failed").sum())
         meta.update({"status": "complete" if complete else "incomplete", "finished_at": _now(),
                      "num_points": len(points), "num_done": int(finished.sum()),
                      "num_failed": num_failed})
         pdir.write_meta(meta)
-    num_done_before = sum(1 for n in done.values() if n >= rounds)
+    num_done_before = sum(1 for k, n in done.items() if n >= wanted[k])
     # A resumed sweep may stop mid-pass: points with some rounds done count as measurements reused.
-    num_reused = sum(min(n, rounds) for n in done.values())
+    num_reused = sum(min(n, wanted[k]) for k, n in done.items())
     return SweepResult(out, len(points), num_done_before, measured, num_failed,
                        complete, clock() - started, rounds, num_reused)
 
@@ -163,10 +164,10 @@ def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, s
                           "run the same command again to resume")
                 break
             bar.set_postfix_str(f"{point.op}/{point.name}", refresh=False)
-            row = {**measurer.measure_row(point, previous.get(point.key)), **provenance,
-                   "measured_at": _now()}
-            previous[point.key] = row
-            pending.append(row)
+            stamp = {**provenance, "measured_at": _now()}
+            rows = [{**row, **stamp} for row in measurer.measure_rows(point, previous)]
+            previous.update((row["point_key"], row) for row in rows)
+            pending.extend(rows)
             measured += 1
             bar.update(1)
             if len(pending) >= FLUSH_POINTS or clock() - last_flush >= FLUSH_S:
@@ -190,12 +191,26 @@ class PointMeasurer:
                              rotate_bytes=_rotate_bytes(config.device))
         self.timer_factory = timer_factory or default_timer
 
-    def measure_row(self, point: Point, previous: dict | None = None) -> dict:
-        """One round of a point; its samples pooled with those of the earlier rounds in `previous`."""
+    def measure_rows(self, point: Point, previous: dict) -> list[dict]:
+        """One round of a point: its row, and for a served workload its steps' rows too
+        (profiler.serve); `previous` holds every row so far by key, for pooling rounds."""
+        if point.op != "serve":
+            return [self.measure_row(point, previous.get(point.key))]
+        from profiler.serve import served_rows
+        served = []
+        row = self.measure_row(point, previous.get(point.key), lambda: self._serve(point, served))
+        if not served:     # this round failed: the row says why
+            return [row]
+        head = {k: row[k] for k in ("num_heads", "num_kv_heads", "head_dim")}
+        return [row, *served_rows(point.key, served[0], previous, head)]
+
+    def measure_row(self, point: Point, previous: dict | None = None, measure=None) -> dict:
+        """One round of a point (`measure()`, by default timing its kernel); its samples pooled with
+        those of the earlier rounds in `previous`."""
         row = shape_columns(point, self.config.spec)
         error, oom = None, False
         try:
-            measurement = self._measure(point)
+            measurement = measure() if measure is not None else self._measure(point)
         except Exception as exc:   # any failure of one point is recorded; the sweep goes on
             oom = _is_oom(exc)
             error = ("out of memory: " if oom else f"{type(exc).__name__}: ") + _first_line(exc)
@@ -215,13 +230,27 @@ class PointMeasurer:
             rounds = _rounds_of(earlier) + 1
         return {**row, **timing_columns(measurement), "rounds": rounds, "status": "ok", "error": None}
 
-    def _measure(self, point: Point) -> Measurement:
+    def _check_memory(self, point: Point) -> None:
         from profiler.fingerprint import available_bytes
-        from profiler.ops import build_kernel, estimate_bytes
-        from profiler.timing import measure
+        from profiler.ops import estimate_bytes
         need, free = estimate_bytes(point, self.ctx), available_bytes(self.config.device)
         if free is not None and need > 0.9 * free:
             raise MemoryError(f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available")
+
+    def _serve(self, point: Point, served: list) -> Measurement:
+        """Serve the point's workload once; its step log goes into `served`, its mean step time is
+        the point's sample."""
+        from profiler.serve import SERVED, Workload, serve
+        from profiler.timing import summarize
+        self._check_memory(point)
+        steps = serve(self.ctx.model(), Workload.parse(point.name), self.config.seed)
+        served.append(steps)
+        return summarize([float(steps["duration_ms"].mean())], 1, SERVED)
+
+    def _measure(self, point: Point) -> Measurement:
+        from profiler.ops import build_kernel
+        from profiler.timing import measure
+        self._check_memory(point)
         kernel = build_kernel(point, self.ctx)
         timer = self.timer_factory(self.config.device, kernel)
         graph = _graph_capture if (kernel.graph_safe and self.config.device.startswith("cuda")) else None
@@ -272,6 +301,8 @@ def shape_columns(point: Point, spec: ModelSpec) -> dict:
         return {**row, "num_tokens": point.m, **moe_shape_columns(spec)}
     if point.op == "elementwise":   # num_tokens: the rows (tokens, or sequences for sample and kv_store)
         return {**row, "num_tokens": point.m, "width": spec.elementwise_widths()[point.name], "tp": 1}
+    if point.op == "serve":         # a workload: num_seqs is its concurrency
+        return {**row, "num_seqs": point.m}
     return {**row, "q_lens": list(point.q_lens), "kv_lens": list(point.kv_lens),
             **batch_row(point.q_lens, point.kv_lens)}
 

@@ -19,7 +19,9 @@ def import_profile(frame: pd.DataFrame, path: str) -> pd.DataFrame:
     require_columns(frame, ("op", "time_ms"), path=path, what="stepcal profile")
     frame = frame.reset_index(drop=True)
     ok = _ok_rows(frame, path)
-    frame = frame[ok]
+    # A served workload's own row (op serve) only says that it ran: its steps are the step and host
+    # rows named "served" (profiler.serve).
+    frame = frame[ok & (frame["op"] != "serve").to_numpy()]
     rows = frame.index.to_numpy()
     frame = frame.reset_index(drop=True)
     check_times(frame, "time_ms", path=path, rows=rows)

@@ -16,6 +16,15 @@ shape over a grid of batch sizes and KV lengths, and write DIR/profile.parquet (
 point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/meta.json
 (configuration and hardware fingerprint).
 
+The `serve` op times whole steps while the engine serves: closed-loop workloads (every request
+waiting at time zero, at most C in flight, prompts and outputs log-uniform) under continuous
+batching, Sarathi chunks and vLLM's budget, C from 1 to 64 on the quick grid. Each served step
+becomes two rows, its device part (op step) and its host part (op host), named `served`, which
+`stepcal fit --ops step,host` takes beside the held points: a held batch repeats in a warm
+engine, and on the CPU the held points alone priced a campaign's served prefill steps at 0.91 and
+its decode steps of 4+ sequences at 0.88 of their device time. About 25 s per pass for `tiny` on
+one CPU core.
+
 The sweep is resumable: killed at any moment (even with SIGKILL) and run again with the same
 arguments, it measures only the missing points. --max-minutes stops cleanly (exit status 3:
 run again to resume). Failed points (out of memory, unsupported shape) are recorded with

@@ -71,7 +71,7 @@ def test_a_dense_spec_has_no_moe_op():
     with pytest.raises(InputError) as err:
         load_grid("quick", tiny).for_ops(("gemm", "moe"))
     assert str(err.value).startswith("--ops moe: model spec 'tiny' has no experts") and "\n" not in str(err.value)
-    assert ops_for(tiny) == ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "elementwise")
+    assert ops_for(tiny) == ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "elementwise", "serve")
     assert "moe" in ops_for(SPEC)
 
 

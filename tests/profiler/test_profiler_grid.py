@@ -21,7 +21,7 @@ TINY = PRESETS["tiny"]
 def test_quick_grid_covers_every_op_with_model_shapes():
     grid = load_grid("quick", TINY)
     ops = {p.op for p in grid.points}
-    assert ops == {"gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "elementwise"}
+    assert ops == {"gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "elementwise", "serve"}
     gemms = [p for p in grid.points if p.op == "gemm"]
     assert {(p.name, p.n, p.k) for p in gemms if p.m == 1} == {
         (name, n, k) for name, (n, k) in TINY.gemm_shapes().items()}
