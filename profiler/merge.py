@@ -48,7 +48,8 @@ def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
             .sort_values("_r", kind="stable").drop(columns="_r")
     joined = joined.reset_index(drop=True)
     grid_points = metas[0].get("grid_num_points")
-    missing = max(0, grid_points - len(joined)) if isinstance(grid_points, int) else 0
+    points = joined[joined["name"] != "served"]   # a served workload's steps are rows beyond its point
+    missing = max(0, grid_points - len(points)) if isinstance(grid_points, int) else 0
     atomic_write_parquet(joined, out / "profile.parquet")
     atomic_write_json(out / "meta.json", {
         "kind": "stepcal profile merge", "identity": metas[0]["identity"], "grid": metas[0].get("grid"),
@@ -56,7 +57,7 @@ def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
         "merged_from": [{"path": str(p), "shard": m.get("shard"), "status": m.get("status"),
                          "fingerprint_id": m.get("fingerprint_id"), "hardware": m.get("hardware")}
                         for p, m in zip(inputs, metas)],
-        "num_points": len(joined), "num_missing": missing,
+        "num_points": len(points), "num_missing": missing,
         "num_failed": int((joined["status"] == "failed").sum()),
         "status": "complete" if missing == 0 else "incomplete"})
     return MergeResult(len(joined), num_in - len(joined), int((joined["status"] == "failed").sum()), missing)

@@ -7,6 +7,7 @@ from costmodel.fitting import select_records, whole_steps
 from costmodel.importers import load_profiles
 from experiments.cli import main
 from profiler.grid import QUICK, expand_grid
+from profiler.merge import merge_profiles
 from profiler.serve import SERVED, Workload, expand_serve
 from profiler.sweep import SweepConfig, run_sweep
 from simulator.errors import InputError
@@ -19,9 +20,9 @@ GRID = {"timing": {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "rounds":
         "host": {"num_seqs": [2], "s": [32]}, "serve": SERVE}
 
 
-def sweep(out, source=GRID, ops=("host", "serve")):
+def sweep(out, source=GRID, ops=("host", "serve"), shard=(0, 1)):
     grid = expand_grid("served", source, TINY).for_ops(ops)
-    return run_sweep(SweepConfig(spec=TINY, device="cpu", dtype="float32", ops=ops, grid=grid), out,
+    return run_sweep(SweepConfig(spec=TINY, device="cpu", dtype="float32", ops=ops, grid=grid, shard=shard), out,
                      progress=False)
 
 
@@ -131,3 +132,17 @@ def test_profiled_tables_fit_on_served_steps(served, tmp_path, monkeypatch):
     assert meta["targets"]["step"]["rows"] == (frame["op"] == "step").sum()
     records = select_records(load_profiles([str(out)]), ops="step,host")
     assert set(records["name"]) == {SERVED, "decode"}
+
+
+def test_shards_with_served_workloads_merge_counting_grid_points_alone(tmp_path):
+    grid = expand_grid("served", GRID, TINY).for_ops(("host", "serve"))
+    dirs = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, out in enumerate(dirs):
+        sweep(out, shard=(i, 2))
+    merged = merge_profiles(dirs, tmp_path / "merged")
+    frame = pd.read_parquet(tmp_path / "merged" / "profile.parquet")
+    assert merged.num_missing == 0 and {p.key for p in grid.points} <= set(frame["point_key"])
+    assert (frame["name"] == SERVED).sum() > 0
+    partial = merge_profiles(dirs[:1], tmp_path / "partial")
+    assert partial.num_missing == len(grid.shard(1, 2)) > 0
+
