@@ -93,9 +93,9 @@ def stored_scatter(step_model: str) -> dict:
         return {}
     scatter = read_json(meta, "the meta.json of a step-model directory").get("scatter")
     if scatter is not None and not (isinstance(scatter, dict) and all(
-            isinstance(scatter.get(k, 0.0), (int, float)) for k in ("cv", "rho", "run_cv")) and all(
+            isinstance(scatter.get(k, 0.0), (int, float)) for k in ("cv", "rho", "run_cv", "bias_cv")) and all(
             isinstance(scatter.get(k, 0), int) and not isinstance(scatter.get(k, 0), bool) and scatter.get(k, 0) >= 0
             for k in ("run_cv_pairs", "model_level_repeats"))):
-        raise InputError(f"{meta}: scatter must be an object of numbers cv, rho, run_cv (and whole numbers "
+        raise InputError(f"{meta}: scatter must be an object of numbers cv, rho, run_cv, bias_cv (and whole numbers "
                          f"run_cv_pairs, model_level_repeats), got {scatter!r}")
     return scatter or {}

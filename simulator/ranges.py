@@ -18,7 +18,9 @@
     for by --scatter-run-cv-pairs: with three pairs it over-covers where run_cv came out right);
   - `model_level_repeats` > 0: the model's own level was fitted to a run of that many repeats
     (`stepcal calibrate`), so it carries that run's speed: a new run differs from it by
-    run_cv x sqrt(1 + 1 / model_level_repeats).
+    run_cv x sqrt(1 + 1 / model_level_repeats);
+  - `bias_cv` > 0: the level error the calibration could not remove (host terms only add time, so
+    tables that price the calibration run too high keep the excess), added in quadrature.
 
 `replicate` runs them (seeded: replication i uses seed + i) and `ranges_block` turns their summaries
 into the `ranges` block of summary.json: for every number in the summary, the median over the
@@ -44,6 +46,7 @@ class Scatter:
     run_cv: float = 0.0  # coefficient of variation of the run's speed level
     run_cv_pairs: int = 0         # pairs of runs run_cv was estimated from (0: taken as exact)
     model_level_repeats: int = 0  # repeats of the run the model's level was fitted to (0: none)
+    bias_cv: float = 0.0  # the model's level error its calibration left (Calibration.bias_cv)
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.cv) and self.cv >= 0):
@@ -52,6 +55,8 @@ class Scatter:
             raise InputError(f"--scatter-rho must lie in (-1, 1), got {self.rho}")
         if not (np.isfinite(self.run_cv) and self.run_cv >= 0):
             raise InputError(f"--scatter-run-cv must be a non-negative number, got {self.run_cv}")
+        if not (np.isfinite(self.bias_cv) and self.bias_cv >= 0):
+            raise InputError(f"scatter: bias_cv must be a non-negative number, got {self.bias_cv}")
         for flag, value in (("--scatter-run-cv-pairs", self.run_cv_pairs),
                             ("--scatter-model-repeats", self.model_level_repeats)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
@@ -63,11 +68,11 @@ class Scatter:
         sigma = float(np.sqrt(np.log1p(self.run_cv ** 2)))
         if self.model_level_repeats:
             sigma *= float(np.sqrt(1.0 + 1.0 / self.model_level_repeats))
-        return sigma
+        return float(np.hypot(sigma, np.sqrt(np.log1p(self.bias_cv ** 2))))
 
     @property
     def is_zero(self) -> bool:
-        return self.cv == 0.0 and self.run_cv == 0.0
+        return self.cv == 0.0 and self.run_cv == 0.0 and self.bias_cv == 0.0
 
 
 class ScatterSeries:

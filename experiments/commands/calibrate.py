@@ -23,7 +23,10 @@ That noise is the device's step scatter, measured on the run's repeats and simul
 the simulation replays the measured requests, so their variety is no noise. A run of one repeat has
 no measured scatter and takes a block bootstrap of its requests instead, which counts that variety
 too (10-50 times the variance on the quickstart's runs: wider errors). Where the fit misses the run
-by more than the noise explains, the errors grow by that misfit ratio.
+by more than the noise explains, the errors grow by that misfit ratio. Host terms only add time: a base
+that prices the run too high keeps its excess, and that level (the mean log error after the fit,
+meta.json's calibration.bias_cv) goes into the stored scatter, so that --ranges draws each
+replication's speed level with it besides the device's run-to-run spread.
 The default budget (at most 400 + 100 + about 30 simulations: the step terms, the front end's shape,
 the errors; 460-540 on the quickstart's runs) takes a few minutes for a run of a few thousand
 requests.
@@ -82,6 +85,8 @@ def run(args) -> int:
                 print(f"{metric + '.' + stat:<24}{format_pct(before):>10}{format_pct(after):>10}")
         kept = "kept" if result.front_end.get("kept") else "not kept (cut the loss by less than a quarter)"
         print(f"front-end shape (sigma, per stream): {kept}")
+        print(f"level left at this run: {result.bias_cv:.1%} (mean log error after the fit; host terms only add "
+              "time); --ranges draws each replication's level with it")
         print(f"wrote {args.out}")
     return 0
 

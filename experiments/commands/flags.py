@@ -199,7 +199,8 @@ def scatter_from_args(args):
         return stored.get(key, default) if value is None else value
     scatter = Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"),
                       getattr(args, "scatter_run_cv_pairs", None) or 0,
-                      int(chosen("scatter_model_repeats", "model_level_repeats", 0)))
+                      int(chosen("scatter_model_repeats", "model_level_repeats", 0)),
+                      float(stored.get("bias_cv", 0.0)))   # the model's, as its level repeats
     return scatter, scatter_source(args, stored)
 
 
@@ -245,7 +246,7 @@ def replication_settings(args, model, scatter, wall_s: float) -> dict:
     return {"seed": args.ranges_seed, "interval_percentiles": list(INTERVAL), "drawn_terms": term_names(model),
             "scatter_cv": scatter.cv, "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv,
             "scatter_run_cv_pairs": scatter.run_cv_pairs, "scatter_model_repeats": scatter.model_level_repeats,
-            "workers": args.workers, "backend": args.backend, "wall_s": wall_s}
+            "scatter_bias_cv": scatter.bias_cv, "workers": args.workers, "backend": args.backend, "wall_s": wall_s}
 
 
 def ranges_defaults(**given) -> argparse.Namespace:

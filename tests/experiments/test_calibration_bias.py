@@ -1,0 +1,64 @@
+"""The level a calibration leaves: host terms only add time, so a base that prices the calibration run
+too high keeps its excess, and --ranges draws each replication's level with it (Scatter.bias_cv)."""
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from experiments.validation.calibration import calibrate
+from experiments.validation.measured import sim_config_for
+from simulator.errors import InputError
+from simulator.measured_run import RunStats
+from simulator.ranges import Scatter
+from simulator.simulation import simulate
+from simulator.step_model import LinearStepModel
+
+
+def test_the_level_left_adds_to_the_runs_level_in_quadrature():
+    device = Scatter(cv=0.05, rho=0.5, run_cv=0.03, model_level_repeats=2)
+    both = replace(device, bias_cv=0.04)
+    assert both.level_sigma == pytest.approx(math.hypot(device.level_sigma, math.sqrt(math.log1p(0.04 ** 2))))
+    assert Scatter().level_sigma == 0.0 and Scatter().is_zero
+    assert not Scatter(bias_cv=0.04).is_zero
+    with pytest.raises(InputError, match="bias_cv must be a non-negative number, got -0.1"):
+        Scatter(bias_cv=-0.1)
+
+
+def _run_at(measured, step_ms):
+    """The measured workload served at a constant step time (simulated: figures independent of this machine)."""
+    truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured))
+    return replace(measured, stats=RunStats.from_summary(truth.summary), requests=truth.requests)
+
+
+def test_a_base_too_slow_for_the_run_keeps_its_excess_as_the_level_left(measured):
+    step_ms = float(measured.steps["duration_ms"].mean())
+    run = _run_at(measured, step_ms)
+    slow = calibrate(run, LinearStepModel(1.3 * step_ms, 0.0, 0.0), max_simulations=60, uncertainty=False)
+    assert all(v == 0 for v in slow.terms.to_dict().values())       # nothing to take away
+    logs = [math.log1p(e) for e in slow.errors_after.values() if e is not None]
+    assert slow.bias_cv == pytest.approx(abs(np.mean(logs))) and slow.bias_cv > 0.15
+    # a base that is too fast gets its gap as terms, and the level left is small
+    fast = calibrate(run, LinearStepModel(0.6 * step_ms, 0.0, 0.0), max_simulations=120, uncertainty=False)
+    assert fast.terms.per_step_ms > 0 and fast.bias_cv < 0.3 * slow.bias_cv
+
+
+def test_calibrate_stores_the_level_left_and_ranges_draw_it(measured, tmp_path, capsys):
+    step_ms = float(measured.steps["duration_ms"].mean())
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--measured", str(measured.path), "--step-model", f"const:{3 * step_ms:.4f}",
+                 "--max-simulations", "30", "--out", str(out)]) == 0
+    assert "level left at this run:" in capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    bias = meta["calibration"]["bias_cv"]
+    # one repeat measures no device scatter: the block holds the level left alone
+    assert bias > 0.5 and meta["scatter"] == {"cv": 0.0, "rho": 0.0, "run_cv": 0.0, "bias_cv": bias}
+    v = tmp_path / "v"
+    assert main(["validate", "--measured", str(measured.path), "--step-model", str(out), "--ranges", "6",
+                 "--quiet", "--out", str(v)]) == 0
+    ranges = json.loads((v / "validation.json").read_text())["ranges"]
+    assert ranges["scatter_bias_cv"] == bias
+    p50 = ranges["stats"]["ttft_ms"]["p50"]
+    assert p50["low"] < p50["median"] < p50["high"]
