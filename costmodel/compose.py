@@ -244,7 +244,8 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
 def host_term(result: FitResult) -> AdditiveStep:
     """The engine's host time per iteration (the profiler's `host` op), as its additive fit."""
     return additive_term(result, "host", "engine host path per iteration (schedule, inputs, bookkeeping): "
-                         "intercept + a piecewise-linear function of num_seqs and of num_tokens")
+                         "intercept + a piecewise-linear function of each of num_seqs, num_tokens, num_decode "
+                         "and prefill_tokens")
 
 
 def additive_term(result: FitResult, target: str, description: str | None = None) -> AdditiveStep:

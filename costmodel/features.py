@@ -67,8 +67,14 @@ KINDS = {
                                        "prefill_attn_work"), "num_tokens", falling=("num_decode",)),
     "overhead": TargetKind(("num_seqs", "num_tokens"), ("num_seqs", "num_tokens"), "num_seqs"),
     # The engine's host path: intercept + one piecewise-linear function of each (the additive
-    # regressor, as for whole steps): per-sequence and per-token work extrapolate linearly.
-    "host": TargetKind(("num_seqs", "num_tokens"), (), "num_seqs"),
+    # regressor, as for whole steps): per-sequence and per-token work extrapolate linearly. Decodes and
+    # prompt tokens apart: fitted on sequences and tokens alone, a served profile's host term priced
+    # continuous prefill steps at 1.5-1.9x their host time and Sarathi's chunk-plus-decode steps at
+    # 0.79x (qs29T); with them, 1.1-1.25x and 0.92x, and the profiled tables met 218 instead of 208 of
+    # 288 cells over eight quickstarts. num_decode may fall, as for whole steps (a prompt's sequence
+    # costs more than a decode's).
+    "host": TargetKind(("num_seqs", "num_tokens", "num_decode", "prefill_tokens"), (), "num_seqs",
+                       falling=("num_decode",)),
     # A tensor-parallel all-reduce of num_tokens x width elements over tp GPUs.
     "all_reduce": TargetKind(("tp",), ("message_bytes", "ring_bytes"), "message_bytes"),
     # One MoE layer's experts on one GPU, one target per routing distribution ('moe:balanced').

@@ -60,7 +60,7 @@ def _features(batches) -> StepFeatures:
 def test_profiled_steps_get_the_host_term_added(tmp_path):
     out, meta = _fit(tmp_path, _profile(tmp_path), ops="step,host")
     assert meta["mode"] == "step" and meta["t_step_terms"] == ["step", "host"]
-    assert meta["terms"]["host"]["axes"] == ["num_seqs", "num_tokens"]
+    assert meta["terms"]["host"]["axes"] == ["num_seqs", "num_tokens", "num_decode", "prefill_tokens"]
     model = load_step_model(out)
     batches = [([1] * 8, [512] * 8), ([1] * 48, [300] * 48), ([512], [0])]
     parts = model.term_ms(_features(batches))
