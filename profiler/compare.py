@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profiler.serve import SERVED
+
 KEY = "point_key"
 
 
@@ -20,7 +22,7 @@ def pair_points(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     ok_b = b.loc[b["status"] == "ok", [KEY, "time_ms", "time_ms_p10", "time_ms_p90"]]
     pairs = ok_a.merge(ok_b, on=KEY, suffixes=("_a", "_b"))
     # served steps (profiler.serve) are one sample a round: summarised apart from the held points
-    pairs["op"] = pairs["op"].where(pairs["name"] != "served", pairs["op"] + ":served")
+    pairs["op"] = pairs["op"].where(pairs["name"] != SERVED, pairs["op"] + ":" + SERVED)
     mean = (pairs["time_ms_a"] + pairs["time_ms_b"]) / 2
     diff = (pairs["time_ms_a"] - pairs["time_ms_b"]).abs()
     pairs["rel_diff"] = diff / mean

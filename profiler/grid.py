@@ -456,9 +456,55 @@ def _expand_elementwise(section: dict, spec: ModelSpec, where: str) -> list[Poin
 
 def _expand_serve(section: dict, spec: ModelSpec, where: str) -> list[Point]:
     """One point per served workload (profiler.serve); m is its concurrency."""
-    from profiler.serve import expand_serve
     _ints(section, "rounds", where, default=1)
-    return [Point("serve", w.name, m=w.concurrency) for w in expand_serve(section, where)]
+    return [Point("serve", w.name, m=w.concurrency) for w in serve_workloads(section, where)]
+
+
+def serve_workloads(section: dict, where: str) -> list:
+    """The profiler.serve.Workloads of a [serve] section: every scheduler at every concurrency."""
+    from profiler.serve import Workload
+    concurrency = _ints(section, "concurrency", where)
+    per_seq = section.get("requests_per_seq", 2)
+    min_requests = section.get("min_requests", 8)
+    for key, value in (("requests_per_seq", per_seq), ("min_requests", min_requests)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise InputError(f"{where}: {key} must be a positive number, got {value!r}")
+    prompt = _length_range(section.get("prompt", [16, 1024]), f"{where}: prompt")
+    output = _length_range(section.get("output", [4, 128]), f"{where}: output")
+    schedulers = section.get("schedulers", ["continuous", "sarathi:64"])
+    workloads = []
+    for text in schedulers if isinstance(schedulers, list) else [schedulers]:
+        scheduler, chunk = _serve_scheduler(text, f"{where}: schedulers")
+        for c in concurrency:
+            n = max(int(min_requests), int(round(per_seq * c)))
+            workloads.append(Workload(scheduler, chunk, c, n, prompt, output))
+    return workloads
+
+
+def _serve_scheduler(text, where: str) -> tuple[str, int]:
+    """'continuous', 'vllm', or 'sarathi:CHUNK' (sarathi's default chunk without one)."""
+    from profiler.serve import SCHEDULERS
+    name, _, chunk = str(text).partition(":")
+    if name not in SCHEDULERS:
+        raise InputError(f"{where}: unknown scheduler {text!r}; known: continuous, sarathi:CHUNK, vllm")
+    if name != "sarathi":
+        if chunk:
+            raise InputError(f"{where}: only sarathi takes a chunk size, got {text!r}")
+        return name, 0
+    from simulator.schedulers import SchedulerConfig
+    if not chunk:
+        return name, SchedulerConfig().chunk_size
+    if not chunk.isdigit() or int(chunk) < 1:
+        raise InputError(f"{where}: sarathi's chunk must be a positive integer, got {text!r}")
+    return name, int(chunk)
+
+
+def _length_range(values, where: str) -> tuple[int, int]:
+    if (not isinstance(values, list) or len(values) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+            or not 1 <= values[0] <= values[1]):
+        raise InputError(f"{where}: expected [low, high] with 1 <= low <= high, got {values!r}")
+    return int(values[0]), int(values[1])
 
 
 _EXPANDERS = {"gemm": _expand_gemm, "attn_prefill": _expand_prefill, "attn_decode": _expand_decode,

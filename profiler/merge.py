@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from profiler.serve import SERVED
 from profiler.store import read_meta, read_rows
 from simulator.errors import InputError
 from simulator.io import atomic_write_json, atomic_write_parquet
@@ -48,7 +49,7 @@ def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
             .sort_values("_r", kind="stable").drop(columns="_r")
     joined = joined.reset_index(drop=True)
     grid_points = metas[0].get("grid_num_points")
-    points = joined[joined["name"] != "served"]   # a served workload's steps are rows beyond its point
+    points = joined[joined["name"] != SERVED]   # a served workload's steps are rows beyond its point
     missing = max(0, grid_points - len(points)) if isinstance(grid_points, int) else 0
     atomic_write_parquet(joined, out / "profile.parquet")
     atomic_write_json(out / "meta.json", {

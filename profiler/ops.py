@@ -121,7 +121,7 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
         from profiler.engine.probe import probe_tokens
         kv_tokens, tokens = probe_tokens(point.q_lens, point.kv_lens)   # a whole engine: its pool, its largest step
     kv = kv_tokens * 2 * spec.num_layers * spec.kv_size * nbytes
-    activations = tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
+    activations = activation_bytes(spec, tokens, nbytes)
     masks = sum(q * (s + q) for q, s in zip(point.q_lens, point.kv_lens) if q > 1 and s > 0)
     return weights + kv + 2 * activations + len(point.q_lens) * spec.vocab_size * 4 + masks
 
@@ -133,9 +133,14 @@ def _serve_bytes(point: Point, ctx: OpContext) -> int:
     spec, nbytes, workload = ctx.spec, ctx.dtype_bytes, Workload.parse(point.name)
     weights = 0 if ctx.model_built else spec.num_params * nbytes
     kv = workload.max_tokens_in_flight() * 2 * spec.num_layers * spec.kv_size * nbytes
-    tokens = workload.concurrency * workload.prompt[1]
-    activations = tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
+    activations = activation_bytes(spec, workload.concurrency * workload.prompt[1], nbytes)
     return weights + 2 * kv + 2 * activations + workload.concurrency * spec.vocab_size * 4
+
+
+def activation_bytes(spec: ModelSpec, num_tokens: int, nbytes: int) -> int:
+    """One layer's activations of a step of num_tokens tokens: residual, norms, attention's q/k/v
+    and output, the FFN's widest moment."""
+    return num_tokens * (4 * spec.hidden_size + ffn_activation_width(spec) + spec.q_size + 2 * spec.kv_size) * nbytes
 
 
 def ffn_activation_width(spec: ModelSpec) -> int:

@@ -16,7 +16,8 @@ so a workload forms the same batches on every device and in every round, and rou
 Each served step becomes two profile rows keyed by the workload's point key and the step's index:
 op `step` (the iteration's device_ms) and op `host` (its host_ms), both named `served`, which the
 profiled tables' step + host fit takes beside the held points. The workload's own row (op `serve`)
-says that it ran, for resumption, with its mean step time.
+says that it ran, for resumption, with its mean step time. A grid's [serve] section names the
+workloads (profiler.grid.serve_workloads); the sweep writes the rows (profiler.sweep).
 """
 from __future__ import annotations
 
@@ -24,9 +25,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-
-from simulator.batch import batch_row
-from simulator.errors import InputError
 
 SCHEDULERS = ("continuous", "sarathi", "vllm")
 SERVED = "served"          # the name of the step and host rows a workload gives
@@ -74,61 +72,6 @@ def _log_uniform(rng: np.random.Generator, bounds: tuple[int, int], n: int) -> n
     return np.clip(np.exp(rng.uniform(np.log(low), np.log(high + 1), n)).astype(np.int64), low, high)
 
 
-def expand_serve(section: dict, where: str) -> list[Workload]:
-    """The workloads of a grid's [serve] section: every scheduler at every concurrency."""
-    schedulers = section.get("schedulers", ["continuous", "sarathi:64"])
-    concurrency = _positive_ints(section.get("concurrency"), f"{where}: concurrency")
-    per_seq = section.get("requests_per_seq", 2)
-    min_requests = section.get("min_requests", 8)
-    for key, value in (("requests_per_seq", per_seq), ("min_requests", min_requests)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{where}: {key} must be a positive number, got {value!r}")
-    prompt = _range(section.get("prompt", [16, 1024]), f"{where}: prompt")
-    output = _range(section.get("output", [4, 128]), f"{where}: output")
-    workloads = []
-    for text in schedulers if isinstance(schedulers, list) else [schedulers]:
-        scheduler, chunk = _scheduler(text, f"{where}: schedulers")
-        for c in concurrency:
-            n = max(int(min_requests), int(round(per_seq * c)))
-            workloads.append(Workload(scheduler, chunk, c, n, prompt, output))
-    return workloads
-
-
-def _scheduler(text, where: str) -> tuple[str, int]:
-    """'continuous', 'vllm', or 'sarathi:CHUNK' (sarathi's default chunk without one)."""
-    name, _, chunk = str(text).partition(":")
-    if name not in SCHEDULERS:
-        raise InputError(f"{where}: unknown scheduler {text!r}; known: continuous, sarathi:CHUNK, vllm")
-    if name != "sarathi":
-        if chunk:
-            raise InputError(f"{where}: only sarathi takes a chunk size, got {text!r}")
-        return name, 0
-    from simulator.schedulers import SchedulerConfig
-    if not chunk:
-        return name, SchedulerConfig().chunk_size
-    if not chunk.isdigit() or int(chunk) < 1:
-        raise InputError(f"{where}: sarathi's chunk must be a positive integer, got {text!r}")
-    return name, int(chunk)
-
-
-def _positive_ints(values, where: str) -> list[int]:
-    if values is None:
-        raise InputError(f"{where}: missing")
-    values = values if isinstance(values, list) else [values]
-    for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise InputError(f"{where}: must hold integers >= 1, got {v!r}")
-    return values
-
-
-def _range(values, where: str) -> tuple[int, int]:
-    if (not isinstance(values, list) or len(values) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-            or not 1 <= values[0] <= values[1]):
-        raise InputError(f"{where}: expected [low, high] with 1 <= low <= high, got {values!r}")
-    return int(values[0]), int(values[1])
-
-
 def serve(model, workload: Workload, seed: int):
     """Serve the workload once on the engine; its step log (with host_ms and device_ms)."""
     from profiler.engine.engine import Engine, EngineConfig
@@ -143,28 +86,4 @@ def serve(model, workload: Workload, seed: int):
     return Engine(model, trace, config).run().steps
 
 
-def served_rows(point_key: str, steps, previous: dict, base: dict) -> list[dict]:
-    """Two rows per served step (its device part as op `step`, its host part as op `host`), each
-    pooled with the row of the same key from earlier rounds when that row holds the same batch."""
-    from profiler.timing import summarize
-    rows = []
-    for i, step in enumerate(steps.itertuples(index=False)):
-        q_lens, kv_lens = [int(q) for q in step.q_lens], [int(s) for s in step.kv_lens]
-        shape = {**base, "q_lens": q_lens, "kv_lens": kv_lens, **batch_row(q_lens, kv_lens), "name": SERVED}
-        for op, ms in (("step", step.device_ms), ("host", step.host_ms)):
-            key = f"{point_key}/{i:05d}/{op}"
-            earlier = previous.get(key)
-            samples, rounds = [float(ms)], 1
-            if earlier is not None and list(earlier.get("q_lens") or []) == q_lens \
-                    and list(earlier.get("kv_lens") or []) == kv_lens and earlier.get("samples_ms") is not None:
-                samples = list(earlier["samples_ms"]) + samples
-                rounds = int(earlier.get("rounds") or 1) + 1
-            m = summarize(samples, 1, SERVED)
-            rows.append({**shape, "point_key": key, "op": op, "time_ms": m.time_ms, "time_ms_p10": m.time_ms_p10,
-                         "time_ms_p90": m.time_ms_p90, "repeats": m.repeats, "inner_repeats": 1,
-                         "rel_precision": m.rel_precision, "samples_ms": list(m.samples_ms), "rounds": rounds,
-                         "status": "ok", "error": None})
-    return rows
-
-
-__all__ = ["SCHEDULERS", "SERVED", "Workload", "expand_serve", "serve", "served_rows"]
+__all__ = ["SCHEDULERS", "SERVED", "Workload", "serve"]

@@ -196,7 +196,6 @@ class PointMeasurer:
         (profiler.serve); `previous` holds every row so far by key, for pooling rounds."""
         if point.op != "serve":
             return [self.measure_row(point, previous.get(point.key))]
-        from profiler.serve import served_rows
         served = []
         row = self.measure_row(point, previous.get(point.key), lambda: self._serve(point, served))
         if not served:     # this round failed: the row says why
@@ -314,6 +313,29 @@ def moe_shape_columns(spec: ModelSpec) -> dict:
     return {"width": spec.hidden_size, "expert_ffn_size": spec.expert_ffn_size,
             "num_experts": spec.num_experts, "experts_per_token": spec.experts_per_token,
             "tp": 1, "ep": 1}
+
+
+def served_rows(point_key: str, steps, previous: dict, head: dict) -> list[dict]:
+    """Two rows per served step (profiler.serve): its device part as op `step`, its host part as op
+    `host`, each pooled with the row of the same key from earlier rounds where that row holds the
+    same batch (a workload forms the same batches every round)."""
+    from profiler.serve import SERVED
+    from profiler.timing import summarize
+    rows = []
+    for i, step in enumerate(steps.itertuples(index=False)):
+        q_lens, kv_lens = [int(q) for q in step.q_lens], [int(s) for s in step.kv_lens]
+        shape = {**head, "q_lens": q_lens, "kv_lens": kv_lens, **batch_row(q_lens, kv_lens), "name": SERVED}
+        for op, ms in (("step", step.device_ms), ("host", step.host_ms)):
+            key = f"{point_key}/{i:05d}/{op}"
+            earlier = previous.get(key)
+            samples, rounds = [float(ms)], 1
+            if earlier is not None and list(earlier.get("q_lens") or []) == q_lens \
+                    and list(earlier.get("kv_lens") or []) == kv_lens and earlier.get("samples_ms") is not None:
+                samples = list(earlier["samples_ms"]) + samples
+                rounds = _rounds_of(earlier) + 1
+            rows.append({**shape, "point_key": key, "op": op, **timing_columns(summarize(samples, 1, SERVED)),
+                         "rounds": rounds, "status": "ok", "error": None})
+    return rows
 
 
 def timing_columns(m: Measurement) -> dict:

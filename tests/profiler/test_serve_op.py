@@ -6,9 +6,9 @@ import pytest
 from costmodel.fitting import select_records, whole_steps
 from costmodel.importers import load_profiles
 from experiments.cli import main
-from profiler.grid import QUICK, expand_grid
+from profiler.grid import QUICK, expand_grid, serve_workloads
 from profiler.merge import merge_profiles
-from profiler.serve import SERVED, Workload, expand_serve
+from profiler.serve import SERVED, Workload
 from profiler.sweep import SweepConfig, run_sweep
 from simulator.errors import InputError
 from simulator.model_spec import PRESETS
@@ -46,7 +46,7 @@ def test_a_workload_is_named_by_its_shape_and_draws_the_same_lengths_every_time(
 
 
 def test_the_serve_section_expands_every_scheduler_at_every_concurrency():
-    workloads = expand_serve(SERVE, "grid: [serve]")
+    workloads = serve_workloads(SERVE, "grid: [serve]")
     assert [(w.scheduler, w.chunk_size, w.concurrency, w.num_requests) for w in workloads] == [
         ("continuous", 0, 1, 4), ("continuous", 0, 3, 6), ("sarathi", 32, 1, 4), ("sarathi", 32, 3, 6)]
     points = expand_grid("g", GRID, TINY).for_ops(["serve"]).points
@@ -58,8 +58,8 @@ def test_the_serve_section_expands_every_scheduler_at_every_concurrency():
     ({"concurrency": [2], "schedulers": ["fifo"]}, r"\[serve\]: schedulers: unknown scheduler 'fifo'"),
     ({"concurrency": [2], "schedulers": ["continuous:64"]}, "only sarathi takes a chunk size"),
     ({"concurrency": [2], "schedulers": ["sarathi:x"]}, "sarathi's chunk must be a positive integer"),
-    ({"concurrency": [0]}, r"concurrency: must hold integers >= 1, got 0"),
-    ({"schedulers": ["vllm"]}, "concurrency: missing"),
+    ({"concurrency": [0]}, r"\[serve\]: concurrency must hold integers >= 1, got 0"),
+    ({"schedulers": ["vllm"]}, r"\[serve\]: missing 'concurrency'"),
     ({"concurrency": [2], "prompt": [64, 16]}, r"prompt: expected \[low, high\] with 1 <= low <= high"),
     ({"concurrency": [2], "requests_per_seq": 0}, "requests_per_seq must be a positive number"),
     ({"concurrency": [2], "arrivals": "poisson"}, r"unknown keys \['arrivals'\]"),
