@@ -21,7 +21,8 @@ A grid is a mapping (built in, or a JSON / TOML file of the same shape):
     [serve]         schedulers = ["continuous", "sarathi:64"]; concurrency = [1, 4, ...];
                     requests_per_seq = 2, min_requests = 8; prompt = [16, 1024]; output = [4, 128];
                     rounds = 1 (passes of its own, at most the grid's): whole steps timed while the
-                    engine serves closed-loop workloads (profiler.serve)
+                    engine serves closed-loop workloads (profiler.serve). A list of such sections
+                    (TOML [[serve]]) serves each family: e.g. short and long prompts at high C
 
 Patterns make heterogeneous batches from (b, q, s), and routing distributions the tokens each
 expert receives, deterministically, so a grid names the same points on every host. Each point
@@ -113,6 +114,9 @@ class Grid:
         """Passes a point of this grid gets in a sweep of `rounds`: a section's own `rounds` (serve's:
         one workload already times hundreds of steps) caps the grid's."""
         section = self.source.get(point.op)
+        if point.op == "serve" and isinstance(section, list):   # the family that serves this workload
+            section = next((part for part in section
+                            if point.name in {w.name for w in serve_workloads(part, "grid: [serve]")}), {})
         own = section.get("rounds", 1 if point.op == "serve" else None) if isinstance(section, dict) else None
         return rounds if own is None else min(rounds, int(own))
 
@@ -198,8 +202,15 @@ QUICK = {
                     "num_seqs": [1, 2, 4, 8, 16, 32, 64, 128, 256]},
     # Whole steps as serving forms them (profiler.serve): the profiled tables' step and host fits take
     # them beside the held points above, which alone priced the quickstart's runs 6-9% low.
-    "serve": {"schedulers": ["continuous", "sarathi:64", "vllm"], "concurrency": [1, 2, 4, 8, 16, 32, 64],
-              "requests_per_seq": 2, "min_requests": 8, "prompt": [16, 1024], "output": [4, 128], "rounds": 1},
+    "serve": [{"schedulers": ["continuous", "sarathi:64", "vllm"], "concurrency": [1, 2, 4, 8, 16, 32, 64],
+               "requests_per_seq": 2, "min_requests": 8, "prompt": [16, 1024], "output": [4, 128], "rounds": 1},
+              # Continuous batching's big prefill steps hold a burst's prompts: ~250 tokens each from
+              # the family above, 100-190 in the default trace's bursts, 200-560 in a prefill-heavy
+              # one. Families of short and of long prompts give steps of many short prompts and of
+              # few long ones, so the fit need not read one prompt mix off a step's size: profiled
+              # cells 161 -> 172 of 216 over six quickstarts (qs30-31, none fewer), 7 s a pass.
+              {"schedulers": ["continuous"], "concurrency": [16, 32, 64], "prompt": [16, 256], "output": [4, 128]},
+              {"schedulers": ["continuous"], "concurrency": [16, 32, 64], "prompt": [256, 1024], "output": [4, 128]}],
 }
 
 _FULL_M = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384,
@@ -263,13 +274,24 @@ def expand_grid(name: str, source: dict, spec: ModelSpec, where: str = "grid") -
         section = source.get(op)
         if section is None:
             continue
-        _check_keys(section, SECTION_KEYS[op], f"{where}: [{op}]")
-        points.extend(_EXPANDERS[op](section, spec, f"{where}: [{op}]"))
+        for part, at in _parts(op, section, where):
+            _check_keys(part, SECTION_KEYS[op], at)
+            points.extend(_EXPANDERS[op](part, spec, at))
     kept = [p for p in points
             if p.num_tokens <= limits["max_tokens"] and p.kv_tokens <= limits["max_kv_tokens"]]
     unique = list(dict.fromkeys(kept))
     timing = dict(source.get("timing", {}))
     return Grid(name, tuple(unique), timing, source, unavailable_ops(spec))
+
+
+def _parts(op: str, section, where: str) -> list[tuple[object, str]]:
+    """(section, where) pairs: serve may be a list of sections (TOML [[serve]]), each a workload
+    family of its own; every other op is one section."""
+    if op == "serve" and isinstance(section, list):
+        if not section:
+            raise InputError(f"{where}: [serve] is an empty list")
+        return [(part, f"{where}: [serve] #{i + 1}") for i, part in enumerate(section)]
+    return [(section, f"{where}: [{op}]")]
 
 
 def unavailable_ops(spec: ModelSpec) -> dict[str, str]:

@@ -51,7 +51,28 @@ def test_the_serve_section_expands_every_scheduler_at_every_concurrency():
         ("continuous", 0, 1, 4), ("continuous", 0, 3, 6), ("sarathi", 32, 1, 4), ("sarathi", 32, 3, 6)]
     points = expand_grid("g", GRID, TINY).for_ops(["serve"]).points
     assert [(p.op, p.name, p.m) for p in points] == [("serve", w.name, w.concurrency) for w in workloads]
-    assert len(expand_grid("quick", QUICK, TINY).for_ops(["serve"]).points) == 21
+    quick = expand_grid("quick", QUICK, TINY).for_ops(["serve"]).points
+    assert len(quick) == 27   # 3 schedulers x 7 concurrencies, then two continuous prompt families x 3
+    assert sum(p.name.startswith("continuous/") and "/p16-256/" in p.name for p in quick) == 3
+
+
+def test_a_list_of_serve_sections_serves_each_family_with_its_own_rounds():
+    short = {"schedulers": ["continuous"], "concurrency": [2], "prompt": [16, 32], "rounds": 2}
+    grid = expand_grid("g", {"timing": {"rounds": 3}, "serve": [SERVE, short]}, TINY)
+    names = [p.name for p in grid.points]
+    assert names == [w.name for w in serve_workloads(SERVE, "s")] + ["continuous/c2/n8/p16-32/o4-128"]
+    rounds = {p.name: grid.rounds_of(p, 3) for p in grid.points}
+    assert rounds["continuous/c2/n8/p16-32/o4-128"] == 2 and rounds[names[0]] == 1
+
+
+@pytest.mark.parametrize("serve, message", [
+    ([], r"\[serve\] is an empty list"),
+    ([SERVE, {"concurrency": [0]}], r"\[serve\] #2: concurrency must hold integers >= 1, got 0"),
+    ([SERVE, {"concurrency": [2], "arrivals": "poisson"}], r"\[serve\] #2: unknown keys \['arrivals'\]"),
+])
+def test_a_bad_family_of_a_serve_list_is_named_by_its_place(serve, message):
+    with pytest.raises(InputError, match=message):
+        expand_grid("g", {"serve": serve}, TINY)
 
 
 @pytest.mark.parametrize("section, message", [
