@@ -208,7 +208,7 @@ QUICK = {
               # the family above, 100-190 in the default trace's bursts, 200-560 in a prefill-heavy
               # one. Families of short and of long prompts give steps of many short prompts and of
               # few long ones, so the fit need not read one prompt mix off a step's size: profiled
-              # cells 161 -> 172 of 216 over six quickstarts (qs30-31, none fewer), 7 s a pass.
+              # cells 263 -> 279 of 360 over ten quickstarts (qs30-33, none fewer), 7 s a pass.
               {"schedulers": ["continuous"], "concurrency": [16, 32, 64], "prompt": [16, 256], "output": [4, 128]},
               {"schedulers": ["continuous"], "concurrency": [16, 32, 64], "prompt": [256, 1024], "output": [4, 128]}],
 }
