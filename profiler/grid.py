@@ -114,10 +114,11 @@ class Grid:
         """Passes a point of this grid gets in a sweep of `rounds`: a section's own `rounds` (serve's:
         one workload already times hundreds of steps) caps the grid's."""
         section = self.source.get(point.op)
-        if point.op == "serve" and isinstance(section, list):   # the family that serves this workload
-            section = next((part for part in section
-                            if point.name in {w.name for w in serve_workloads(part, "grid: [serve]")}), {})
-        own = section.get("rounds", 1 if point.op == "serve" else None) if isinstance(section, dict) else None
+        if point.op == "serve" and section is not None:   # the family that serves it, read as expanded
+            family = next((part for part, where in _parts("serve", section, "grid")
+                           if point.name in {w.name for w in serve_workloads(part, where)}), {})
+            return min(rounds, _ints(family, "rounds", "grid: [serve]", default=1)[0])
+        own = section.get("rounds") if isinstance(section, dict) else None
         return rounds if own is None else min(rounds, int(own))
 
     def shard(self, index: int, count: int) -> tuple[Point, ...]:
