@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from profiler.allocator import keep_freed_memory
 from profiler.grid import Grid, Point
 from profiler.store import ProfileDir
 from profiler.timing import Measurement, TimingPolicy, torch_threads
@@ -77,12 +78,14 @@ def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None
     count set to the config's for the sweep and restored after it."""
     started = clock()
     _check_device(config.device)
+    allocator = keep_freed_memory() if config.device == "cpu" else None
     with torch_threads(config.num_threads):
-        return _run_sweep(config, Path(out), started, max_minutes, retry_failed, progress, timer_factory, clock)
+        return _run_sweep(config, Path(out), started, max_minutes, retry_failed, progress, timer_factory, clock,
+                          allocator)
 
 
 def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retry_failed, progress,
-               timer_factory, clock) -> SweepResult:
+               timer_factory, clock, allocator: dict | None) -> SweepResult:
     import torch
 
     from profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
@@ -101,7 +104,7 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
         # Round r measures every point with r rounds done: pass after pass over the grid.
         tasks = [p for r in range(rounds) for p in points if done[p.key] <= r < wanted[p.key]]
         meta.update({"hardware": fingerprint, "fingerprint_id": fingerprint_id(fingerprint),
-                     "status": "running", "started_at": _now()})
+                     "allocator": allocator, "status": "running", "started_at": _now()})
         pdir.write_meta(meta)
         provenance = {
             "device": config.device, "device_name": device_name(fingerprint), "dtype": config.dtype,
