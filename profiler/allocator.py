@@ -5,11 +5,15 @@ free top beyond 128 KiB (the mmap threshold then adapts upwards, but only to blo
 freed). A step's activations on the CPU are MiB per thousand tokens, so a big step maps them
 afresh and pays page faults and zeroing that a long-running server, whose heap is warm, pays
 once. The same 7,609-token step served four times in one process took 974, 330, 291 and 289 ms;
-with freed memory kept, 311, 268 and 241 ms. Profiles and measured runs therefore keep freed
-memory in the process: the mmap threshold at glibc's 64-bit maximum (32 MiB) and the trim
-threshold at 1 GiB. The setting is process-wide and lasts for the process; the environment
-variable STEPCAL_ALLOCATOR=system leaves the allocator as it is (for an A/B comparison), and a
-user's own MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ are respected.
+with freed memory kept, 311, 268 and 241 ms. STEPCAL_ALLOCATOR=warm makes profiles and measured
+runs keep freed memory in the process: the mmap threshold at glibc's 64-bit maximum (32 MiB) and
+the trim threshold at 1 GiB, process-wide for the rest of the process. It is not the default: over
+paired quickstarts it met more of the profiled path's cells on one 2-core VM (101 against 77 of
+108) and fewer on another (112 against 120 of 144), where it raised the engine's capacity under
+continuous batching by 5-13% (Sarathi's moved -5% to +5%).
+The default, `system`, leaves glibc as it is; a user's own MALLOC_MMAP_THRESHOLD_ /
+MALLOC_TRIM_THRESHOLD_ are respected either way. Profile and runs should be taken with the same
+setting: each meta.json records it as `allocator`.
 """
 from __future__ import annotations
 
@@ -23,22 +27,22 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 2**20    # the largest glibc accepts on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD_BYTES = 2**30
 ENV = "STEPCAL_ALLOCATOR"
-CHOICES = ("warm", "system")
+CHOICES = ("system", "warm")
 GLIBC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 _applied: dict | None = None         # what this process did, once
 
 
-def keep_freed_memory() -> dict:
-    """Keep freed memory in this process (once; later calls return the first call's record).
+def configure_allocator() -> dict:
+    """Apply STEPCAL_ALLOCATOR to this process (once; later calls return the first call's record).
     Returns what was done, for a profile's or a run's meta.json: {"allocator": "warm", ...} or
     {"allocator": "system", "reason": ...}. Raises InputError for an unknown STEPCAL_ALLOCATOR."""
     global _applied
-    choice = os.environ.get(ENV, "warm").strip().lower()
+    choice = os.environ.get(ENV, "system").strip().lower() or "system"
     if choice not in CHOICES:
         raise InputError(f"{ENV} must be one of {', '.join(CHOICES)}, got {os.environ[ENV]!r}")
     if _applied is None:
-        _applied = _apply() if choice == "warm" else {"allocator": "system", "reason": f"{ENV}=system"}
+        _applied = _apply() if choice == "warm" else {"allocator": "system", "reason": "default"}
     return dict(_applied)
 
 

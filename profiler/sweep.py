@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiler.allocator import keep_freed_memory
+from profiler.allocator import configure_allocator
 from profiler.grid import Grid, Point
 from profiler.store import ProfileDir
 from profiler.timing import Measurement, TimingPolicy, torch_threads
@@ -78,7 +78,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None
     count set to the config's for the sweep and restored after it."""
     started = clock()
     _check_device(config.device)
-    allocator = keep_freed_memory() if config.device == "cpu" else None
+    allocator = configure_allocator() if config.device == "cpu" else None
     with torch_threads(config.num_threads):
         return _run_sweep(config, Path(out), started, max_minutes, retry_failed, progress, timer_factory, clock,
                           allocator)

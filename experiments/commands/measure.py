@@ -10,6 +10,8 @@ HELP = """Serve a trace for real: the simulator's scheduler drives the torch Lla
 weights) on the device, one real forward pass per step, greedy sampling, output lengths from the
 trace. Writes OUT/meta.json, OUT/trace.parquet, OUT/repeat_<k>/{requests,steps}.parquet and
 summary.json, and OUT/summary.json (with the run-to-run noise floor when --repeats >= 2).
+On the CPU, STEPCAL_ALLOCATOR=warm keeps freed memory in the process (see `stepcal profile
+--help`); meta.json records the setting as `allocator`.
 
 example:
   stepcal measure --model-spec tiny --device cpu \\

@@ -34,7 +34,11 @@ their reason; --retry-failed measures them again.
 Grids: `quick` (minutes), `full` (a campaign), or a JSON / TOML file of the same shape
 (see profiler/grid.py). CPU timing uses perf_counter with a fixed thread count (--threads,
 default 1); CUDA timing uses events, rotates input buffers past the L2 cache, and replays
-tiny kernels from CUDA graphs.
+tiny kernels from CUDA graphs. On the CPU with glibc, STEPCAL_ALLOCATOR=warm keeps freed memory
+in the process (mallopt: mmap threshold 32 MiB, trim threshold 1 GiB), as a long-running server's
+warm heap does, instead of mapping a big step's activations afresh (see profiler/allocator.py for
+what it changed on two machines); the default leaves glibc as it is. meta.json records the
+setting as `allocator`: take the profile and the measured runs with the same one.
 
 Examples:
   stepcal profile --model-spec tiny --device cpu --grid quick --out runs/prof-tiny

@@ -61,7 +61,7 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
     import torch
 
-    from profiler.allocator import keep_freed_memory
+    from profiler.allocator import configure_allocator
     from profiler.engine import Engine
     from profiler.fingerprint import hardware_fingerprint
     from profiler.model import build_model, default_dtype
@@ -70,7 +70,7 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
     dtype = dtype or default_dtype(device)
-    allocator = keep_freed_memory() if device == "cpu" else None
+    allocator = configure_allocator() if device == "cpu" else None
     with torch_threads(num_threads):   # restored after: the campaign runs many of these in one process
         model = build_model(spec, device=device, dtype=dtype, seed=config.seed)
         warm_up(model)

@@ -3,7 +3,7 @@ import json
 import pandas as pd
 
 from experiments.cli import main
-from profiler.allocator import keep_freed_memory
+from profiler.allocator import configure_allocator
 from simulator.measured_run import noise_floor
 
 
@@ -21,7 +21,7 @@ def test_measure_writes_repeats_meta_and_noise(tmp_path, capsys):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["scheduler"] == "continuous" and meta["num_threads"] == 1 and meta["model_spec"]["name"] == "tiny"
     assert meta["fingerprint"]["torch_version"]
-    assert meta["allocator"] == keep_freed_memory()      # the CPU run's allocator setting, recorded
+    assert meta["allocator"] == configure_allocator()      # the CPU run's allocator setting, recorded
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_finished"] == 12 and "noise_floor" in summary
     repeats = [json.loads((out / f"repeat_{k}" / "summary.json").read_text()) for k in (0, 1)]

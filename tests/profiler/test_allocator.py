@@ -1,5 +1,5 @@
-"""The CPU profiler's and engine's allocator setting: applied in fact (a big block is no longer
-mapped on its own), skipped on request, and refused for an unknown choice."""
+"""The CPU profiler's and engine's allocator setting: glibc's own by default, applied in fact when
+asked for (a big block is no longer mapped on its own), and refused for an unknown choice."""
 import json
 import os
 import subprocess
@@ -19,8 +19,8 @@ glibc_only = pytest.mark.skipif(not (hasattr(os, "confstr") and os.confstr("CS_G
 # word (just before the pointer) has bit 1 set when the chunk was mapped on its own (IS_MMAPPED).
 PROBE = """
 import ctypes, json
-from profiler.allocator import keep_freed_memory
-record = keep_freed_memory()
+from profiler.allocator import configure_allocator
+record = configure_allocator()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = (ctypes.c_void_p,)
@@ -40,27 +40,28 @@ def probe(**env) -> dict:
 
 @glibc_only
 def test_the_warm_allocator_keeps_a_big_block_in_the_heap():
-    warm = probe()
+    warm = probe(STEPCAL_ALLOCATOR="warm")
     assert warm["record"] == {"allocator": "warm", "mmap_threshold_bytes": 32 * 2**20,
                               "trim_threshold_bytes": 2**30}
     assert not warm["mmapped"]
 
 
 @glibc_only
-def test_system_leaves_glibc_mapping_big_blocks_on_their_own():
-    plain = probe(STEPCAL_ALLOCATOR="system")
-    assert plain["record"] == {"allocator": "system", "reason": "STEPCAL_ALLOCATOR=system"}
+@pytest.mark.parametrize("choice", [None, "system", "System "])
+def test_by_default_glibc_maps_big_blocks_on_their_own(choice):
+    plain = probe() if choice is None else probe(STEPCAL_ALLOCATOR=choice)
+    assert plain["record"] == {"allocator": "system", "reason": "default"}
     assert plain["mmapped"]
 
 
 @glibc_only
 def test_a_users_own_glibc_thresholds_are_left_alone():
-    own = probe(MALLOC_TRIM_THRESHOLD_="12345")
+    own = probe(STEPCAL_ALLOCATOR="warm", MALLOC_TRIM_THRESHOLD_="12345")
     assert own["record"]["allocator"] == "system" and own["record"]["MALLOC_TRIM_THRESHOLD_"] == "12345"
     assert own["mmapped"]                    # the mmap threshold is still glibc's own
 
 
 def test_an_unknown_choice_is_an_input_error(monkeypatch):
     monkeypatch.setenv(allocator.ENV, "tcmalloc")
-    with pytest.raises(InputError, match="STEPCAL_ALLOCATOR must be one of warm, system, got 'tcmalloc'"):
-        allocator.keep_freed_memory()
+    with pytest.raises(InputError, match="STEPCAL_ALLOCATOR must be one of system, warm, got 'tcmalloc'"):
+        allocator.configure_allocator()

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from profiler.allocator import keep_freed_memory
+from profiler.allocator import configure_allocator
 from profiler.grid import QUICK, expand_grid
 from profiler.merge import merge_profiles
 from profiler.store import COLUMNS, ProfileDir, read_rows
@@ -114,7 +114,7 @@ def test_rows_carry_shapes_and_features(tmp_path):
     assert meta["status"] == "complete" and meta["num_points"] == len(frame)
     assert meta["hardware"]["torch_version"] and meta["hardware"]["num_threads"] == 1
     assert meta["identity"]["model_spec"]["name"] == "tiny"
-    assert meta["allocator"] == keep_freed_memory() and meta["allocator"]["allocator"] in ("warm", "system")
+    assert meta["allocator"] == configure_allocator() and meta["allocator"]["allocator"] in ("warm", "system")
     assert not list((tmp_path / "parts").iterdir())          # joined into profile.parquet
 
 
