@@ -208,7 +208,8 @@ class Engine:
             token_ids.append(torch.tensor(ids, dtype=torch.long))
             emit.append(start + q == request.num_known_tokens)
             block_tables.append(request.block_ids)
-        kv = self.pool.step_kv(list(step.batch.request_ids), block_tables, kv_lens, q_lens)
+        kv = self.pool.step_kv(list(step.batch.request_ids), block_tables, kv_lens, q_lens,
+                               [r.max_kv_tokens for r in step.requests])
         return step_inputs(token_ids, kv_lens, emit, self.model.device, kv)
 
     def _append_tokens(self, requests: list[Request], inputs: StepInputs, next_tokens, logits) -> None:

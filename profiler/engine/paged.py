@@ -92,16 +92,18 @@ class PagedKVCache:
                 self.read_copies.pop(request_id, None)
 
     def step_kv(self, request_ids: list[int], block_tables: list[list[int]], kv_lens: list[int],
-                q_lens: list[int]):
+                q_lens: list[int], max_tokens: list[int] | None = None):
         """The StepKV (profiler.model) of one step: sequence i stores q_lens[i] new tokens after its
-        kv_lens[i] cached ones, all in the blocks of block_tables[i]."""
+        kv_lens[i] cached ones, all in the blocks of block_tables[i]. max_tokens[i], when given, is
+        what sequence i will hold when it finishes: its read copy is allocated that large at once."""
         write_slots = self._write_slots(block_tables, kv_lens, q_lens)
         self.reserve(int(write_slots.max()) // self.block_size + 1)   # reads only touch blocks written before
         write_slots = self._to_device(write_slots)
         if self.read_copies is None:
             num_tokens = np.asarray(kv_lens, dtype=np.int64) + np.asarray(q_lens, dtype=np.int64)
             return self._gather_kv(block_tables, num_tokens, write_slots)
-        return self._copies_kv(request_ids, block_tables, kv_lens, q_lens, write_slots)
+        return self._copies_kv(request_ids, block_tables, kv_lens, q_lens, write_slots,
+                               max_tokens or [0] * len(request_ids))
 
     def _write_slots(self, block_tables, kv_lens: list[int], q_lens: list[int]) -> np.ndarray:
         """Slots of the step's new tokens, in batch order."""
@@ -127,13 +129,17 @@ class PagedKVCache:
         return GatherStepKV(self.data, write_slots, self.scratch[:len(blocks)], self._to_device(blocks),
                             first_row.tolist(), num_tokens.tolist())
 
-    def _copies_kv(self, request_ids, block_tables, kv_lens, q_lens, write_slots: Tensor) -> CopiesStepKV:
+    def _copies_kv(self, request_ids, block_tables, kv_lens, q_lens, write_slots: Tensor,
+                   max_tokens: list[int]) -> CopiesStepKV:
         copies, fills = [], []
         for i, (request_id, s, q) in enumerate(zip(request_ids, kv_lens, q_lens)):
             copy = self.read_copies.get(request_id)
             if copy is None:
+                # Room for the whole request at once: a copy grown by doubling copies its K/V again in
+                # the decode step after the prefill (a host spike a paged server does not have).
                 copy = self.read_copies[request_id] = KVCache(self.num_layers, self.num_kv_heads, self.head_dim,
-                                                              dtype=self.dtype, device=self.device)
+                                                              dtype=self.dtype, device=self.device,
+                                                              capacity=max(max_tokens[i], s + q))
             if copy.length > s:
                 raise RuntimeError(f"request {request_id}: its read copy holds {copy.length} tokens, "
                                    f"more than its {s} cached ones; it lost its blocks unreleased")
@@ -281,8 +287,9 @@ def held_batch(model, q_lens: list[int], kv_lens: list[int], block_size: int,
     copies = []
     if pool.read_copies is not None:
         for request_id, (q, s) in enumerate(zip(q_lens, kv_lens)):
-            # The engine's copies grow by doubling: past its prefill a sequence's copy holds about twice
-            # its tokens, and attention reads a strided view of it (slower than a whole tensor).
+            # The engine allocates a copy for its request's whole length: past its prefill a sequence's
+            # copy holds more than its tokens, and attention reads a strided view of it (slower than a
+            # whole tensor). Here, where the output length is unknown, the room is as many again.
             copy = pool.read_copies[request_id] = model.new_cache(capacity=s + q if s == 0 else max(s + q, 2 * s))
             copy.fill_random(s, generator)
             copies.append(copy)

@@ -22,7 +22,7 @@ from simulator.schedulers import SchedulerConfig
 from simulator.simulation import SimConfig, Simulation
 from simulator.step_model import ConstStepModel
 from simulator.trace import Trace
-from tests.simulator.factories import make_trace
+from tests.simulator.factories import make_trace, random_trace
 
 FP32 = {"atol": 1e-5, "rtol": 1e-5}
 
@@ -253,3 +253,32 @@ def test_the_next_turn_reuses_the_answer_as_the_simulator_says(model):
         stream = engine.token_ids[following]
         assert on.tokens[turn] == stream[prompt:prompt + 40]
         assert engine.token_ids[turn][:prompt] == stream[:prompt]
+
+
+def test_a_read_copy_is_allocated_for_its_whole_request_at_once(tiny):
+    pool = PagedKVCache.for_model(tiny, block_size=4, max_blocks=100, read_copies=True)
+    table = list(range(7))
+    pool.step_kv([0], [table], [0], [10], max_tokens=[25])          # the prefill of a 10 + 16 token request
+    copy = pool.read_copies[0]
+    keys = copy.k
+    assert copy.capacity == 25
+    for s in range(10, 25):                                          # its decodes, as the forward pass leaves them
+        copy.length = s
+        pool.step_kv([0], [table], [s], [1], max_tokens=[25])
+    assert copy.k is keys                                            # never copied again
+    pool.step_kv([1], [list(range(7, 14))], [0], [10])               # no length given (a held batch): the step's
+    assert pool.read_copies[1].capacity == 10                        # tokens, grown by doubling from there
+
+
+def test_the_engine_never_grows_a_read_copy(tiny, monkeypatch):
+    from profiler.model import KVCache
+    grown, reserve = [], KVCache.reserve
+
+    def spy(cache, num_tokens):
+        if num_tokens > cache.capacity:
+            grown.append((cache.capacity, num_tokens))
+        reserve(cache, num_tokens)
+    monkeypatch.setattr(KVCache, "reserve", spy)
+    trace = random_trace(12, rate=200.0, max_prompt=40, max_output=12)
+    _, run = serve(tiny, trace, "sarathi", chunk_size=16, kv_read_copies=True)
+    assert run.summary["num_finished"] == 12 and not grown
