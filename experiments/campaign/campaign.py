@@ -1,4 +1,4 @@
-"""The campaign's stages: profile → measure → fit → calibrate → validate → report.
+"""The campaign's stages: profile → measure → fit → calibrate → validate → reproduce → report.
 
 Each stage calls the library function its `stepcal` command calls, with the command's default
 flags, and prints what the command prints, so every intermediate directory is what a user gets by
@@ -18,6 +18,8 @@ models are validated on every run:
               step's shape over batch size (on the CPU the kernels are about half of a step, a third
               without the element-wise op, and terms fitted at a low load, where batches hold few
               sequences, cannot learn the rest).
+The profile is taken in two halves, before and after the measurements; the profiled tables fitted
+on each half alone say how far that path's prediction moves when the device is profiled again.
 """
 from __future__ import annotations
 
@@ -111,9 +113,13 @@ class Campaign:
                     self.stage(title, "validate", lambda s=s, load=load, model=model, target=target, r=ranges:
                                self.validate(c.measured_dir(s, load), model, target, r))
                     validations.append((s, load, model_name, target))
+        reproducibility = None
+        if c.profiled_ops() and len(self.profiled) == 2:
+            reproducibility = self.stage("fit and validate the profiled tables on each profile half alone "
+                                         "(reproducibility)", "fit", self.profile_halves)
         report_dirs = [v[3] for v in validations if v[2] in ("tables", "profiled", *CALIBRATED)] + [out / "tables"]
         self.stage("report", "report", lambda: self.report(report_dirs, out / "report"))
-        headline = self.headline(capacity, validations)
+        headline = self.headline(capacity, validations, reproducibility)
         self.record_history()
         return headline
 
@@ -193,11 +199,37 @@ class Campaign:
                               block_size=DEFAULT_BLOCK_SIZE, seed=c.seed)
         return measure_trace(trace, spec, config, str(out), device=c.device, trace_source=workload)
 
-    def fit(self, logs: list[Path], ops: str | None, out: Path) -> None:
+    def fit(self, logs: list[Path], ops: str | None, out: Path, profiles: list[str] | None = None,
+            track: bool = True) -> None:
+        """`stepcal fit` of every profile taken so far (or `profiles`) and `logs` into `out`."""
         from experiments.fitting import FitOptions, fit_tables
         c = self.c
-        fit_tables(FitOptions(profile=[*self.profile_files(), *map(str, logs)], out=str(out),
-                              ops=ops, model_spec=c.model_spec, regressor="tuned", trials=c.trials, seed=c.seed))
+        profiles = self.profile_files() if profiles is None else profiles
+        fit_tables(FitOptions(profile=[*profiles, *map(str, logs)], out=str(out), ops=ops, model_spec=c.model_spec,
+                              regressor="tuned", trials=c.trials, seed=c.seed, no_mlflow=not track))
+
+    def profile_halves(self) -> dict:
+        """The profiled tables fitted on each half of the profile alone (OUT/reproducibility), and
+        every run validated with both: how far the prediction of a user without step logs moves when
+        the device is profiled again minutes later (experiments.campaign.headline.profile_reproducibility).
+        Diagnostics, not tracked in MLflow."""
+        from experiments.campaign.headline import profile_reproducibility
+        from experiments.validation.compare import read_record
+        from experiments.validation.validate import validate_run
+        c, where = self.c, self.c.out / "reproducibility"
+        for name in self.profiled:
+            self.fit([], ",".join(PROFILED_OPS), where / f"tables_{name}", [str(c.out / name / "profile.parquet")],
+                     track=False)
+        pairs = []
+        for s in c.schedulers:
+            for load in c.loads:
+                rows = []
+                for name in self.profiled:
+                    target = where / "validation" / name / s / load_name(load)
+                    validate_run(str(c.measured_dir(s, load)), str(where / f"tables_{name}"), str(target))
+                    rows.append(HeadlineRow.of(s, load, f"profiled ({name})", True, read_record(target / "validation.json")))
+                pairs.append(tuple(rows))
+        return profile_reproducibility(pairs)
 
     def validate(self, measured: Path, step_model: Path, out: Path, ranges: int = 0) -> None:
         from functools import partial
@@ -255,7 +287,7 @@ class Campaign:
             combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)], c.measured_dir(s, load))
         shutil.rmtree(parts)
 
-    def headline(self, capacity: dict, validations: list) -> Headline:
+    def headline(self, capacity: dict, validations: list, reproducibility: dict | None = None) -> Headline:
         """Every validation's row, read back from its validation.json; writes OUT/headline.json."""
         from experiments.validation.compare import read_record
         from simulator.io import atomic_write_bytes
@@ -263,7 +295,7 @@ class Campaign:
         rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0] or model_name == "profiled",
                                read_record(path / "validation.json"))
                 for scheduler, load, model_name, path in validations]
-        headline = Headline(capacity, rows, self.c.timings, round(time.perf_counter() - self.t0, 1))
+        headline = Headline(capacity, rows, self.c.timings, round(time.perf_counter() - self.t0, 1), reproducibility)
         atomic_write_bytes(self.c.out / "headline.json", json.dumps(headline.to_dict(), indent=2).encode())
         return headline
 

@@ -75,14 +75,46 @@ class Headline:
     rows: list                     # HeadlineRow
     timings_s: dict                # stage title -> seconds
     wall_s: float
+    reproducibility: dict | None = None   # profile_reproducibility's, when the profile has two halves
 
     @property
     def targets(self) -> str:
         return target_summary(self.rows)
 
     def to_dict(self) -> dict:
-        return {"capacity_rps": self.capacity_rps, "rows": [r.to_dict() for r in self.rows], "targets": self.targets,
-                "timings_s": self.timings_s, "wall_s": self.wall_s}
+        out = {"capacity_rps": self.capacity_rps, "rows": [r.to_dict() for r in self.rows], "targets": self.targets,
+               "timings_s": self.timings_s, "wall_s": self.wall_s}
+        if self.reproducibility is not None:
+            out["reproducibility"] = self.reproducibility
+        return out
+
+
+def profile_reproducibility(pairs: list[tuple[HeadlineRow, HeadlineRow]]) -> dict:
+    """How far the profiled prediction moves if the device is profiled again, from each run's rows
+    simulated with tables fitted on the profile's early half alone and on its late half alone: per
+    P50/P90 cell of TTFT, TPOT and E2E, move = |simulated late / simulated early - 1|. Returns the
+    median and largest move, how many moves exceed the cell's own target (cell_target: a cell can
+    meet it only to within the profile's reproducibility), and the cells each half alone meets."""
+    import numpy as np
+    moves, beyond, met = [], 0, {"early": 0, "late": 0}
+    for early, late in pairs:
+        for m in HEADLINE_METRICS:
+            for s in ("p50", "p90"):
+                move = abs((1 + late.cell(m, s).error) / (1 + early.cell(m, s).error) - 1)
+                moves.append(move)
+                beyond += move > cell_target(early, m, s)
+                met["early"] += abs(early.cell(m, s).error) <= cell_target(early, m, s)
+                met["late"] += abs(late.cell(m, s).error) <= cell_target(late, m, s)
+    return {"num_cells": len(moves), "median_move": float(np.median(moves)), "max_move": float(np.max(moves)),
+            "num_beyond_target": beyond, "cells_met": met}
+
+
+def reproducibility_line(r: dict) -> str:
+    return (f"profile reproducibility: with the profiled tables fitted on each half of the profile alone (before "
+            f"and after the measurements), the simulated P50/P90 move by a median {100 * r['median_move']:.1f}% "
+            f"(at most {100 * r['max_move']:.0f}%), by more than the cell's target in {r['num_beyond_target']} "
+            f"of {r['num_cells']} cells; each half alone meets {r['cells_met']['early']} and "
+            f"{r['cells_met']['late']} of them")
 
 
 def cell_target(row: HeadlineRow, metric: str, stat: str) -> float:
@@ -155,6 +187,8 @@ def format_headline(headline: Headline) -> str:
         total = f"{pct(r.step_total)} [{pct(r.step_total_noise).strip():>6}]"
         lines.append(f"{r.scheduler:<11}{r.load:>5.0%} {r.model:<12}{step:>19}{total:>20}  {cells}{tag}")
     lines += ["", headline.targets]
+    if headline.reproducibility is not None:
+        lines.append(reproducibility_line(headline.reproducibility))
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",
               f"{'scheduler':<11}{'load':>5}  " + "".join(f"{names[m] + ' ' + s:>10}" for m, s in shown)]

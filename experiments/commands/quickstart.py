@@ -23,6 +23,9 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
             TPOT, ITL, E2E (the mean of the repeats' statistics; mean, P50-P99), throughput and
             step time; 60% and 90% are held out
+  reproduce the profiled tables fitted on each half of the profile alone, every run simulated with
+            both: how far the prediction moves when the device is profiled again minutes later,
+            printed beside the targets (a cell cannot be trusted to better than that)
   report    report.md / report.html with CDFs, step-time scatter, T_step heatmap, error tables
 
 and print the headline errors. Everything lands under --out; each stage does what its stepcal

@@ -59,7 +59,18 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
         *[f"simulate + validate continuous at 30% load ({model})" for model in MODELS],
         *[f"simulate + validate continuous at 70% load ({model})" for model in MODELS[:3]],
         "simulate + validate continuous at 70% load (calibrated, 3 replications)",
-        "simulate + validate continuous at 70% load (profiled_cal, 3 replications)", "report"]
+        "simulate + validate continuous at 70% load (profiled_cal, 3 replications)",
+        "fit and validate the profiled tables on each profile half alone (reproducibility)", "report"]
+    # the profiled tables on each half alone: both loads' runs validated with each
+    for half in ("profile", "profile_late"):
+        assert json.loads((out / f"reproducibility/tables_{half}/meta.json").read_text())["inputs"] == [
+            str(out / half / "profile.parquet")]
+        for load in ("load_30", "load_70"):
+            assert (out / f"reproducibility/validation/{half}/continuous/{load}/validation.json").exists()
+    moved = headline.reproducibility
+    assert moved["num_cells"] == 12 and 0 <= moved["median_move"] <= moved["max_move"]
+    assert 0 <= moved["num_beyond_target"] <= 12 and set(moved["cells_met"]) == {"early", "late"}
+    assert "profile reproducibility: with the profiled tables fitted on each half" in format_headline(headline)
     rows = headline.rows
     assert [(r.load, r.model, r.held_out) for r in rows] == [   # the profiled tables saw no run
         (0.3, "tables", False), (0.3, "profiled", True), (0.3, "kernels", False), (0.3, "calibrated", False),
@@ -153,6 +164,25 @@ def test_target_summary_says_which_misses_are_step_time():
         "  misses: 12 of 18 are step time (within target once the step total matches the measured one), 6 remain "
         "with it matched (queueing, scheduling, scatter of step time)",
         "  preemptions (KV capacity): measured 2, simulated 5"]
+
+
+def test_profile_reproducibility_compares_each_runs_simulated_values_between_the_halves():
+    from experiments.campaign.headline import profile_reproducibility, reproducibility_line
+
+    def row(error, noise=0.0):
+        return HeadlineRow.from_dict({"model": "profiled", "held_out": True, **{
+            f"{m}.{s}{suffix}": value for m in HEADLINE_METRICS for s in HEADLINE_STATS
+            for suffix, value in (("", error), (".noise", noise))}})
+    # run 1: -10% with the early half, +10% with the late one: the prediction moves 1.1 / 0.9 - 1 = 22%,
+    # beyond the 5% target, and neither half meets a cell; run 2: +2% and +4%, a 2% move (1.04 / 1.02 - 1),
+    # within its target of 1.5 x 4% noise = 6%, and both halves meet every cell
+    moved = profile_reproducibility([(row(-0.10), row(0.10)), (row(0.02, 0.04), row(0.04, 0.04))])
+    assert moved["num_cells"] == 12 and moved["num_beyond_target"] == 6
+    assert moved["max_move"] == pytest.approx(1.1 / 0.9 - 1)
+    assert moved["median_move"] == pytest.approx(((1.1 / 0.9 - 1) + (1.04 / 1.02 - 1)) / 2)
+    assert moved["cells_met"] == {"early": 6, "late": 6}
+    assert "move by a median 12.1% (at most 22%), by more than the cell's target in 6 of 12 cells; each half " \
+           "alone meets 6 and 6 of them" in reproducibility_line(moved)
 
 
 def test_headline_rows_keep_the_headline_json_layout():
