@@ -60,7 +60,10 @@ def register(subparsers) -> None:
                         "as tables had before. meta.json's axes.rule says which")
     p.add_argument("--regressor", default="tuned", choices=["rf", "tuned"],
                    help="rf: a random forest per target; tuned: an Optuna search over forest, "
-                        "extra trees, boosting and the physics-informed model")
+                        "extra trees, boosting and the physics-informed model (whole steps and host time: "
+                        "over the knots and smoothing of the additive tables; whole steps are scored on "
+                        "random folds by mean and time-weighted error, so the few big prefill steps, "
+                        "which hold much of the time, count)")
     p.add_argument("--trials", type=argtypes.count(1, 100_000), default=12, help="Optuna trials per target (tuned)")
     p.add_argument("--timeout-s", type=argtypes.positive, default=None,
                    help="wall-clock limit of each target's Optuna study")
