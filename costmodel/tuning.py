@@ -162,7 +162,8 @@ def _score(measured: np.ndarray, predicted: np.ndarray, time_weighted: bool) -> 
     ape = float(ape_percent(measured, predicted).mean())
     if not time_weighted:
         return ape
-    return 0.5 * ape + 50.0 * float(np.abs(predicted - measured).sum() / measured.sum())
+    weighted = 100.0 * float(np.abs(predicted - measured).sum() / measured.sum())
+    return 0.5 * ape + 0.5 * weighted
 
 
 def _folds(n: int, size: np.ndarray | None, rng) -> list[tuple[np.ndarray, np.ndarray]]:

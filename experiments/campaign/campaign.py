@@ -215,7 +215,6 @@ class Campaign:
         Diagnostics, not tracked in MLflow."""
         from experiments.campaign.headline import profile_reproducibility
         from experiments.validation.compare import read_record
-        from experiments.validation.validate import validate_run
         c, where = self.c, self.c.out / "reproducibility"
         for name in self.profiled:
             self.fit([], ",".join(PROFILED_OPS), where / f"tables_{name}", [str(c.out / name / "profile.parquet")],
@@ -226,7 +225,7 @@ class Campaign:
                 rows = []
                 for name in self.profiled:
                     target = where / "validation" / name / s / load_name(load)
-                    validate_run(str(c.measured_dir(s, load)), str(where / f"tables_{name}"), str(target))
+                    self.validate(c.measured_dir(s, load), where / f"tables_{name}", target)
                     rows.append(HeadlineRow.of(s, load, f"profiled ({name})", True, read_record(target / "validation.json")))
                 pairs.append(tuple(rows))
         return profile_reproducibility(pairs)

@@ -102,8 +102,9 @@ def profile_reproducibility(pairs: list[tuple[HeadlineRow, HeadlineRow]]) -> dic
             for s in ("p50", "p90"):
                 move = abs((1 + late.cell(m, s).error) / (1 + early.cell(m, s).error) - 1)
                 moves.append(move)
-                beyond += move > cell_target(early, m, s)
-                met["early"] += abs(early.cell(m, s).error) <= cell_target(early, m, s)
+                target = cell_target(early, m, s)
+                beyond += move > target
+                met["early"] += abs(early.cell(m, s).error) <= target
                 met["late"] += abs(late.cell(m, s).error) <= cell_target(late, m, s)
     return {"num_cells": len(moves), "median_move": float(np.median(moves)), "max_move": float(np.max(moves)),
             "num_beyond_target": beyond, "cells_met": met}

@@ -202,14 +202,14 @@ class Engine:
         """The step's new tokens over the K/V in each request's blocks: the first kv_lens[i] tokens
         are there already (computed by this request, or a cached prefix another one computed)."""
         q_lens, kv_lens = step.batch.q_lens.tolist(), step.batch.kv_lens.tolist()
-        token_ids, emit, block_tables = [], [], []
+        token_ids, emit, block_tables, max_tokens = [], [], [], []
         for request, q, start in zip(step.requests, q_lens, kv_lens):
             ids = self.token_ids[request.request_id][start:start + q]
             token_ids.append(torch.tensor(ids, dtype=torch.long))
             emit.append(start + q == request.num_known_tokens)
             block_tables.append(request.block_ids)
-        kv = self.pool.step_kv(list(step.batch.request_ids), block_tables, kv_lens, q_lens,
-                               [r.max_kv_tokens for r in step.requests])
+            max_tokens.append(request.max_kv_tokens)
+        kv = self.pool.step_kv(list(step.batch.request_ids), block_tables, kv_lens, q_lens, max_tokens)
         return step_inputs(token_ids, kv_lens, emit, self.model.device, kv)
 
     def _append_tokens(self, requests: list[Request], inputs: StepInputs, next_tokens, logits) -> None:
