@@ -184,7 +184,7 @@ def fit_target(target: str, rows: pd.DataFrame, config: FitConfig,
                               has_physics=bool(d.physics_index), n_trials=config.trials,
                               seed=seed, storage=config.storage,
                               study_name=f"stepcal-{target}", timeout_s=config.timeout_s)
-    splits = {"random": test, "extrapolation": extrapolation_split(d.size)}
+    splits = {"random": test, "extrapolation": extrapolation_split(d.size, by_value=kind_of(target) == "step")}
     errors, held_out = {}, {}
     for split, mask in splits.items():
         if mask is None or (~mask).sum() < 2:

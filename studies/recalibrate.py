@@ -42,8 +42,11 @@ def figures(validation: Path) -> dict:
             "ttft": all(abs(row.cell("ttft_ms", s).error) <= bound for s, bound in TTFT_TARGET.items())}
 
 
-def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibration_load: str) -> Path:
-    """Fit the model again as the campaign did; returns the new step-model directory."""
+def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibration_load: str,
+                step_log: bool = False) -> Path:
+    """Fit the model again as the campaign did (on the request log; `step_log`: the step terms read off
+    the calibration run's step log, as `stepcal calibrate` does by default); returns the new step-model
+    directory."""
     from experiments.validation.calibration import calibrate_step_model
     own = json.loads((campaign / model / scheduler / "meta.json").read_text())
     measured = campaign / "measured" / scheduler / calibration_load
@@ -52,7 +55,8 @@ def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibrati
     target = out / model / scheduler
     result = calibrate_step_model(str(measured), str(campaign / BASES[model]), str(target),
                                   scatter_runs=[r for r in pooled if Path(r) != measured],
-                                  scatter_profiles=[str(h) for h in halves] if all(h.exists() for h in halves) else ())
+                                  scatter_profiles=[str(h) for h in halves] if all(h.exists() for h in halves) else (),
+                                  step_log=step_log)
     terms = {k: round(v, 4) for k, v in result.terms.to_dict().items() if v}
     print(f"{model} {scheduler}: loss {result.loss_after:.5f} ({result.num_simulations} simulations) {terms}", flush=True)
     return target
@@ -87,12 +91,14 @@ def main() -> None:
     parser.add_argument("--schedulers", default="continuous,sarathi")
     parser.add_argument("--ranges", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--step-log", action="store_true",
+                        help="read the step terms off the calibration run's step log (the campaign does not)")
     args = parser.parse_args()
     totals: dict = {}
     for model in args.models.split(","):
         for scheduler in args.schedulers.split(","):
             first, *held_out = loads_of(args.campaign, scheduler)
-            fitted = recalibrate(args.campaign, args.out, model, scheduler, first)
+            fitted = recalibrate(args.campaign, args.out, model, scheduler, first, args.step_log)
             for load in held_out:
                 now = figures(validate(args.campaign / "measured" / scheduler / load, fitted,
                                        args.out / "validation" / model / scheduler / load, args.ranges, args.workers))

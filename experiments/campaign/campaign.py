@@ -251,7 +251,8 @@ class Campaign:
         tables: the path of a user who has profiles and a deployment's request log only. On the kernel
         tables ("calibrated") they stand for the engine's host work and everything the kernels miss;
         on the whole-step tables ("profiled_cal") for what the profile's host path misses and the
-        front end."""
+        front end. Request log only: the 30% runs' step logs, which `stepcal calibrate` would read the
+        step terms off, stay out of it (they train the `tables` model)."""
         from experiments.validation.calibration import calibrate_step_model
         c = self.c
         # the device's run-to-run spread from every calibration run's repeats, not one pair's, from
@@ -265,7 +266,8 @@ class Campaign:
             self.stage(f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", "calibrate",
                        lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
                            str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o,
-                           scatter_profiles=halves, history=[e.pairs() for e in self.history_used]))
+                           scatter_profiles=halves, history=[e.pairs() for e in self.history_used],
+                           step_log=False))
             models[s][name] = target
 
     def measure_interleaved(self, capacity: dict) -> None:

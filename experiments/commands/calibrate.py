@@ -7,9 +7,16 @@ from experiments.host_defaults import ENGINE_NAMES
 
 HELP = """Tables composed from kernel profiles miss what the serving engine adds on the host (scheduling,
 input preparation, sampling, the request path). Calibration fits four such terms — per step, per
-sequence and per token of a step, and per request (before the scheduler sees it: TTFT and E2E) —
-from one measured run's request-level metrics (TTFT, TPOT, E2E: what a user of a real deployment
-has), by simulating the measured workload until the simulated mean/P50/P90 match. Then the front
+sequence and per token of a step, and per request (before the scheduler sees it: TTFT and E2E).
+Where the run has a step log with batch shapes (`stepcal measure` writes one), the three step terms
+are read off it: each logged step's time minus the tables' price, regressed on a constant, its
+sequences and its tokens (non-negative least squares; standard errors clustered over blocks of 50
+steps), and only the per-request term is searched. Otherwise (an imported `vllm bench` run, or
+--no-step-log) all four come from the run's request-level metrics (TTFT, TPOT, E2E: what a user of a
+real deployment has), by simulating the measured workload until the simulated mean/P50/P90 match. A
+light load cannot tell a step's cost from a prefill token's there: over the 60 held-out runs of 15
+CPU campaigns, that search's terms priced decode-only steps 13% too high (median measured/predicted
+time 0.88; within 7% in 17 runs), the step log's 1% (0.99; within 7% in 54). Then the front
 end's shape: the per-request delay as a log-normal (its sigma) plus a part per stream active at the
 request's arrival, matched on TTFT P10/P50/P90 of the requests that arrived at light and at heavy
 load; kept only where it cuts the loss by a quarter. P99 is not fitted. Tables with a profiled host
@@ -29,7 +36,7 @@ meta.json's calibration.bias_cv) goes into the stored scatter, so that --ranges 
 replication's speed level with it besides the device's run-to-run spread.
 The default budget (at most 400 + 100 + about 30 simulations: the step terms, the front end's shape,
 the errors; 460-540 on the quickstart's runs) takes a few minutes for a run of a few thousand
-requests.
+requests; with a step log, 150-170 simulations on average.
 Writes OUT as a step-model directory for --step-model: the input tables with `host_terms` and a
 `calibration` record in meta.json (for const:/linear: models, a small directory naming the model).
 
@@ -44,8 +51,8 @@ def register(subparsers) -> None:
                         f"front-end term (choices: {', '.join(ENGINE_NAMES)}; see experiments/data/serving_defaults.json)")
     p.add_argument("--max-simulations", type=argtypes.count(1, 100_000), default=300,
                    help="search budget, in simulations: a third of it for per-step and per-request time, a third "
-                        "for each of three searches of all four step terms, a third for the front end's shape "
-                        "(default 300)")
+                        "for each of three searches of all four step terms, a third for the front end's shape; with "
+                        "a step log, a third for the per-request term and a third for the shape (default 300)")
     p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
                    help="more measured runs of this device, two or more repeats each, or directories holding "
                         "some (an earlier campaign: every run of two or more repeats under it): their repeats' "
@@ -58,6 +65,9 @@ def register(subparsers) -> None:
                         "on this device, timed at different times (e.g. before "
                         "and after the measurements, as the quickstart does): the median ratio of their "
                         "whole-step times is one more pair for run_cv")
+    p.add_argument("--no-step-log", dest="step_log", action="store_false",
+                   help="fit the step terms from the request log even where the run has a step log (as for a "
+                        "deployment that logs no steps: to see how well that path does on this run)")
     p.add_argument("--out", required=True, help="output step-model directory")
     p.add_argument("--quiet", action="store_true")
 
@@ -69,11 +79,12 @@ def run(args) -> int:
     from experiments.validation.table import format_pct
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations,
                                   host_defaults=args.host_defaults, scatter_runs=args.scatter_runs,
-                                  scatter_profiles=args.scatter_profiles)
+                                  scatter_profiles=args.scatter_profiles, step_log=args.step_log)
     if not args.quiet:
         repeats = f"{result.num_repeats} repeat{'s' if result.num_repeats != 1 else ''}"
         print(f"host terms ({repeats}, {result.num_simulations} simulations, {result.wall_s:.1f} s):")
         print(format_terms(result))
+        print(format_step_source(result.step_log))
         if result.noise:
             print(format_noise(result.noise))
         print(f"{'metric':<24}{'before':>10}{'after':>10}")
@@ -109,6 +120,14 @@ def format_terms(result) -> str:
             spread = "" if value else " (not fitted)"
         lines.append(f"  {value:.4g}{spread} {UNITS[name]}")
     return "\n".join(lines)
+
+
+def format_step_source(step_log: dict) -> str:
+    """Where the step terms came from (Calibration.step_log)."""
+    if not step_log:
+        return "  (step terms from the request log: the run has no step log with batch shapes, or --no-step-log)"
+    return (f"  (step terms from the step log: {step_log['num_steps']} steps, the tables priced their total "
+            f"{step_log['total_error_before']:+.1%}, with the terms {step_log['total_error_after']:+.1%})")
 
 
 def format_noise(noise: dict) -> str:

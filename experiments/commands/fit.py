@@ -12,7 +12,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "fit", help=HELP, description=HELP + ". Reads our profile tables and step logs, Vidur "
         "mlp.csv, AIConfigurator Parquet (a whole system directory too) and Splitwise perf_model.csv; "
-        "measures every target on held-out rows (random and extrapolation splits); logs an MLflow "
+        "measures every target on held-out rows (a random split, and an extrapolation split that holds out "
+        "the larger half of the size axis: of its rows for ops, of its distinct token counts for whole steps, "
+        "whose rows are mostly decodes); logs an MLflow "
         "run (tracking store OUT/mlflow.db unless --tracking-uri).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--profile", nargs="+", required=True, metavar="PATH",

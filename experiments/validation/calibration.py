@@ -1,6 +1,8 @@
 """Calibration: fit the host terms that kernel profiles miss, from one measured run's request logs.
 
-The terms (per step, per sequence, per token of a step; per request for the request path) are
+Where the run has a step log with batch shapes, the step terms are read off it
+(experiments.validation.step_log_terms) and only the per-request term is searched. Otherwise
+the terms (per step, per sequence, per token of a step; per request for the request path) are
 found by simulating the measured workload with the base step model plus the terms and matching
 the measured TTFT, TPOT and E2E distributions: a bounded Powell search over four numbers, each
 evaluation one deterministic simulation. Over three where the base tables have a profiled host term:
@@ -48,6 +50,7 @@ from experiments.validation.request_stats import (
     pooled_group_stats,
     repeat_groups,
 )
+from experiments.validation.step_log_terms import StepLogTerms, step_log_terms
 from simulator.measured_run import RunStats
 from simulator.ranges import Scatter
 from simulator.step_model import HostTerms, HostTermsModel
@@ -86,6 +89,7 @@ class Calibration:
     num_repeats: int = 1                               # measured repeats whose request logs were fitted
     noise: dict = field(default_factory=dict)          # S of the uncertainty: its source and the misfit ratio
     held: dict = field(default_factory=dict)           # term -> why it was not searched (held_terms)
+    step_log: dict = field(default_factory=dict)       # StepLogTerms.to_dict() where the log priced the step terms
 
     @property
     def bias_cv(self) -> float:
@@ -108,6 +112,7 @@ class Calibration:
                 "num_simulations": self.num_simulations, "wall_s": self.wall_s,
                 "objective": [f"{m}.{s}" for m, s in OBJECTIVE], "front_end": front,
                 "num_repeats": self.num_repeats, "held_terms": self.held, "bias_cv": self.bias_cv,
+                "step_terms_from": "step log" if self.step_log else "request log", "step_log": self.step_log,
                 "uncertainty": {"std_err": self.std_err,
                                 "method": UNCERTAINTY_METHOD + NOISE_METHODS.get(self.noise.get("noise"), ""),
                                 **self.noise, **({"covariance": self.covariance} if self.covariance else {})}}
@@ -202,7 +207,7 @@ class _Fit:
 
 
 def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: HostTerms | None = None,
-              uncertainty: bool = True, scatter: Scatter | None = None) -> Calibration:
+              uncertainty: bool = True, scatter: Scatter | None = None, step_log: bool = True) -> Calibration:
     """Fit the host terms of `base_model` on `run`. `start` (e.g. an engine's published defaults) is where
     the search starts; its per-prompt-token term is kept as it is (a workload of similar prompts cannot
     tell it from the median). `scatter` (simulator.ranges.Scatter: the device's step scatter, measured
@@ -220,11 +225,13 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     def step_terms(x: np.ndarray) -> HostTerms:
         return HostTerms(**{name: float(v) for name, v in zip(TERM_NAMES, np.maximum(x, 0.0) * scale)}, **fixed)
 
-    def search(x0: np.ndarray, names: tuple[str, ...], budget: int) -> tuple[np.ndarray, float]:
+    def search(x0: np.ndarray, names: tuple[str, ...], budget: int, keep: np.ndarray | None = None
+               ) -> tuple[np.ndarray, float]:
+        """Powell over `names`, the other terms at `keep` (zero by default)."""
         free = [TERM_NAMES.index(name) for name in names]
 
         def full(z):
-            x = np.zeros(len(TERM_NAMES))
+            x = np.zeros(len(TERM_NAMES)) if keep is None else keep.copy()
             x[free] = z
             return x
         result = minimize(lambda z: _loss(fit.errors(step_terms(full(z)))), x0=x0[free], method="Powell",
@@ -245,16 +252,18 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     x_start = np.array([getattr(start, name) / s if getattr(start, name) > 0 else START
                         for name, s in zip(TERM_NAMES, scale)])
     third = max_simulations // 3
-    best, loss1 = search(x_start, FIRST_TERMS, third)
-    fitted = list(FIRST_TERMS)
     held = held_terms(base_model)
-    searched = tuple(name for name in TERM_NAMES if name not in held)
-    if loss1 > 0:
-        x4, loss4 = _search_all_four(search, best, x_start, third, searched)
-        if loss4 < (1.0 - MIN_GAIN) * loss1:
-            best, loss1, fitted = x4, loss4, list(searched)
-    if loss1 > loss0:   # never return terms worse than none
-        best, loss1, fitted = none, loss0, []
+    from_log = step_log_terms(run, base_model, tuple(held)) if step_log else None
+    if from_log is not None:   # the step terms as the log priced them; the request search has the front end
+        x_log = _term_vector(per_request_ms=x_start[TERM_NAMES.index("per_request_ms")])
+        for name, value in from_log.terms.items():
+            x_log[TERM_NAMES.index(name)] = value / scale[TERM_NAMES.index(name)]
+        best, loss1 = search(x_log, ("per_request_ms",), third, keep=x_log)
+        fitted = ["per_request_ms"]
+    else:
+        best, loss1, fitted = _search_step_terms(search, x_start, third, tuple(n for n in TERM_NAMES if n not in held))
+        if loss1 > loss0:   # never return terms worse than none
+            best, loss1, fitted = none, loss0, []
     terms = step_terms(best)
     terms, front = _fit_shape(fit, terms, max(SHAPE_MIN_BUDGET, max_simulations // 3))
     if front["kept"]:
@@ -262,8 +271,38 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     errors1 = fit.errors(terms)
     std_err, covariance, noise = (_std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted
                                   else ({}, {}, {}))
+    if from_log is not None:
+        std_err, covariance = {**from_log.std_err, **std_err}, _with_log_covariance(covariance, from_log)
     return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
-                       front, std_err, covariance, len(fit.logs), noise=noise, held=held)
+                       front, std_err, covariance, len(fit.logs), noise=noise, held=held,
+                       step_log=from_log.to_dict() if from_log is not None else {})
+
+
+def _search_step_terms(search, x_start: np.ndarray, budget: int, searched: tuple[str, ...]
+                       ) -> tuple[np.ndarray, float, list[str]]:
+    """The step terms from the request log alone: per step and per request first, all of `searched`
+    only where they cut the loss by MIN_GAIN (_search_all_four)."""
+    best, loss1 = search(x_start, FIRST_TERMS, budget)
+    fitted = list(FIRST_TERMS)
+    if loss1 > 0:
+        x4, loss4 = _search_all_four(search, best, x_start, budget, searched)
+        if loss4 < (1.0 - MIN_GAIN) * loss1:
+            best, loss1, fitted = x4, loss4, list(searched)
+    return best, loss1, fitted
+
+
+def _with_log_covariance(covariance: dict, from_log: StepLogTerms) -> dict:
+    """The request fit's covariance with the step log's beside it (block diagonal: the two fits share
+    no data but the run)."""
+    names = list(from_log.names) + list(covariance.get("names", []))
+    if not names:
+        return {}
+    matrix = np.zeros((len(names), len(names)))
+    k = len(from_log.names)
+    matrix[:k, :k] = np.asarray(from_log.covariance, dtype=np.float64).reshape(k, k)
+    if covariance:
+        matrix[k:, k:] = np.asarray(covariance["matrix"], dtype=np.float64)
+    return {"names": names, "matrix": matrix.tolist()}
 
 
 def held_terms(base_model) -> dict:
@@ -464,14 +503,15 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
                          max_simulations: int = 300, host_defaults: str | None = None,
                          scatter_runs: Sequence[str | Path] = (),
                          scatter_profiles: Sequence[str | Path] = (),
-                         history: Sequence = ()) -> Calibration:
+                         history: Sequence = (), step_log: bool = True) -> Calibration:
     """The work of `stepcal calibrate`: fit host terms of `step_model` (re-fitted from its base when it
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
     naming the model). `host_defaults` names an engine whose published terms start the search;
     `scatter_runs`, more measured runs of the device whose repeats join the run-to-run spread, as does
     `scatter_profiles`, a profile timed in two halves (early, late), and `history`, RunPairs of the
-    device's history (experiments.validation.device_history) whose runs may be gone."""
+    device's history (experiments.validation.device_history) whose runs may be gone. `step_log`: read
+    the step terms off the run's step log where it has one (False: search them on the request log)."""
     import shutil
     import tempfile
 
@@ -491,7 +531,8 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         from experiments.host_defaults import host_defaults as engine_defaults
         start = engine_defaults(host_defaults)
     step_scatter = Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter is not None else None
-    result = calibrate(run, base, max_simulations=max_simulations, start=start, scatter=step_scatter)
+    result = calibrate(run, base, max_simulations=max_simulations, start=start, scatter=step_scatter,
+                       step_log=step_log)
     source = Path(step_model)
     with atomic_output_dir(out) as staging:
         if source.is_dir():

@@ -20,6 +20,10 @@ def test_error_stats_and_splits():
     size = np.array([1, 2, 3, 4, 5, 6.0])
     np.testing.assert_array_equal(extrapolation_split(size), size > 3.5)
     assert extrapolation_split(np.ones(5)) is None
+    # by value: mostly small rows (decodes) do not pull the cut down to them
+    steps = np.array([1, 1, 1, 1, 1, 2, 8, 16.0])
+    np.testing.assert_array_equal(extrapolation_split(steps), steps > 1)
+    np.testing.assert_array_equal(extrapolation_split(steps, by_value=True), steps > 5)
 
 
 def test_rf_fit_reports_held_out_errors_per_target_and_overall(profile_file):
@@ -61,6 +65,9 @@ def test_whole_step_data_fits_the_additive_table_model(step_log_file, tmp_path):
     assert step.choice.family == "additive"
     assert step.errors["random"]["mape"] < 3
     assert step.errors["holdout"]["n"] == 80 and step.errors["holdout"]["mape"] < 3
+    # whole steps are held out above the median of their distinct token counts, not of their rows
+    tokens = load_profiles([step_log_file])["num_tokens"].to_numpy(dtype=float)
+    assert step.errors["extrapolation"]["n"] == (tokens > np.median(np.unique(tokens))).sum()
     # every curve held rising but num_decode's (costmodel.features: a per-prompt cost needs it free)
     flags = dict(zip(step.feature_names, step.estimator.monotone))
     assert not flags.pop("num_decode") and all(flags.values())

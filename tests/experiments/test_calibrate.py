@@ -35,7 +35,7 @@ def test_calibration_recovers_host_time_a_base_model_misses(measured):
     step_ms = float(steps["duration_ms"].mean())
     truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured))
     run = replace(measured, stats=RunStats.from_summary(truth.summary), requests=truth.requests)
-    result = calibrate(run, LinearStepModel(step_ms / 2, 0.0, 0.0), max_simulations=120)
+    result = calibrate(run, LinearStepModel(step_ms / 2, 0.0, 0.0), max_simulations=120, step_log=False)
     assert result.loss_after < result.loss_before / 4
     # with the terms, the model's time for the measured batches is near the true step time again (it
     # was half of it); not exactly: the fit matches latencies, which queueing makes nonlinear in step time
@@ -80,7 +80,7 @@ def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     truth = HostTermsModel(base, HostTerms(1.5, 0.0, 0.0, 0.0))
     simulated = simulate(measured.trace, truth, sim_config_for(measured))
     run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests)
-    result = calibrate(run, base, max_simulations=150)
+    result = calibrate(run, base, max_simulations=150, step_log=False)
     assert result.terms.per_seq_ms == 0.0 and result.terms.per_token_ms == 0.0
     assert result.terms.per_step_ms == pytest.approx(1.5, rel=0.1)
     assert result.loss_after < result.loss_before / 100
@@ -174,7 +174,7 @@ def test_calibration_keeps_a_constant_front_end_constant(measured):
     truth = HostTerms(per_step_ms=0.5, per_request_ms=6.0)
     simulated = simulate(measured.trace, HostTermsModel(base, truth), sim_config_for(measured, 0.0, truth.front_end))
     run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests)
-    result = calibrate(run, base, max_simulations=150)
+    result = calibrate(run, base, max_simulations=150, step_log=False)   # the truth's requests, not its steps
     assert not result.front_end["kept"]
     assert result.terms.per_request_sigma == 0.0 and result.terms.per_stream_ms == 0.0
     assert result.terms.per_request_ms == pytest.approx(6.0, rel=0.15)

@@ -36,7 +36,8 @@ def _run_at(measured, step_ms):
 def test_a_base_too_slow_for_the_run_keeps_its_excess_as_the_level_left(measured):
     step_ms = 2.0     # the truth's step time: the same load on any machine
     run = _run_at(measured, step_ms)
-    slow = calibrate(run, LinearStepModel(1.3 * step_ms, 0.0, 0.0), max_simulations=60, uncertainty=False)
+    slow = calibrate(run, LinearStepModel(1.3 * step_ms, 0.0, 0.0), max_simulations=60, uncertainty=False,
+                     step_log=False)
     # nothing to take away: the terms add (next to) no time, and the level stays where the base put it
     t, steps = slow.terms, measured.steps
     added_ms = t.per_step_ms + t.per_seq_ms * steps["num_seqs"].mean() + t.per_token_ms * steps["num_tokens"].mean()
@@ -44,7 +45,8 @@ def test_a_base_too_slow_for_the_run_keeps_its_excess_as_the_level_left(measured
     logs = [math.log1p(e) for e in slow.errors_after.values() if e is not None]
     assert slow.bias_cv == pytest.approx(abs(np.mean(logs))) and slow.bias_cv > 0.15
     # a base that is too fast gets its gap as terms, and the level left is small
-    fast = calibrate(run, LinearStepModel(0.6 * step_ms, 0.0, 0.0), max_simulations=120, uncertainty=False)
+    fast = calibrate(run, LinearStepModel(0.6 * step_ms, 0.0, 0.0), max_simulations=120, uncertainty=False,
+                     step_log=False)
     assert fast.terms.per_step_ms > 0 and fast.bias_cv < 0.3 * slow.bias_cv
 
 

@@ -344,8 +344,8 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     import experiments.validation.calibration as calibration
     calls = []
     monkeypatch.setattr(calibration, "calibrate_step_model",
-                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=(), history=():
-                        calls.append((measured, tables, out, scatter_runs, scatter_profiles)))
+                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=(), history=(), step_log=True:
+                        calls.append((measured, tables, out, scatter_runs, scatter_profiles, step_log)))
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.3, 0.9), repeats=2)
     models = {s: {"profiled": f"P{s}"} for s in config.schedulers}
     campaign = Campaign(config)
@@ -353,14 +353,15 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     campaign.calibrate_tables(models, "profiled", "profiled_cal")
     run = {s: str(config.measured_dir(s, 0.3)) for s in "abc"}
     halves = [str(tmp_path / "profile/profile.parquet"), str(tmp_path / "profile_late/profile.parquet")]
-    assert calls == [(run["a"], "Pa", str(tmp_path / "profiled_cal/a"), [run["b"], run["c"]], halves),
-                     (run["b"], "Pb", str(tmp_path / "profiled_cal/b"), [run["a"], run["c"]], halves),
-                     (run["c"], "Pc", str(tmp_path / "profiled_cal/c"), [run["a"], run["b"]], halves)]
+    # request logs only (step_log=False): the campaign's calibrated models stand for a deployment's user
+    assert calls == [(run["a"], "Pa", str(tmp_path / "profiled_cal/a"), [run["b"], run["c"]], halves, False),
+                     (run["b"], "Pb", str(tmp_path / "profiled_cal/b"), [run["a"], run["c"]], halves, False),
+                     (run["c"], "Pc", str(tmp_path / "profiled_cal/c"), [run["a"], run["b"]], halves, False)]
     assert models["b"] == {"profiled": "Pb", "profiled_cal": tmp_path / "profiled_cal/b"}   # validated next
     single = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=1)
     calls.clear()
     Campaign(single).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
-    assert [c[3:] for c in calls] == [([], []), ([], [])]   # one repeat: no pair to pool
+    assert [c[3:5] for c in calls] == [([], []), ([], [])]   # one repeat: no pair to pool
     history = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2,
                              scatter_runs=("/old/campaign", "/old/run"))
     calls.clear()
