@@ -95,9 +95,13 @@ class AdditiveGridRegressor(TimeRegressor):
                 signed += range(column, column + size - 1)
             row, column = row + size, column + size - 1
         # Thousands of logged steps, a hundred parameters: solve on the QR factor's square R instead
-        # (the same least squares, up to a constant), 5-20x faster than on the rows themselves.
-        q, r = np.linalg.qr(A @ rises)
-        solution, _ = nnls(np.column_stack([r, -r[:, signed]]), q.T @ b, maxiter=50 * r.shape[1])
+        # (the same least squares, up to a constant), 5-20x faster than on the rows themselves. R of
+        # [A b] holds Q'b in its last column, so Q itself (as costly as R) is never formed: half the
+        # time of a fit, whose bootstrap spread refits it 20 times.
+        design = A @ rises
+        augmented = np.linalg.qr(np.column_stack([design, b]), mode="r")
+        r, qb = augmented[:design.shape[1], :design.shape[1]], augmented[:design.shape[1], -1]
+        solution, _ = nnls(np.column_stack([r, -r[:, signed]]), qb, maxiter=50 * r.shape[1])
         x = solution[:r.shape[1]]
         x[signed] -= solution[r.shape[1]:]
         return rises @ x
