@@ -26,6 +26,9 @@ used: statistics are averaged over the repeats, and each repeat's requests are g
 active in that repeat.
 Each fitted term is printed with its standard error (the least-squares sandwich: the sensitivity of
 the statistics to the terms, from 2 simulations per term, and the noise of the measured statistics).
+Step terms read off a step log get theirs the same way: the regression's own (meta.json's
+calibration.step_log.std_err) count the log's scatter about its line, not what the line misses at
+other loads.
 That noise is the device's step scatter, measured on the run's repeats and simulated over 16 seeds:
 the simulation replays the measured requests, so their variety is no noise. A run of one repeat has
 no measured scatter and takes a block bootstrap of its requests instead, which counts that variety

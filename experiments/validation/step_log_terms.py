@@ -27,9 +27,7 @@ COLUMNS = ("per_step_ms", "per_seq_ms", "per_token_ms")
 @dataclass(frozen=True)
 class StepLogTerms:
     terms: dict             # name -> ms, >= 0 (non-negative least squares)
-    std_err: dict           # name -> ms (None for a term held at zero by its bound)
-    names: tuple            # the terms inside their bound, whose covariance follows
-    covariance: tuple       # their cluster-robust covariance (ms^2), rows in `names` order
+    std_err: dict           # name -> ms, cluster-robust (None for a term held at zero by its bound)
     num_steps: int
     total_error_before: float   # base tables' total / measured total - 1, on the log
     total_error_after: float    # with the terms
@@ -64,8 +62,7 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
     for j, name in enumerate(np.asarray(names)[inside]):
         std_err[name] = float(np.sqrt(max(covariance[j, j], 0.0)))
     predicted = base + design @ coef
-    return StepLogTerms({name: float(c) for name, c in zip(names, coef)}, std_err,
-                        tuple(np.asarray(names)[inside]), tuple(map(tuple, covariance.tolist())), len(steps),
+    return StepLogTerms({name: float(c) for name, c in zip(names, coef)}, std_err, len(steps),
                         float(base.sum() / measured.sum() - 1.0), float(predicted.sum() / measured.sum() - 1.0))
 
 

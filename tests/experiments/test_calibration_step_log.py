@@ -44,7 +44,7 @@ def test_the_step_log_gives_the_true_step_terms_within_their_standard_errors():
     assert found.total_error_before < -0.2 and abs(found.total_error_after) < 0.01
     # a held term stays out of the regression, its standard error and its covariance
     held = step_log_terms(run, BASE, held=("per_seq_ms",))
-    assert "per_seq_ms" not in held.terms and "per_seq_ms" not in held.names
+    assert "per_seq_ms" not in held.terms and "per_seq_ms" not in held.std_err
 
 
 def test_a_log_without_batch_shapes_or_too_short_is_not_regressed():
@@ -82,7 +82,10 @@ def test_without_the_log_the_request_search_prices_the_step_terms():
     assert result.step_log == {} and result.to_dict()["step_terms_from"] == "request log"
 
 
-def test_the_covariance_holds_the_log_s_terms_beside_the_request_fit():
+def test_the_log_s_terms_get_the_request_fit_s_errors_and_keep_their_own():
+    """What --ranges draws is sized as for the request search (the sandwich over every term, on the
+    request statistics): the regression's clustered errors, kept in the step_log record, count only
+    the log's scatter about its line."""
     run = _logged_run(20, seed=1, scatter=Scatter(cv=0.05, rho=0.5))
     result = calibrate(run, BASE, max_simulations=30)
     names = result.covariance["names"]
@@ -90,7 +93,9 @@ def test_the_covariance_holds_the_log_s_terms_beside_the_request_fit():
     matrix = result.covariance["matrix"]
     for i, name in enumerate(names):
         assert matrix[i][i] == pytest.approx(result.std_err[name] ** 2, rel=1e-9), name
-    assert all(matrix[i][j] == 0.0 for i in range(3) for j in range(3, len(names)))
+    own = result.to_dict()["step_log"]["std_err"]
+    assert set(own) == {"per_step_ms", "per_seq_ms", "per_token_ms"}
+    assert all(own[name] < result.std_err[name] for name in own)   # the request statistics pin them less
 
 
 def test_calibrate_cli_reads_a_measured_run_s_step_log(measured, tmp_path, capsys):
