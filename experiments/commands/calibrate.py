@@ -13,10 +13,14 @@ are read off it: each logged step's time minus the tables' price, regressed on a
 sequences and its tokens (non-negative least squares; standard errors clustered over blocks of 50
 steps), and only the per-request term is searched. Otherwise (an imported `vllm bench` run, or
 --no-step-log) all four come from the run's request-level metrics (TTFT, TPOT, E2E: what a user of a
-real deployment has), by simulating the measured workload until the simulated mean/P50/P90 match. A
-light load cannot tell a step's cost from a prefill token's there: over the 60 held-out runs of 15
-CPU campaigns, that search's terms priced decode-only steps 13% too high (median measured/predicted
-time 0.88; within 7% in 17 runs), the step log's 1% (0.99; within 7% in 54). Then the front
+real deployment has), by simulating the measured workload until the simulated mean/P50/P90 match,
+and TTFT's slope on the prompt's tokens among the requests that arrived at light load (what a prompt
+token costs; it counts less where its bootstrap variance exceeds the other statistics'). Where that
+slope exceeds the base tables', the per-token term starts from the gap and is searched with the
+per-step and per-request ones. Without the slope a light load could not tell a step's cost from a
+prefill token's: over the 60 held-out runs of 15 CPU campaigns the search's terms priced decode-only
+steps 13% too high (median measured/predicted time 0.88; within 7% in 17 runs), the step log's 1%
+(0.99; within 7% in 54). Then the front
 end's shape: the per-request delay as a log-normal (its sigma) plus a part per stream active at the
 request's arrival, matched on TTFT P10/P50/P90 of the requests that arrived at light and at heavy
 load; kept only where it cuts the loss by a quarter. P99 is not fitted. Tables with a profiled host

@@ -4,7 +4,9 @@ Where the run has a step log with batch shapes, the step terms are read off it
 (experiments.validation.step_log_terms) and only the per-request term is searched. Otherwise
 the terms (per step, per sequence, per token of a step; per request for the request path) are
 found by simulating the measured workload with the base step model plus the terms and matching
-the measured TTFT, TPOT and E2E distributions: a bounded Powell search over four numbers, each
+the measured TTFT, TPOT and E2E distributions and TTFT's slope on the prompt's tokens among light-load
+arrivals (request_stats.SLOPE_KEY: a prompt token's cost, which the quantiles mix with the request
+path; weighed by its noise, _Fit.weights): a bounded Powell search over four numbers, each
 evaluation one deterministic simulation. Over three where the base tables have a profiled host term:
 they price a sequence already, better than a run at low load can (held_terms).
 
@@ -40,10 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.validation.errors import relative_error, stat_error
+from experiments.validation.errors import relative_error
 from experiments.validation.measured import MeasuredRun, sim_config_for
 from experiments.validation.request_stats import (
     FRONT_OBJECTIVE,
+    SLOPE_KEY,
     active_at_arrival,
     measured_group_stats,
     pooled_bootstrap_log_covariance,
@@ -56,9 +59,11 @@ from simulator.ranges import Scatter
 from simulator.step_model import HostTerms, HostTermsModel
 
 # (metric, statistic) pairs the fit matches; P99 is left out on purpose: it is what we validate.
-OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90"),
-             ("tpot_ms", "mean"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
-             ("e2e_ms", "p50"), ("e2e_ms", "p90"))
+SUMMARY_OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90"),
+                     ("tpot_ms", "mean"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
+                     ("e2e_ms", "p50"), ("e2e_ms", "p90"))
+# and what a prompt token costs, which the summary statistics mix with the per-request time
+OBJECTIVE = (*SUMMARY_OBJECTIVE, SLOPE_KEY)
 TERM_NAMES = ("per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms")   # the first search's vector
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
 SHAPE_TERMS = ("per_request_ms", "per_request_sigma", "per_stream_ms")   # the front end's distribution
@@ -133,15 +138,13 @@ def _keyed(errors: Errors) -> dict:
     return {f"{metric}.{stat}": error for (metric, stat), error in errors.items()}
 
 
-def _errors(run: MeasuredRun, summary: dict) -> Errors:
-    simulated = RunStats.from_summary(summary)
-    return {(m, s): stat_error(simulated, run.stats, m, s) for m, s in OBJECTIVE}
-
-
-def _loss(errors: Errors) -> float:
-    """Mean squared log-ratio of simulated to measured: symmetric in over- and under-prediction."""
-    terms = [math.log1p(e) ** 2 for e in errors.values() if e is not None and e > -1]
-    return float(np.mean(terms)) if terms else math.inf
+def _loss(errors: Errors, weights: dict | None = None) -> float:
+    """Mean squared log-ratio of simulated to measured: symmetric in over- and under-prediction;
+    `weights`: a statistic's weight where not 1 (_Fit.weights)."""
+    pairs = [(math.log1p(e) ** 2, (weights or {}).get(key, 1.0)) for key, e in errors.items()
+             if e is not None and e > -1]
+    total = sum(w for _, w in pairs)
+    return float(sum(t * w for t, w in pairs) / total) if total > 0 else math.inf
 
 
 def _term_vector(**values: float) -> np.ndarray:
@@ -164,6 +167,30 @@ class _Fit:
         self.cache: dict = {}
         self.covariances: dict = {}
         self.count = 0
+        self._weights: dict | None = None
+
+    @property
+    def weights(self) -> dict:
+        """Statistics that count less than 1 in the loss: the TTFT slope, by its noise (_slope_weight)."""
+        if self._weights is None:
+            self._weights = {SLOPE_KEY: self._slope_weight()}
+        return self._weights
+
+    def _slope_weight(self) -> float:
+        """The TTFT slope counts as a summary statistic does where its bootstrap variance is at most
+        theirs (median), less in proportion where it is larger: a spread front end or a bursty trace
+        scatters the light-load TTFTs about their line (5-7 times the variance on the quickstart's
+        bursty runs, about half of it on its Poisson and prefill-heavy ones)."""
+        keys = [k for k in (*SUMMARY_OBJECTIVE, SLOPE_KEY) if (self.measured(k) or 0) > 0]
+        if len(keys) < 2 or keys[-1] != SLOPE_KEY:
+            return 1.0
+        variance = np.diag(self.log_covariance(keys))
+        if not np.all(np.isfinite(variance)) or variance[-1] <= 0:
+            return 1.0
+        return float(min(1.0, np.median(variance[:-1]) / variance[-1]))
+
+    def loss(self, terms: HostTerms, keys=None) -> float:
+        return _loss(self.errors(terms, OBJECTIVE if keys is None else keys), self.weights)
 
     def simulate(self, terms: HostTerms, seed: int = 0, scattered: bool = False):
         """One serving of the workload; `scattered`: with the device's step scatter drawn from `seed`."""
@@ -179,7 +206,7 @@ class _Fit:
         if key not in self.cache:
             result = self.simulate(terms, seed, scattered)
             simulated = RunStats.from_summary(result.summary)
-            stats = {(m, s): simulated.stat(m, s) for m, s in OBJECTIVE}
+            stats = {(m, s): simulated.stat(m, s) for m, s in SUMMARY_OBJECTIVE}
             stats.update(pooled_group_stats(result.requests, self.groups))
             self.cache[key] = stats
         return self.cache[key]
@@ -192,11 +219,13 @@ class _Fit:
         return self.covariances[keys]
 
     def noise_floor(self, keys) -> float:
-        """The loss a true model would show from the measured statistics' sampling noise alone."""
+        """The loss a true model would show from the measured statistics' sampling noise alone (each
+        variance weighted as the loss weighs its statistic)."""
         keys = [k for k in keys if (self.measured(k) or 0) > 0]
         variances = np.diag(self.log_covariance(keys)) if keys else np.array([])
-        variances = variances[np.isfinite(variances)]
-        return float(variances.mean()) if len(variances) else 0.0
+        weights = np.array([self.weights.get(k, 1.0) for k in keys])
+        ok = np.isfinite(variances)
+        return float(np.average(variances[ok], weights=weights[ok])) if ok.any() and weights[ok].sum() > 0 else 0.0
 
     def measured(self, key) -> float | None:
         return self.measured_front[key] if key in self.measured_front else self.run.stats.stat(*key)
@@ -234,15 +263,15 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
             x = np.zeros(len(TERM_NAMES)) if keep is None else keep.copy()
             x[free] = z
             return x
-        result = minimize(lambda z: _loss(fit.errors(step_terms(full(z)))), x0=x0[free], method="Powell",
+        result = minimize(lambda z: fit.loss(step_terms(full(z))), x0=x0[free], method="Powell",
                           bounds=[(0.0, 2.0)] * len(free), options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
         best = full(np.maximum(result.x, 0.0))
-        return best, _loss(fit.errors(step_terms(best)))
+        return best, fit.loss(step_terms(best))
 
     none = np.zeros(len(TERM_NAMES))
     terms0 = step_terms(none)
     errors0 = fit.errors(terms0)
-    loss0 = _loss(errors0)
+    loss0 = _loss(errors0, fit.weights)
     # The terms are in units of a typical measured step, so that one step size suits all four.
     # Per step and per request first; per sequence and per token only where they earn their place:
     # at a low calibration load most steps hold one or two sequences, so a per-sequence term is
@@ -265,7 +294,13 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
         # search's 135).
         fitted = [*from_log.terms, "per_request_ms"]
     else:
-        best, loss1, fitted = _search_step_terms(search, x_start, third, tuple(n for n in TERM_NAMES if n not in held))
+        first = FIRST_TERMS
+        gap_ms = _slope_gap_ms(fit, terms0)
+        if gap_ms > 0 and start.per_token_ms == 0:   # a prompt token costs more than the base says
+            x_start[TERM_NAMES.index("per_token_ms")] = gap_ms / scale[TERM_NAMES.index("per_token_ms")]
+            first = (*FIRST_TERMS, "per_token_ms")
+        best, loss1, fitted = _search_step_terms(search, x_start, third, tuple(n for n in TERM_NAMES if n not in held),
+                                                 first)
         if loss1 > loss0:   # never return terms worse than none
             best, loss1, fitted = none, loss0, []
     terms = step_terms(best)
@@ -275,17 +310,25 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     errors1 = fit.errors(terms)
     std_err, covariance, noise = (_std_errors(fit, terms, fitted, front["kept"]) if uncertainty and fitted
                                   else ({}, {}, {}))
-    return Calibration(terms, loss0, _loss(errors1), errors0, errors1, fit.count, time.perf_counter() - t0,
+    return Calibration(terms, loss0, _loss(errors1, fit.weights), errors0, errors1, fit.count, time.perf_counter() - t0,
                        front, std_err, covariance, len(fit.logs), noise=noise, held=held,
                        step_log=from_log.to_dict() if from_log is not None else {})
 
 
-def _search_step_terms(search, x_start: np.ndarray, budget: int, searched: tuple[str, ...]
-                       ) -> tuple[np.ndarray, float, list[str]]:
-    """The step terms from the request log alone: per step and per request first, all of `searched`
-    only where they cut the loss by MIN_GAIN (_search_all_four)."""
-    best, loss1 = search(x_start, FIRST_TERMS, budget)
-    fitted = list(FIRST_TERMS)
+def _slope_gap_ms(fit: _Fit, terms: HostTerms) -> float:
+    """What the measured runs' TTFT rises per prompt token (light-load arrivals) beyond what the
+    simulation under `terms` shows: the per-token time the base misses, where both slopes exist."""
+    measured, simulated = fit.measured(SLOPE_KEY), fit.stats(terms).get(SLOPE_KEY)
+    return measured - simulated if measured and simulated else 0.0
+
+
+def _search_step_terms(search, x_start: np.ndarray, budget: int, searched: tuple[str, ...],
+                       first: tuple[str, ...] = FIRST_TERMS) -> tuple[np.ndarray, float, list[str]]:
+    """The step terms from the request log alone: `first` (per step and per request, and per token
+    where the TTFT slope says the base misses some), all of `searched` only where they cut the loss
+    by MIN_GAIN (_search_all_four)."""
+    best, loss1 = search(x_start, first, budget)
+    fitted = list(first)
     if loss1 > 0:
         x4, loss4 = _search_all_four(search, best, x_start, budget, searched)
         if loss4 < (1.0 - MIN_GAIN) * loss1:
@@ -354,20 +397,20 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
         return replace(terms, **{name: float(v) for name, v in zip(SHAPE_TERMS, np.maximum(z, 0.0) * scale)})
 
     def loss(z: np.ndarray) -> float:
-        return _loss(fit.errors(shaped(z), keys))
-    first = _loss(fit.errors(terms, keys))
+        return fit.loss(shaped(z), keys)
+    first = fit.loss(terms, keys)
     best_median = minimize_scalar(lambda m: loss(np.array([m, 0.0, 0.0])), bounds=(0.0, 2.0), method="bounded",
                                   options={"xatol": 1e-3, "maxiter": CONSTANT_BUDGET})
     constant = shaped(np.array([best_median.x, 0.0, 0.0]))
-    before = _loss(fit.errors(constant, keys))
+    before = fit.loss(constant, keys)
     z0 = np.clip(_shape_start(fit, terms) / scale, START, 1.9)
     result = minimize(loss, x0=z0, method="Powell", bounds=[(0.0, 2.0), (0.0, 2.0), (0.0, 2.0)],
                       options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
     candidate = shaped(result.x)
-    after = _loss(fit.errors(candidate, keys))
+    after = fit.loss(candidate, keys)
     # A shape that buys the front-end quantiles with the summary statistics is not an explanation of
     # them: the summary loss may not grow by more than the quarter the shape must win.
-    summary_holds = _loss(fit.errors(candidate)) <= (1.0 + MIN_GAIN) * _loss(fit.errors(constant)) + 1e-12
+    summary_holds = fit.loss(candidate) <= (1.0 + MIN_GAIN) * fit.loss(constant) + 1e-12
     # Nor is a shape kept that fits the measured run's sampling noise: below the loss a true model
     # would show from that noise alone (the mean bootstrap variance of the log statistics), there is
     # nothing left to explain.
@@ -376,7 +419,7 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
     if kept:
         final = candidate
     else:   # the median searched again stays where it also fits the summary statistics better
-        final = constant if _loss(fit.errors(constant)) < _loss(fit.errors(terms)) else terms
+        final = constant if fit.loss(constant) < fit.loss(terms) else terms
     return final, {"kept": bool(kept), "loss_first": first, "loss_before": before, "loss_after": after,
                    "noise_floor": noise_floor,
                    "errors_before": fit.errors(terms, FRONT_OBJECTIVE),

@@ -24,6 +24,10 @@ GROUP_QUANTILES = (10, 50, 90)
 GROUPS = ("light", "heavy")
 # (metric, statistic) pairs of the front-end fit, in the keys the calibration record uses
 FRONT_OBJECTIVE = tuple(("ttft_ms", f"{group}_load.p{q}") for group in GROUPS for q in GROUP_QUANTILES)
+# TTFT's least-squares slope on the prompt's tokens among the light-load arrivals (ms per token): their
+# prefill is most of their TTFT, so it is what a prompt token costs, which TTFT quantiles mix with the
+# per-request time and the queue (calibration's step search matches it: experiments.validation.calibration).
+SLOPE_KEY = ("ttft_ms", "light_load.per_prompt_token")
 SUMMARY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 BOOTSTRAP_RESAMPLES = 200
 
@@ -60,20 +64,33 @@ class LoadGroups:
 
 
 def group_stats(requests, groups: LoadGroups) -> dict:
-    """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE (None for an empty group)."""
+    """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE and SLOPE_KEY (None for an empty
+    group)."""
     ttft = requests["ttft_ms"].to_numpy(dtype=np.float64)
     label = groups.of_ids(requests["request_id"].to_numpy(dtype=np.int64))
-    return _group_stats(ttft, label)
+    return _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64))
 
 
-def _group_stats(ttft: np.ndarray, label: np.ndarray) -> dict:
+def _group_stats(ttft: np.ndarray, label: np.ndarray, prompt: np.ndarray) -> dict:
     out = {}
     for g, name in enumerate(GROUPS):
         values = ttft[(label == g) & np.isfinite(ttft)]
         qs = np.percentile(values, GROUP_QUANTILES) if len(values) else [None] * len(GROUP_QUANTILES)
         for q, value in zip(GROUP_QUANTILES, qs):
             out[("ttft_ms", f"{name}_load.p{q}")] = None if value is None else float(value)
+    light = (label == 0) & np.isfinite(ttft)
+    out[SLOPE_KEY] = _slope(prompt[light], ttft[light])
     return out
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float | None:
+    """The least-squares slope of y on x; None where x does not vary or the slope is not positive (a
+    log ratio needs one)."""
+    if len(x) < 3 or np.ptp(x) == 0:
+        return None
+    dx = x - x.mean()
+    slope = float(dx @ (y - y.mean()) / (dx @ dx))
+    return slope if slope > 0 else None
 
 
 def _summary_of(metric: str, values: np.ndarray) -> dict:
@@ -120,7 +137,7 @@ class _Resampled:
     def of(cls, requests, groups: LoadGroups) -> _Resampled:
         order = np.argsort(requests["arrival_s"].to_numpy(), kind="stable")
         frame = requests.iloc[order]
-        columns = {m: frame[m].to_numpy(dtype=np.float64) for m in SUMMARY_METRICS}
+        columns = {m: frame[m].to_numpy(dtype=np.float64) for m in (*SUMMARY_METRICS, "num_prompt_tokens")}
         label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
         return cls(columns, label, max(1, round(len(frame) ** (1.0 / 3.0))))
 
@@ -130,7 +147,8 @@ class _Resampled:
         n, block = len(self.label), self.block
         starts = rng.integers(0, max(1, n - block + 1), size=-(-n // block))
         index = (starts[:, None] + np.arange(block)[None, :]).ravel()[:n]
-        stats = _group_stats(self.columns["ttft_ms"][index], self.label[index])
+        stats = _group_stats(self.columns["ttft_ms"][index], self.label[index],
+                             self.columns["num_prompt_tokens"][index])
         for metric in SUMMARY_METRICS:
             values = self.columns[metric][index]
             stats.update(_summary_of(metric, values[np.isfinite(values)]))

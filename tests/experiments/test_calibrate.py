@@ -5,7 +5,7 @@ import pytest
 
 from experiments.cli import main
 from experiments.step_models import resolve_step_model
-from experiments.validation.calibration import OBJECTIVE, TERM_NAMES, _step_scale_ms, calibrate
+from experiments.validation.calibration import OBJECTIVE, SUMMARY_OBJECTIVE, TERM_NAMES, _step_scale_ms, calibrate
 from experiments.validation.measured import load_measured_run
 from simulator.batch import StepBatch
 from simulator.measured_run import RunStats
@@ -64,9 +64,9 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
     assert main(["validate", "--measured", str(measured.path), "--step-model", str(out), "--quiet",
                  "--out", str(tmp_path / "v")]) == 0
     record = json.loads((tmp_path / "v" / "validation.json").read_text())
-    for key, error in calibration["errors_after"].items():
-        metric, stat = key.split(".")
-        assert record["metrics"][metric][stat]["error"] == pytest.approx(error, abs=1e-12), key
+    for metric, stat in SUMMARY_OBJECTIVE:   # the TTFT slope is calibration's, not a validated metric
+        error = calibration["errors_after"][f"{metric}.{stat}"]
+        assert record["metrics"][metric][stat]["error"] == pytest.approx(error, abs=1e-12), (metric, stat)
 
 
 def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
@@ -81,7 +81,8 @@ def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     simulated = simulate(measured.trace, truth, sim_config_for(measured))
     run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests)
     result = calibrate(run, base, max_simulations=150, step_log=False)
-    assert result.terms.per_seq_ms == 0.0 and result.terms.per_token_ms == 0.0
+    # a TTFT slope a little above the base's starts a per-token term, which stays negligible
+    assert result.terms.per_seq_ms == 0.0 and result.terms.per_token_ms < 0.001
     assert result.terms.per_step_ms == pytest.approx(1.5, rel=0.1)
     assert result.loss_after < result.loss_before / 100
 

@@ -40,15 +40,15 @@ def test_the_noise_grows_with_the_scatter_and_shrinks_with_the_repeats(run):
     the cv, and half for the mean of two repeats against one. A run without scatter is bootstrapped."""
     from dataclasses import replace
 
-    from experiments.validation.calibration import OBJECTIVE, _Fit, _noise_covariance
+    from experiments.validation.calibration import SUMMARY_OBJECTIVE, _Fit, _noise_covariance
 
     def variances(scatter, measured):
         fit = _Fit(measured, BASE, scatter)
 
         def log_stats(terms, seed=0, scattered=False):
             stats = fit.stats(terms, seed, scattered)
-            return np.log([stats[k] for k in OBJECTIVE])
-        covariance, source = _noise_covariance(fit, TRUTH, list(OBJECTIVE), log_stats)
+            return np.log([stats[k] for k in SUMMARY_OBJECTIVE])
+        covariance, source = _noise_covariance(fit, TRUTH, list(SUMMARY_OBJECTIVE), log_stats)
         return np.diag(covariance), source
     small, source = variances(Scatter(cv=0.04, rho=0.8), run)
     large, _ = variances(Scatter(cv=0.08, rho=0.8), run)
