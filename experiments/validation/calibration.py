@@ -103,8 +103,10 @@ class Calibration:
         terms only add time, so a base that prices the run too high keeps its excess: a quickstart's
         served-profile tables priced a bursty sarathi run 4-7% high with every term at zero, and their
         90% intervals, drawn about that level with the device's spread alone, held 45% of the held-out
-        cells. --ranges draws each replication's level with it too (simulator.ranges.Scatter.bias_cv)."""
-        logs = [math.log1p(e) for e in self.errors_after.values() if e is not None and e > -1]
+        cells. --ranges draws each replication's level with it too (simulator.ranges.Scatter.bias_cv).
+        Over the summary statistics: the TTFT slope is a shape, not a level."""
+        logs = [math.log1p(e) for key, e in self.errors_after.items()
+                if key in SUMMARY_OBJECTIVE and e is not None and e > -1]
         return float(abs(np.mean(logs))) if logs else 0.0
 
     def to_dict(self) -> dict:
@@ -180,7 +182,7 @@ class _Fit:
         """The TTFT slope counts as a summary statistic does where its bootstrap variance is at most
         theirs (median), less in proportion where it is larger: a spread front end or a bursty trace
         scatters the light-load TTFTs about their line (5-7 times the variance on the quickstart's
-        bursty runs, about half of it on its Poisson and prefill-heavy ones)."""
+        bursty runs, half to nine tenths of it on its Poisson and prefill-heavy ones)."""
         keys = [k for k in (*SUMMARY_OBJECTIVE, SLOPE_KEY) if (self.measured(k) or 0) > 0]
         if len(keys) < 2 or keys[-1] != SLOPE_KEY:
             return 1.0
