@@ -71,7 +71,7 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
 
 def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     """A run whose every step costs 1.5 ms more than the base model: calibration finds it in the per-step
-    term and leaves the per-sequence and per-token terms at zero (they would not cut the loss by a quarter)."""
+    term, and the per-sequence and per-token terms add next to nothing to a step."""
     from dataclasses import replace
 
     from experiments.validation.measured import sim_config_for
@@ -81,8 +81,12 @@ def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     simulated = simulate(measured.trace, truth, sim_config_for(measured))
     run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests)
     result = calibrate(run, base, max_simulations=150, step_log=False)
-    # a TTFT slope a little above the base's starts a per-token term, which stays negligible
-    assert result.terms.per_seq_ms == 0.0 and result.terms.per_token_ms < 0.001
+    # A TTFT slope a little above the base's starts a per-token term, and on some machines' runs the
+    # search of all four then keeps a small per-sequence one (0.022 ms with 1.47 ms per step on CI's):
+    # together they stay a few per cent of the step's gap.
+    t, steps = result.terms, measured.steps
+    added_ms = t.per_seq_ms * steps["num_seqs"].mean() + t.per_token_ms * steps["num_tokens"].mean()
+    assert added_ms < 0.1 * 1.5
     assert result.terms.per_step_ms == pytest.approx(1.5, rel=0.1)
     assert result.loss_after < result.loss_before / 100
 
