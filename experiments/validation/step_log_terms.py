@@ -56,25 +56,21 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
                 "per_token_ms": steps["num_tokens"].to_numpy(dtype=np.float64)}
     design = np.column_stack([features[name] for name in names])
     coef, _ = nnls(design, measured - base)
+    predicted = base + design @ coef
     inside = coef > 0
-    covariance = _cluster_covariance(design[:, inside], measured - base - design @ coef, _clusters(steps))
+    covariance = _cluster_covariance(design[:, inside], measured - predicted, _clusters(steps))
     std_err = dict.fromkeys(names)
     for j, name in enumerate(np.asarray(names)[inside]):
         std_err[name] = float(np.sqrt(max(covariance[j, j], 0.0)))
-    predicted = base + design @ coef
     return StepLogTerms({name: float(c) for name, c in zip(names, coef)}, std_err, len(steps),
                         float(base.sum() / measured.sum() - 1.0), float(predicted.sum() / measured.sum() - 1.0))
 
 
 def _clusters(steps) -> np.ndarray:
     """A cluster label per step: blocks of BLOCK_STEPS consecutive steps of one repeat and replica."""
-    keys = [steps[c].to_numpy() if c in steps else np.zeros(len(steps), dtype=int) for c in ("repeat", "replica")]
-    order = np.zeros(len(steps), dtype=np.int64)
-    for key in {tuple(k) for k in zip(*keys)}:
-        rows = np.flatnonzero(np.all([k == v for k, v in zip(keys, key)], axis=0))
-        order[rows] = np.arange(len(rows)) // BLOCK_STEPS
-    _, labels = np.unique(np.column_stack(keys + [order]), axis=0, return_inverse=True)
-    return labels.ravel()
+    keys = [steps[c] for c in ("repeat", "replica") if c in steps] or [np.zeros(len(steps), dtype=int)]
+    block = steps.groupby(keys, sort=False).cumcount() // BLOCK_STEPS
+    return steps.groupby([*keys, block], sort=False).ngroup().to_numpy()
 
 
 def _cluster_covariance(design: np.ndarray, residual: np.ndarray, clusters: np.ndarray) -> np.ndarray:
