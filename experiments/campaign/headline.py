@@ -2,7 +2,7 @@
 cells meet the targets, and the table the quickstart prints. headline.json is rows' to_dict."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 HEADLINE_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 HEADLINE_STATS = ("p50", "p90", "p99")
@@ -76,6 +76,7 @@ class Headline:
     timings_s: dict                # stage title -> seconds
     wall_s: float
     reproducibility: dict | None = None   # profile_reproducibility's, when the profile has two halves
+    served_again: list = field(default_factory=list)   # repeats the machine slowed, served again (why)
 
     @property
     def targets(self) -> str:
@@ -86,6 +87,7 @@ class Headline:
                "timings_s": self.timings_s, "wall_s": self.wall_s}
         if self.reproducibility is not None:
             out["reproducibility"] = self.reproducibility
+        out["served_again"] = self.served_again
         return out
 
 
@@ -190,6 +192,8 @@ def format_headline(headline: Headline) -> str:
     lines += ["", headline.targets]
     if headline.reproducibility is not None:
         lines.append(reproducibility_line(headline.reproducibility))
+    if headline.served_again:
+        lines.append(f"served again, the machine having slowed them: {'; '.join(headline.served_again)}")
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",
               f"{'scheduler':<11}{'load':>5}  " + "".join(f"{names[m] + ' ' + s:>10}" for m, s in shown)]

@@ -34,6 +34,12 @@ def register(subparsers) -> None:
     p.add_argument("--clock", default="virtual", choices=["virtual", "wall"],
                    help="virtual: run every step for real but skip idle gaps (default); wall: real time")
     p.add_argument("--repeats", type=argtypes.count(1, 1000), default=1, help="serve the workload R times (R >= 2 gives the noise floor)")
+    p.add_argument("--retry-slowed", type=argtypes.count(0, 100), default=0, metavar="N",
+                   help="serve a repeat again when the machine slowed it (another process on the cores: 32 "
+                        "consecutive steps whose median time, over their shapes' usual time, is over 1.25x the "
+                        "other repeats' over the same stretch, or 1.4x with one repeat), up to N times in all "
+                        "(default 0: such repeats are kept, and named on stderr; each repeat's summary.json "
+                        "records its slowest_window either way)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights, prompt tokens and generated workloads")
     p.add_argument("--timeout-s", type=argtypes.seconds, default=None,
                    help="client timeout for requests whose trace gives no timeout_s: the engine aborts a request "
@@ -45,6 +51,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from functools import partial
+
     from experiments.commands.output_paths import check_output
     check_output(args.out)
     from experiments.commands.output import format_summary, print_warnings
@@ -60,7 +68,8 @@ def run(args) -> int:
     print_warnings(trace.warnings)
     summary = measure_trace(trace, spec, _engine_config(args), args.out, device=args.device, dtype=args.dtype,
                             num_threads=args.threads, repeats=args.repeats, trace_source=str(args.trace),
-                            on_repeat=None if args.quiet else _print_repeat)
+                            on_repeat=None if args.quiet else _print_repeat, retry_slowed=args.retry_slowed,
+                            on_slowed=partial(_print_slowed, hint=args.retry_slowed == 0))
     if not args.quiet:
         print(format_summary(summary))
         if "noise_floor" in summary:
@@ -69,6 +78,13 @@ def run(args) -> int:
                 f"{m} p50 {_pct(nf[m]['p50'])} p99 {_pct(nf[m]['p99'])}" for m in ("ttft_ms", "tpot_ms", "e2e_ms")))
         print(f"wrote {args.out}")
     return 0
+
+
+def _print_slowed(k: int, window: dict, again: bool, hint: bool) -> None:
+    from profiler.engine.slowdown import SlowestWindow
+    kept = "kept" + (" (--retry-slowed N serves such a repeat again)" if hint else "")
+    print(f"warning: repeat {k}: the machine slowed it ({SlowestWindow(**window).describe()}); "
+          f"{'serving it again' if again else kept}", file=sys.stderr)
 
 
 def _print_repeat(k: int, result) -> None:

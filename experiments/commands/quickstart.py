@@ -13,7 +13,8 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
   measure   each scheduler's capacity (saturation run), then a Poisson (or, with --arrivals
             gamma:CV, bursty) workload with log-normal lengths at 30%, 60% and 90% of it, served
             for real by the torch engine, twice each (interleaved: every run once, then every
-            run again)
+            run again); a repeat the machine slowed (`stepcal measure --retry-slowed`) is served
+            again, up to twice per run
   fit       T_step tables (Optuna-tuned) from the profile and the 30%-load step logs ("tables"),
             from the profile alone: whole steps plus the engine's host time ("profiled": the
             path of a user without step logs; it saw no run, so every load is held out for it),

@@ -549,12 +549,13 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     import tempfile
 
     from experiments.step_models import resolve_step_model
-    from experiments.validation.measured import load_measured_run
+    from experiments.validation.measured import load_measured_run, warn_slowed
     from experiments.validation.scatter import run_pairs, scatter_run_dirs
     from simulator.io import atomic_output_dir, atomic_write_json
     from simulator.metrics import clean_json
     from simulator.readers import read_json
     run = load_measured_run(measured)
+    warn_slowed(run, "the host terms are fitted to it as measured")
     more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)] + list(history)
     scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
     model = resolve_step_model(step_model)

@@ -98,6 +98,7 @@ class ValidationRecord:
     prefix_reuse: PrefixReuse | None = None   # when the measured run cached prefixes
     ranges: dict | None = None                # validate --ranges: the replications and their coverage
     step_split: dict | None = None            # predicted step time by part (experiments.validation.split)
+    slowed_repeats: list | None = None        # repeats the machine slowed: {repeat, ratio, start_s, end_s}
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
         return self.metrics[metric][stat]
@@ -114,7 +115,8 @@ class ValidationRecord:
                    Preemptions(preemptions.get("measured"), preemptions.get("simulated")),
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
-                   PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"))
+                   PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"),
+                   data.get("slowed_repeats"))
 
     def to_dict(self) -> dict:
         from simulator.metrics import clean_json
@@ -133,6 +135,7 @@ class ValidationRecord:
             "prefix_reuse": None if self.prefix_reuse is None else self.prefix_reuse.to_dict(),
             "ranges": self.ranges,
             "step_split": self.step_split,
+            "slowed_repeats": self.slowed_repeats,
         })
 
 

@@ -72,3 +72,24 @@ def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=No
                      front_end=front_end or FrontEnd(), record_batches=False,
                      prefix_caching=meta.get("prefix_caching", False),   # runs before issue 15 had none
                      timeout_s=meta.get("timeout_s"))
+
+
+def slowed_repeats(run: MeasuredRun) -> list[dict]:
+    """The measured repeats the machine slowed (profiler.engine.slowdown), found on their step logs
+    whenever they were measured: {repeat, ratio, start_s, end_s, others} each."""
+    from profiler.engine.slowdown import slowest_windows
+    logs = [steps for _, steps in run.steps.groupby("repeat", sort=True)]
+    return [{"repeat": k, **w.to_dict()} for k, w in enumerate(slowest_windows(logs)) if w is not None and w.slowed]
+
+
+def warn_slowed(run: MeasuredRun, what: str) -> list[dict]:
+    """slowed_repeats, each named on stderr: `what` (the fit, the comparison) holds its statistics."""
+    import sys
+
+    from profiler.engine.slowdown import SlowestWindow
+    slowed = slowed_repeats(run)
+    for s in slowed:
+        window = SlowestWindow(**{k: v for k, v in s.items() if k != "repeat"})
+        print(f"warning: {run.path}: the machine slowed repeat {s['repeat']} ({window.describe()}); {what} "
+              "(`stepcal measure --retry-slowed 2` serves such a repeat again)", file=sys.stderr)
+    return slowed

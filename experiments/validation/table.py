@@ -51,6 +51,11 @@ def format_table(record: ValidationRecord) -> str:
     split = describe_split(record.step_split)
     if split:
         lines.append(split)
+    for slowed in record.slowed_repeats or []:
+        from profiler.engine.slowdown import SlowestWindow
+        window = {k: slowed.get(k) for k in ("ratio", "start_s", "end_s", "others")}
+        lines.append(f"warning: the machine slowed measured repeat {slowed['repeat']} ({SlowestWindow(**window).describe()}): "
+                     "its statistics are in the measured values above; measure again (`stepcal measure --retry-slowed 2`)")
     if record.speed_probe_ms:
         lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "
                      + " / ".join(f"{v:.3f}" for v in record.speed_probe_ms) + " ms")

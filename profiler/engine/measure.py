@@ -55,14 +55,16 @@ def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int =
 
 def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", dtype: str | None = None,
                   num_threads: int = 1, repeats: int = 1, trace_source: str,
-                  on_repeat: Callable[[int, object], None] | None = None) -> dict:
+                  on_repeat: Callable[[int, object], None] | None = None, retry_slowed: int = 0,
+                  on_slowed: Callable[[int, dict, bool], None] | None = None) -> dict:
     """Serve `trace` `repeats` times on the engine (a ModelSpec's model with random weights from
     config.seed) and write the measured run to `out`; on_repeat(k, result) after each repeat.
+    A repeat the machine slowed (profiler.engine.slowdown) is served again, up to `retry_slowed`
+    times in all; on_slowed(k, window, True) before each, on_slowed(k, window, False) for each one kept.
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
     import torch
 
     from profiler.allocator import configure_allocator
-    from profiler.engine import Engine
     from profiler.fingerprint import hardware_fingerprint
     from profiler.model import build_model, default_dtype
     from profiler.timing import torch_threads
@@ -74,19 +76,53 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     with torch_threads(num_threads):   # restored after: the campaign runs many of these in one process
         model = build_model(spec, device=device, dtype=dtype, seed=config.seed)
         warm_up(model)
-        results, probes = [], [speed_probe_ms(model)]
-        for k in range(repeats):
-            result = Engine(model, trace, config).run()
-            probes.append(speed_probe_ms(model))
-            # the machine's speed during this repeat: the probes just before and just after it
-            result.summary["speed_probe_ms"] = (probes[-2] + probes[-1]) / 2
-            results.append(result)
-            if on_repeat is not None:
-                on_repeat(k, result)
+        serve = _Server(model, trace, config)
+        results = [serve.repeat(k, on_repeat) for k in range(repeats)]
+        for _ in range(retry_slowed):
+            slowed = mark_slowest_windows(results)
+            if not slowed:
+                break
+            if on_slowed is not None:
+                on_slowed(slowed[0], results[slowed[0]].summary["slowest_window"], True)
+            results[slowed[0]] = serve.repeat(slowed[0], on_repeat)
+        for k in mark_slowest_windows(results):    # kept: said, and recorded in the repeat's summary
+            if on_slowed is not None:
+                on_slowed(k, results[k].summary["slowest_window"], False)
     meta = engine_meta(spec, config, device=device, dtype=dtype, num_threads=num_threads, trace_source=trace_source,
                        repeats=repeats, fingerprint=hardware_fingerprint(device, num_threads))
     meta["allocator"] = allocator
     return write_measured_run(out, trace, results, meta)
+
+
+class _Server:
+    """Serves the trace once per call, with the speed probe before and after each repeat."""
+
+    def __init__(self, model, trace, config) -> None:
+        self.model, self.trace, self.config = model, trace, config
+        self.last_probe_ms = speed_probe_ms(model)
+
+    def repeat(self, k: int, on_repeat: Callable[[int, object], None] | None):
+        from profiler.engine import Engine
+        result = Engine(self.model, self.trace, self.config).run()
+        probe_ms = speed_probe_ms(self.model)
+        # the machine's speed during this repeat: the probes just before and just after it
+        result.summary["speed_probe_ms"] = (self.last_probe_ms + probe_ms) / 2
+        self.last_probe_ms = probe_ms
+        if on_repeat is not None:
+            on_repeat(k, result)
+        return result
+
+
+def mark_slowest_windows(results: list) -> list[int]:
+    """Each repeat's slowest window (against all the repeats' steps) into its summary as
+    `slowest_window`; returns the repeats the machine slowed, slowest first."""
+    from profiler.engine.slowdown import slowest_windows
+    windows = slowest_windows([r.steps for r in results])
+    for result, window in zip(results, windows):
+        if result.summary is not None:
+            result.summary["slowest_window"] = window.to_dict() if window is not None else None
+    slowed = [k for k, w in enumerate(windows) if w is not None and w.slowed]
+    return sorted(slowed, key=lambda k: -windows[k].ratio)
 
 
 # Settings that must agree for single-repeat runs to be one measured run's repeats.
@@ -117,6 +153,7 @@ def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
         if differ or not run.trace.to_frame().equals(first_trace):
             raise InputError(f"{run.path}: not a repeat of {runs[0].path} (differs in {', '.join(differ) or 'trace'})")
     repeats = [repeat for run in runs for repeat in run.repeats]
+    mark_slowest_windows(repeats)     # each part was judged against its own steps alone
     return write_measured_run(out, runs[0].trace, repeats, dict(runs[0].meta, repeats=len(repeats)))
 
 
@@ -131,4 +168,4 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
             "seed": config.seed, "prefix_caching": config.uses_prefix_caching, "timeout_s": config.timeout_s}
 
 
-__all__ = ["combine_repeats", "engine_meta", "measure_trace", "speed_probe_ms", "warm_up"]
+__all__ = ["combine_repeats", "engine_meta", "mark_slowest_windows", "measure_trace", "speed_probe_ms", "warm_up"]

@@ -208,6 +208,10 @@ def test_headline_table_lines():
     assert lines[4] == ("sarathi      30% tables            25.0% [    -]     -50.0% [+10.0%]  "
                         + " +12.3% [ +5.0%]" * 6 + " (calibration run)")
     assert lines[-1] == "sarathi      30%  " + "     -2.0%" * 6
+    assert not any(line.startswith("served again") for line in lines)
+    again = Headline({"sarathi": 12.345}, rows, {}, 1.0, served_again=["sarathi 30% repeat 1: why"])
+    assert "served again, the machine having slowed them: sarathi 30% repeat 1: why" in format_headline(again)
+    assert again.to_dict()["served_again"] == ["sarathi 30% repeat 1: why"]
 
 
 def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):
@@ -329,6 +333,7 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     outs = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: outs.append((str(out), workload)))
     monkeypatch.setattr(measure, "combine_repeats", lambda parts, out: outs.append(("combine", len(parts), str(out))))
+    monkeypatch.setattr(Campaign, "serve_slowed_again", lambda self, *args: None)   # no step logs here
     (tmp_path / "measured" / ".repeats").mkdir(parents=True)
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2)
     Campaign(config).measure_interleaved({"a": 10.0, "b": 20.0})
@@ -338,6 +343,29 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     assert outs[0][1] == config.workload(3.0) and outs[3][1] == config.workload(18.0)   # load x capacity
     assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n)) for s in "ab" for n in ("load_30", "load_90")]
     assert not (tmp_path / "measured" / ".repeats").exists()
+
+
+def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp_path, monkeypatch, capsys):
+    import profiler.engine.slowdown as slowdown
+    import simulator.measured_run as measured_run
+    from profiler.engine.slowdown import SlowestWindow
+    served = []
+    monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append((scheduler, workload, out)))
+    monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d)]))
+    clean, slowed = SlowestWindow(1.05, 0.0, 0.1), SlowestWindow(1.6, 1.25, 2.5)
+    # run a: repeat 2 slowed, then clean once served again; run b: repeat 1 slowed every time
+    answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean]] * 3}
+    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: answers[logs[0].parts[-3]].pop(0))
+    campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.6,), repeats=2))
+    parts = tmp_path / "parts"
+    campaign.serve_slowed_again("a", 0.6, 10.0, parts)
+    campaign.serve_slowed_again("b", 0.6, 20.0, parts)
+    assert [(s, out.relative_to(parts).as_posix()) for s, _, out in served] == [
+        ("a", "a/load_60/1"), ("b", "b/load_60/0"), ("b", "b/load_60/0")]   # b: twice, then kept
+    assert served[0][1] == campaign.c.workload(6.0) and answers["b"] == [[slowed, clean]]
+    assert campaign.served_again[0] == "a 60% repeat 2: steps 1.60x their usual time from 1.25 to 2.50 s"
+    assert len(campaign.served_again) == 3
+    assert "measure a at 60% load again (repeat 2 of 2: the machine slowed it" in capsys.readouterr().err
 
 
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):

@@ -141,8 +141,9 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert list(record) == ["measured_run", "num_requests", "num_repeats", "num_finished_both",
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
-                            "prefix_reuse", "ranges", "step_split"]
+                            "prefix_reuse", "ranges", "step_split", "slowed_repeats"]
     assert record["step_split"] is None     # const: has no terms to split
+    assert record["slowed_repeats"] == []
     assert {m: list(stats) for m, stats in record["metrics"].items()} == {
         m: ["mean", "p50", "p90", "p95", "p99"] for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
     assert list(record["metrics"]["itl_ms"]["p95"]) == list(record["throughput_rps"]) == [
@@ -155,6 +156,31 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert record["prefix_reuse"] is None   # the run did not cache prefixes
     again = ValidationRecord.from_dict(record).to_dict()
     assert json.dumps(again) == json.dumps(record)      # the same content, in the same order
+
+
+def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path, capsys):
+    import shutil
+
+    from profiler.engine.slowdown import SlowestWindow
+    run = tmp_path / "run"
+    shutil.copytree(measured, run)
+    shutil.copytree(run / "repeat_0", run / "repeat_2")       # a third repeat, as the first
+    steps = pd.read_parquet(run / "repeat_1" / "steps.parquet")
+    steps["duration_ms"] *= 1.6                                # the whole of repeat 1 slowed by another process
+    steps.to_parquet(run / "repeat_1" / "steps.parquet")
+    out = tmp_path / "v"
+    assert main(["validate", "--measured", str(run), "--step-model", "const:2", "--quiet", "--out", str(out)]) == 0
+    record = json.loads((out / "validation.json").read_text())
+    assert [s["repeat"] for s in record["slowed_repeats"]] == [1]
+    window = SlowestWindow(**{k: v for k, v in record["slowed_repeats"][0].items() if k != "repeat"})
+    assert window.excess == pytest.approx(1.6, rel=0.05)      # against repeats 0 and 2 over the same stretch
+    assert f"warning: the machine slowed measured repeat 1 ({window.describe()})" in (out / "validation.md").read_text()
+    from experiments.validation.measured import warn_slowed    # what calibrate says of the run it fits
+    capsys.readouterr()
+    assert warn_slowed(load_measured_run(run), "the terms are fitted to it") == record["slowed_repeats"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: {run}: the machine slowed repeat 1 ({window.describe()}); "
+                                                   "the terms are fitted to it")
 
 
 def test_validate_compares_prefix_reuse_of_a_multi_turn_workload(tmp_path, capsys):
