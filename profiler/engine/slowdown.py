@@ -27,6 +27,7 @@ SLOWED_RATIO = 1.25
 SLOWED_ALONE_RATIO = 1.4
 WINDOW_STEPS = 32
 MIN_SHAPE_STEPS = 8
+FEATURES = ("num_seqs", "num_tokens", "kv_sum", "prefill_attn_work")   # the line's, beside a constant
 _IRLS_ITERATIONS = 8
 
 
@@ -68,9 +69,6 @@ def slowest_windows(step_logs: list) -> list[SlowestWindow | None]:
     ratios = _per_shape(ratios, [_shape_keys(log) for log in step_logs])
     timed = [_by_time(log["start_s"].to_numpy(float), r) for log, r in zip(step_logs, ratios)]
     return [_slowest(*timed[k], [t for j, t in enumerate(timed) if j != k]) for k in range(len(timed))]
-
-
-FEATURES = ("num_seqs", "num_tokens", "kv_sum", "prefill_attn_work")
 
 
 def _features(log) -> np.ndarray:
