@@ -215,7 +215,7 @@ class Campaign:
         every run validated with both: how far the prediction of a user without step logs moves when
         the device is profiled again minutes later (experiments.campaign.headline.profile_reproducibility).
         Diagnostics, not tracked in MLflow."""
-        from experiments.campaign.headline import profile_reproducibility
+        from experiments.campaign.headline import late_over_early, profile_reproducibility
         from experiments.validation.compare import read_record
         c, where = self.c, self.c.out / "reproducibility"
         for name in self.profiled:
@@ -230,7 +230,9 @@ class Campaign:
                     self.validate(c.measured_dir(s, load), where / f"tables_{name}", target)
                     rows.append(HeadlineRow.of(s, load, f"profiled ({name})", True, read_record(target / "validation.json")))
                 pairs.append(tuple(rows))
-        return profile_reproducibility(pairs)
+        import pandas as pd
+        early, late = (pd.read_parquet(c.out / name / "profile.parquet") for name in self.profiled)
+        return {**profile_reproducibility(pairs), "late_over_early": late_over_early(early, late)}
 
     def validate(self, measured: Path, step_model: Path, out: Path, ranges: int = 0) -> None:
         from functools import partial

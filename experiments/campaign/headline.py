@@ -117,7 +117,29 @@ def reproducibility_line(r: dict) -> str:
             f"and after the measurements), the simulated P50/P90 move by a median {100 * r['median_move']:.1f}% "
             f"(at most {100 * r['max_move']:.0f}%), by more than the cell's target in {r['num_beyond_target']} "
             f"of {r['num_cells']} cells; each half alone meets {r['cells_met']['early']} and "
-            f"{r['cells_met']['late']} of them")
+            f"{r['cells_met']['late']} of them" + _late_over_early(r.get("late_over_early")))
+
+
+def _late_over_early(ratio: dict | None) -> str:
+    if not ratio:
+        return ""
+    return (f"; the late half timed the same whole steps {100 * (ratio['median'] - 1):+.1f}% against the early one "
+            f"(median over {ratio['num_points']} points: the machine's speed moved that much)")
+
+
+def late_over_early(early, late) -> dict | None:
+    """The profile halves' whole steps (step and served-step rows, `serve`'s steps) matched point by point:
+    the median of late / early time, and over how many points. The machine's drift between the halves,
+    read off the profile itself; None where no point is in both."""
+    import numpy as np
+    keys = ["point_key", "name"]
+    pick = [frame[frame["op"].isin(("step", "serve")) & frame["status"].eq("ok")][[*keys, "time_ms"]]
+            for frame in (early, late)]
+    both = pick[0].merge(pick[1], on=keys, suffixes=("_early", "_late"))
+    both = both[(both["time_ms_early"] > 0) & (both["time_ms_late"] > 0)]
+    if both.empty:
+        return None
+    return {"median": float(np.median(both["time_ms_late"] / both["time_ms_early"])), "num_points": len(both)}
 
 
 def cell_target(row: HeadlineRow, metric: str, stat: str) -> float:

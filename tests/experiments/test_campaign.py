@@ -71,6 +71,7 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     assert moved["num_cells"] == 12 and 0 <= moved["median_move"] <= moved["max_move"]
     assert 0 <= moved["num_beyond_target"] <= 12 and set(moved["cells_met"]) == {"early", "late"}
     assert "profile reproducibility: with the profiled tables fitted on each half" in format_headline(headline)
+    assert moved["late_over_early"]["num_points"] >= 8 and moved["late_over_early"]["median"] > 0   # 8 batches
     rows = headline.rows
     assert [(r.load, r.model, r.held_out) for r in rows] == [   # the profiled tables saw no run
         (0.3, "tables", False), (0.3, "profiled", True), (0.3, "kernels", False), (0.3, "calibrated", False),
@@ -183,6 +184,24 @@ def test_profile_reproducibility_compares_each_runs_simulated_values_between_the
     assert moved["cells_met"] == {"early": 6, "late": 6}
     assert "move by a median 12.1% (at most 22%), by more than the cell's target in 6 of 12 cells; each half " \
            "alone meets 6 and 6 of them" in reproducibility_line(moved)
+    assert reproducibility_line(moved).endswith("of them")
+    moved["late_over_early"] = {"median": 1.092, "num_points": 4812}
+    assert reproducibility_line(moved).endswith("; the late half timed the same whole steps +9.2% against the early "
+                                                "one (median over 4812 points: the machine's speed moved that much)")
+
+
+def test_late_over_early_matches_the_halves_whole_steps_point_by_point():
+    import pandas as pd
+
+    from experiments.campaign.headline import late_over_early
+
+    def half(times, op="step", status="ok"):
+        return pd.DataFrame({"point_key": ["a", "b", "c", "d"][:len(times)], "name": "x", "op": op,
+                             "status": status, "time_ms": times})
+    early = pd.concat([half([1.0, 2.0, 4.0]), half([9.0], op="gemm")])       # kernels do not count
+    late = pd.concat([half([1.1, 2.2, 4.8]), half([99.0], op="gemm"), half([0, 0, 0, 1.0], status="failed")])
+    assert late_over_early(early, late) == {"median": pytest.approx(1.1), "num_points": 3}
+    assert late_over_early(early, half([1.0], op="gemm")) is None
 
 
 def test_headline_rows_keep_the_headline_json_layout():
