@@ -72,8 +72,13 @@ KINDS = {
     # continuous prefill steps at 1.5-1.9x their host time and Sarathi's chunk-plus-decode steps at
     # 0.79x (qs29T); with them, 1.1-1.25x and 0.92x, and the profiled tables met 218 instead of 208 of
     # 288 cells over eight quickstarts. num_decode may fall, as for whole steps (a prompt's sequence
-    # costs more than a decode's).
-    "host": TargetKind(("num_seqs", "num_tokens", "num_decode", "prefill_tokens"), (), "num_seqs",
+    # costs more than a decode's). kv_sum: the host path also grows with the KV it addresses (block
+    # tables, read copies: 0.021 ms per 1,000 KV tokens in served decodes of `tiny`, 48 sequences of
+    # 260 tokens); without it the served profile's long-context steps put their KV's host time on
+    # num_seqs, and the profiled tables priced 33-64-sequence decodes of short contexts at 1.25x
+    # their host time (1.17x with it). Over four quickstarts (refitted): profiled cells 115 -> 116 of
+    # 144, profiled_cal 79 -> 79 of 96 (TTFT target 14 -> 13 of 16 runs): as good, and on the KV.
+    "host": TargetKind(("num_seqs", "num_tokens", "num_decode", "prefill_tokens", "kv_sum"), (), "num_seqs",
                        falling=("num_decode",)),
     # A tensor-parallel all-reduce of num_tokens x width elements over tp GPUs.
     "all_reduce": TargetKind(("tp",), ("message_bytes", "ring_bytes"), "message_bytes"),

@@ -36,7 +36,7 @@ def figures(validation: Path) -> dict:
     from experiments.validation.compare import read_record
     row = HeadlineRow.of("", 0.0, "", True, read_record(validation))
     cells = sum(abs(row.cell(m, s).error) <= cell_target(row, m, s) for m in HEADLINE_METRICS for s in ("p50", "p90"))
-    coverage = row.coverage
+    coverage = row.coverage or {"num_inside": 0, "num_cells": 0, "median_relative_width": float("nan")}  # no --ranges
     return {"inside": coverage["num_inside"], "cells_ranged": coverage["num_cells"],
             "width": coverage["median_relative_width"], "cells": cells,
             "ttft": all(abs(row.cell("ttft_ms", s).error) <= bound for s, bound in TTFT_TARGET.items())}
@@ -65,8 +65,9 @@ def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibrati
 def validate(measured: Path, step_model: Path, out: Path, ranges: int, workers: int) -> Path:
     """`stepcal validate --ranges`; returns the validation.json it wrote."""
     from experiments.cli import main
-    if main(["validate", "--measured", str(measured), "--step-model", str(step_model), "--ranges", str(ranges),
-             "--workers", str(workers), "--quiet", "--out", str(out)]) != 0:
+    flags = ["--ranges", str(ranges), "--workers", str(workers)] if ranges else []
+    if main(["validate", "--measured", str(measured), "--step-model", str(step_model), *flags,
+             "--quiet", "--out", str(out)]) != 0:
         raise SystemExit(f"validate failed on {measured}")
     return out / "validation.json"
 
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default="calibrated,profiled_cal")
     parser.add_argument("--schedulers", default="continuous,sarathi")
-    parser.add_argument("--ranges", type=int, default=20)
+    parser.add_argument("--ranges", type=int, default=20, help="replications per held-out run (0: none)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--step-log", action="store_true",
                         help="read the step terms off the calibration run's step log (the campaign does not)")
@@ -109,7 +110,8 @@ def main() -> None:
                     if f is not None:
                         add(totals.setdefault((model, key), {}), f)
     for (model, key), t in totals.items():
-        print(f"TOTAL {model} {key}: coverage {t['inside']}/{t['cells_ranged']} = {t['inside'] / t['cells_ranged']:.1%}; "
+        share = f"{t['inside'] / t['cells_ranged']:.1%}" if t["cells_ranged"] else "-"
+        print(f"TOTAL {model} {key}: coverage {t['inside']}/{t['cells_ranged']} = {share}; "
               f"cells {t['cells']}/{6 * t['runs']}; TTFT target {t['ttft']}/{t['runs']} runs")
 
 

@@ -60,7 +60,7 @@ def _features(batches) -> StepFeatures:
 def test_profiled_steps_get_the_host_term_added(tmp_path):
     out, meta = _fit(tmp_path, _profile(tmp_path), ops="step,host")
     assert meta["mode"] == "step" and meta["t_step_terms"] == ["step", "host"]
-    assert meta["terms"]["host"]["axes"] == ["num_seqs", "num_tokens", "num_decode", "prefill_tokens"]
+    assert meta["terms"]["host"]["axes"] == ["num_seqs", "num_tokens", "num_decode", "prefill_tokens", "kv_sum"]
     model = load_step_model(out)
     batches = [([1] * 8, [512] * 8), ([1] * 48, [300] * 48), ([512], [0])]
     parts = model.term_ms(_features(batches))
@@ -68,6 +68,24 @@ def test_profiled_steps_get_the_host_term_added(tmp_path):
     # the additive fit of a law additive in num_seqs and num_tokens, at batches it did not see
     expected = [host_ms(8, 8), host_ms(48, 48), host_ms(1, 512)]
     np.testing.assert_allclose(parts["host"], expected, rtol=0.05)
+
+
+def test_the_host_term_prices_the_kv_it_addresses(tmp_path):
+    """Served steps of long contexts cost more host time than short ones of as many sequences (block
+    tables, read copies): the fit puts it on kv_sum, not on num_seqs."""
+    def law(f):
+        return host_ms(f["num_seqs"], f["num_tokens"]) + 0.00002 * f["kv_sum"]
+    rows = [r for r in _host_and_step_rows() if r["op"] == "step"]
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        for kv in (64, 1024):     # short contexts at every size, long ones too: not one with the other
+            f = batch_row([1] * b, [kv] * b)
+            rows.append(_row("host", "case", law(f), q_lens=[1] * b, kv_lens=[kv] * b, **f))
+    path = tmp_path / "profile.parquet"
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    out, _ = _fit(tmp_path, path, ops="step,host")
+    batches = [([1] * 48, [100] * 48), ([1] * 48, [900] * 48)]
+    parts = load_step_model(out).term_ms(_features(batches))
+    np.testing.assert_allclose(parts["host"], [law(batch_row(q, kv)) for q, kv in batches], rtol=0.05)
 
 
 def test_step_logs_hold_the_host_time_already(tmp_path):

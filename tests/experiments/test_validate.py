@@ -143,7 +143,8 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
                             "prefix_reuse", "ranges", "step_split", "slowed_repeats"]
     assert record["step_split"] is None     # const: has no terms to split
-    assert record["slowed_repeats"] == []
+    # the fixture's own repeats: none slowed on a quiet machine, but a busy one may slow one for real
+    assert all(list(s) == ["repeat", "ratio", "start_s", "end_s", "others"] for s in record["slowed_repeats"])
     assert {m: list(stats) for m, stats in record["metrics"].items()} == {
         m: ["mean", "p50", "p90", "p95", "p99"] for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
     assert list(record["metrics"]["itl_ms"]["p95"]) == list(record["throughput_rps"]) == [
