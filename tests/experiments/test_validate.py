@@ -176,7 +176,8 @@ def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path,
     window = SlowestWindow(**{k: v for k, v in record["slowed_repeats"][0].items() if k != "repeat"})
     assert window.excess == pytest.approx(1.6, rel=0.05)      # against repeats 0 and 2 over the same stretch
     assert f"warning: the machine slowed measured repeat 1 ({window.describe()})" in (out / "validation.md").read_text()
-    from experiments.validation.measured import warn_slowed    # what calibrate says of the run it fits
+    # what calibrate says of the run it fits
+    from experiments.validation.measured import warn_slowed
     capsys.readouterr()
     assert warn_slowed(load_measured_run(run), "the terms are fitted to it") == record["slowed_repeats"]
     err = capsys.readouterr().err
