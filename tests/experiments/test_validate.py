@@ -174,7 +174,9 @@ def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path,
     record = json.loads((out / "validation.json").read_text())
     assert [s["repeat"] for s in record["slowed_repeats"]] == [1]
     window = SlowestWindow(**{k: v for k, v in record["slowed_repeats"][0].items() if k != "repeat"})
-    assert window.excess == pytest.approx(1.6, rel=0.05)      # against repeats 0 and 2 over the same stretch
+    # against repeats 0 and 2 over the same stretch: 1.6 less their own scatter (1.59 and 1.74 seen), well
+    # past the 1.25 threshold
+    assert 1.4 < window.excess < 2.0
     assert f"warning: the machine slowed measured repeat 1 ({window.describe()})" in (out / "validation.md").read_text()
     # what calibrate says of the run it fits
     from experiments.validation.measured import warn_slowed
