@@ -299,19 +299,21 @@ class Campaign:
         project's VMs another process takes the cores for a second or two now and then; a run lasts a
         few seconds, and one such stretch moved a bursty run's TTFT P50 from 128 to 365 ms, a miss no
         model can avoid and a noise floor that excuses every other. The served-again repeats are named."""
-        from profiler.engine.slowdown import slowest_windows
+        from profiler.engine.measure import mark_slowest_windows
+        from profiler.engine.slowdown import SlowestWindow
         from simulator.measured_run import read_measured_run
         c = self.c
         dirs = [parts / scheduler / load_name(load) / str(k) for k in range(c.repeats)]
         for _ in range(RETRY_SLOWED):
-            windows = slowest_windows([read_measured_run(d).repeats[0].steps for d in dirs])
-            slowed = [k for k, w in enumerate(windows) if w is not None and w.slowed]
+            repeats = [read_measured_run(d).repeats[0] for d in dirs]
+            slowed = mark_slowest_windows(repeats)
             if not slowed:
                 return
-            k = max(slowed, key=lambda k: windows[k].ratio)
-            self.served_again.append(f"{scheduler} {load:.0%} repeat {k + 1}: {windows[k].describe()}")
+            k = slowed[0]
+            why = SlowestWindow.from_dict(repeats[k].summary["slowest_window"]).describe()
+            self.served_again.append(f"{scheduler} {load:.0%} repeat {k + 1}: {why}")
             self.stage(f"measure {scheduler} at {load:.0%} load again (repeat {k + 1} of {c.repeats}: the machine "
-                       f"slowed it, {windows[k].describe()})", "measure",
+                       f"slowed it, {why})", "measure",
                        lambda k=k: self.measure(scheduler, c.workload(load * capacity_rps), dirs[k]))
 
     def headline(self, capacity: dict, validations: list, reproducibility: dict | None = None) -> Headline:

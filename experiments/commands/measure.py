@@ -83,7 +83,7 @@ def run(args) -> int:
 def _print_slowed(k: int, window: dict, again: bool, hint: bool) -> None:
     from profiler.engine.slowdown import SlowestWindow
     kept = "kept" + (" (--retry-slowed N serves such a repeat again)" if hint else "")
-    print(f"warning: repeat {k}: the machine slowed it ({SlowestWindow(**window).describe()}); "
+    print(f"warning: repeat {k}: the machine slowed it ({SlowestWindow.from_dict(window).describe()}); "
           f"{'serving it again' if again else kept}", file=sys.stderr)
 
 

@@ -89,7 +89,6 @@ def warn_slowed(run: MeasuredRun, what: str) -> list[dict]:
     from profiler.engine.slowdown import SlowestWindow
     slowed = slowed_repeats(run)
     for s in slowed:
-        window = SlowestWindow(**{k: v for k, v in s.items() if k != "repeat"})
-        print(f"warning: {run.path}: the machine slowed repeat {s['repeat']} ({window.describe()}); {what} "
+        print(f"warning: {run.path}: the machine slowed repeat {s['repeat']} ({SlowestWindow.from_dict(s).describe()}); {what} "
               "(`stepcal measure --retry-slowed 2` serves such a repeat again)", file=sys.stderr)
     return slowed

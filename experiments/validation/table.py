@@ -53,8 +53,8 @@ def format_table(record: ValidationRecord) -> str:
         lines.append(split)
     for slowed in record.slowed_repeats or []:
         from profiler.engine.slowdown import SlowestWindow
-        window = {k: slowed.get(k) for k in ("ratio", "start_s", "end_s", "others")}
-        lines.append(f"warning: the machine slowed measured repeat {slowed['repeat']} ({SlowestWindow(**window).describe()}): "
+        lines.append(f"warning: the machine slowed measured repeat {slowed['repeat']} "
+                     f"({SlowestWindow.from_dict(slowed).describe()}): "
                      "its statistics are in the measured values above; measure again (`stepcal measure --retry-slowed 2`)")
     if record.speed_probe_ms:
         lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "

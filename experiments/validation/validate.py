@@ -69,4 +69,3 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
         if quantiles is not None:
             atomic_write_parquet(quantiles, staging / RANGES_PERCENTILES)
     return Validation(record, table, out)
-

@@ -78,14 +78,15 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
         warm_up(model)
         serve = _Server(model, trace, config)
         results = [serve.repeat(k, on_repeat) for k in range(repeats)]
+        slowed = mark_slowest_windows(results)
         for _ in range(retry_slowed):
-            slowed = mark_slowest_windows(results)
             if not slowed:
                 break
             if on_slowed is not None:
                 on_slowed(slowed[0], results[slowed[0]].summary["slowest_window"], True)
             results[slowed[0]] = serve.repeat(slowed[0], on_repeat)
-        for k in mark_slowest_windows(results):    # kept: said, and recorded in the repeat's summary
+            slowed = mark_slowest_windows(results)
+        for k in slowed:    # kept: said, and recorded in the repeat's summary
             if on_slowed is not None:
                 on_slowed(k, results[k].summary["slowest_window"], False)
     meta = engine_meta(spec, config, device=device, dtype=dtype, num_threads=num_threads, trace_source=trace_source,

@@ -50,6 +50,11 @@ class SlowestWindow:
     def to_dict(self) -> dict:
         return {k: None if v is None else round(v, 4) for k, v in asdict(self).items()}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SlowestWindow:
+        """to_dict's record read back; other keys (a validation record's `repeat`) are left out."""
+        return cls(data["ratio"], data["start_s"], data["end_s"], data.get("others"))
+
     def describe(self) -> str:
         where = f"from {self.start_s:.2f} to {self.end_s:.2f} s"
         if self.others:

@@ -370,7 +370,7 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
     from profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append((scheduler, workload, out)))
-    monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d)]))
+    monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
     clean, slowed = SlowestWindow(1.05, 0.0, 0.1), SlowestWindow(1.6, 1.25, 2.5)
     # run a: repeat 2 slowed, then clean once served again; run b: repeat 1 slowed every time
     answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean]] * 3}
