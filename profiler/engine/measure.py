@@ -116,14 +116,16 @@ class _Server:
 
 def mark_slowest_windows(results: list) -> list[int]:
     """Each repeat's slowest window (against all the repeats' steps) into its summary as
-    `slowest_window`; returns the repeats the machine slowed, slowest first."""
+    `slowest_window`; returns the repeats the machine slowed, the most slowed first: by excess over the
+    other repeats at the same stretch, the rule that judged them slowed (a window slow in every repeat
+    is the engine's, whatever its ratio)."""
     from profiler.engine.slowdown import slowest_windows
     windows = slowest_windows([r.steps for r in results])
     for result, window in zip(results, windows):
         if result.summary is not None:
             result.summary["slowest_window"] = window.to_dict() if window is not None else None
     slowed = [k for k, w in enumerate(windows) if w is not None and w.slowed]
-    return sorted(slowed, key=lambda k: -windows[k].ratio)
+    return sorted(slowed, key=lambda k: -windows[k].excess)
 
 
 # Settings that must agree for single-repeat runs to be one measured run's repeats.

@@ -62,6 +62,21 @@ def test_a_log_shorter_than_a_window_has_none():
     assert slowest_windows([_steps(0, num_steps=WINDOW_STEPS - 1), _steps(1)])[0] is None
 
 
+def test_the_repeat_most_slowed_beyond_the_others_is_served_again_first(monkeypatch):
+    """Ordered by excess, the rule that judges a repeat slowed, not by ratio: repeat 0's stretch was slow
+    in the other repeats too (the engine's share), repeat 1's in it alone."""
+    from types import SimpleNamespace
+
+    from profiler.engine.measure import mark_slowest_windows
+    windows = [slowdown.SlowestWindow(1.9, 0.0, 1.0, others=1.45),   # excess 1.31
+               slowdown.SlowestWindow(1.6, 2.0, 3.0, others=1.0),    # excess 1.6
+               slowdown.SlowestWindow(1.1, 0.0, 1.0, others=1.0)]    # not slowed
+    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: windows)
+    results = [SimpleNamespace(steps=None, summary={}) for _ in windows]
+    assert mark_slowest_windows(results) == [1, 0]
+    assert [r.summary["slowest_window"]["ratio"] for r in results] == [1.9, 1.6, 1.1]
+
+
 _TRACE = "poisson:rate=50,n=16,prompt=uniform:4:40,output=uniform:8:16"   # 40-odd steps: more than a window
 
 
