@@ -19,7 +19,8 @@ point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/me
 The `serve` op times whole steps while the engine serves: closed-loop workloads (every request
 waiting at time zero, at most C in flight, prompts and outputs log-uniform) under continuous
 batching, Sarathi chunks and vLLM's budget, C from 1 to 64 on the quick grid, and continuous batching
-at C = 16-64 with short (16-256) and with long (256-1,024) prompts. Each served step
+at C = 16-64 with short (16-256) and with long (256-1,024) prompts, and at C = 128 and 256 with
+short ones (a burst's big decode batches). Each served step
 becomes two rows, its device part (op step) and its host part (op host), named `served`, which
 `stepcal fit --ops step,host` takes beside the held points: a held batch repeats in a warm
 engine, and on the CPU the held points alone priced a campaign's served prefill steps at 0.91 and

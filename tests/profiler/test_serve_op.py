@@ -52,8 +52,10 @@ def test_the_serve_section_expands_every_scheduler_at_every_concurrency():
     points = expand_grid("g", GRID, TINY).for_ops(["serve"]).points
     assert [(p.op, p.name, p.m) for p in points] == [("serve", w.name, w.concurrency) for w in workloads]
     quick = expand_grid("quick", QUICK, TINY).for_ops(["serve"]).points
-    assert len(quick) == 27   # 3 schedulers x 7 concurrencies, then two continuous prompt families x 3
-    assert sum(p.name.startswith("continuous/") and "/p16-256/" in p.name for p in quick) == 3
+    # 3 schedulers x 7 concurrencies, two continuous prompt families x 3, short prompts at 128 and 256 in flight
+    assert len(quick) == 29
+    assert sum(p.name.startswith("continuous/") and "/p16-256/" in p.name for p in quick) == 5
+    assert max(p.m for p in quick) == 256
 
 
 def test_a_list_of_serve_sections_serves_each_family_with_its_own_rounds():
