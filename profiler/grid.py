@@ -215,8 +215,8 @@ QUICK = {
               # Bursts at 90% load keep 65-256 decodes in flight, beyond every family above. Fitted
               # without them (the slope at 64 extrapolated), those steps' measured/predicted time
               # fell 2-10 points below that of the same runs' 33-64-decode steps; with them, within
-              # 1 point (three bursty quickstarts refitted both ways; profiled cells 24, 32, 22 -> 25,
-              # 31, 25 of 36 with a Poisson one). Short prompts keep the pass at about 10 s.
+              # 1 point (two bursty quickstarts refitted both ways; with a Poisson one, profiled cells
+              # 24, 32, 22 -> 25, 31, 25 of 36). Short prompts keep the pass at about 10 s.
               {"schedulers": ["continuous"], "concurrency": [128, 256], "prompt": [16, 256], "output": [4, 128]}],
 }
 
