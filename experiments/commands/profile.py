@@ -25,7 +25,7 @@ becomes two rows, its device part (op step) and its host part (op host), named `
 `stepcal fit --ops step,host` takes beside the held points: a held batch repeats in a warm
 engine, and on the CPU the held points alone priced a campaign's served prefill steps at 0.91 and
 its decode steps of 4+ sequences at 0.88 of their device time. About 32 s per pass for `tiny` on
-one CPU core.
+one CPU core, and 10-13 s more for the two workloads at 128 and 256 in flight.
 
 The sweep is resumable: killed at any moment (even with SIGKILL) and run again with the same
 arguments, it measures only the missing points. --max-minutes stops cleanly (exit status 3:
