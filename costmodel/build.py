@@ -70,6 +70,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "term_sources": {name: entry.get("source") or {"source": "data"} for name, entry in entries.items()},
         "axes": axes.to_meta(measured_axes(result, spec, parallelism) if composing else measured_values(result.records)),
         "training_data_hash": result.data_hash,
+        "fitted_range": fitted_ranges(result),
         "held_out_errors": {"overall": result.errors,
                             **{t: f.errors for t, f in result.targets.items()}},
         "error_note": "absolute percentage errors in %, on rows held out from fitting; "
@@ -154,3 +155,23 @@ def _composition_meta(result: FitResult, spec: ModelSpec, parallelism: Paralleli
 
 def _safe(target: str) -> str:
     return target.replace(":", "__")
+
+
+RANGE_FEATURES = ("num_seqs", "num_tokens")   # the batch sizes a whole-step price extrapolates in
+
+
+def fitted_ranges(result: FitResult) -> dict:
+    """{target: {feature: [min, max]}} over the training rows of the whole-step targets (step, host):
+    `validate` names the measured steps beyond them, whose prices the fit extrapolated
+    (experiments.validation.extrapolated)."""
+    from costmodel.features import assign_targets
+    records = result.records
+    targets = assign_targets(records).to_numpy()
+    ranges = {}
+    for target in ("step", "host"):
+        rows = records[targets == target]
+        if target not in result.targets or not len(rows):
+            continue
+        ranges[target] = {f: [float(rows[f].min()), float(rows[f].max())]
+                          for f in RANGE_FEATURES if f in rows and rows[f].notna().any()}
+    return ranges

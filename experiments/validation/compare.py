@@ -99,6 +99,7 @@ class ValidationRecord:
     ranges: dict | None = None                # validate --ranges: the replications and their coverage
     step_split: dict | None = None            # predicted step time by part (experiments.validation.split)
     slowed_repeats: list | None = None        # repeats the machine slowed: {repeat, ratio, start_s, end_s}
+    beyond_fitted: dict | None = None         # measured steps beyond the tables' fitted batches (extrapolated)
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
         return self.metrics[metric][stat]
@@ -116,7 +117,7 @@ class ValidationRecord:
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
                    PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"),
-                   data.get("slowed_repeats"))
+                   data.get("slowed_repeats"), data.get("beyond_fitted"))
 
     def to_dict(self) -> dict:
         from simulator.metrics import clean_json
@@ -136,6 +137,7 @@ class ValidationRecord:
             "ranges": self.ranges,
             "step_split": self.step_split,
             "slowed_repeats": self.slowed_repeats,
+            "beyond_fitted": self.beyond_fitted,
         })
 
 

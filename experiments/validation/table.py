@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from experiments.validation.compare import StepMatched, ValidationRecord
+from experiments.validation.extrapolated import describe_beyond
 from experiments.validation.split import describe_split
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
@@ -56,6 +57,9 @@ def format_table(record: ValidationRecord) -> str:
         lines.append(f"warning: the machine slowed measured repeat {slowed['repeat']} "
                      f"({SlowestWindow.from_dict(slowed).describe()}): "
                      "its statistics are in the measured values above; measure again (`stepcal measure --retry-slowed 2`)")
+    beyond = describe_beyond(record.beyond_fitted)
+    if beyond:
+        lines.append(beyond)
     if record.speed_probe_ms:
         lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "
                      + " / ".join(f"{v:.3f}" for v in record.speed_probe_ms) + " ms")

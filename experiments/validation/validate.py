@@ -6,6 +6,7 @@ from pathlib import Path
 
 from experiments.replications import RANGES_PERCENTILES
 from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
+from experiments.validation.extrapolated import beyond_fitted
 from experiments.validation.measured import load_measured_run, sim_config_for, slowed_repeats
 from experiments.validation.split import mean_front_end_ms, step_split
 from experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
@@ -48,7 +49,8 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     record = compare(run, result.requests, RunStats.from_summary(clean_json(result.summary)), step_level,
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
     front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
-    record = replace(record, step_split=step_split(model, run.steps, front_ms), slowed_repeats=slowed_repeats(run))
+    record = replace(record, step_split=step_split(model, run.steps, front_ms), slowed_repeats=slowed_repeats(run),
+                     beyond_fitted=beyond_fitted(step_model, run.steps))
     quantiles = None
     if block is not None:
         from experiments.validation.coverage import coverage_block
