@@ -30,6 +30,7 @@ class HeadlineRow:
     preemptions_simulated: int | None
     cells: dict                    # (metric, stat) -> HeadlineCell, HEADLINE_METRICS x HEADLINE_STATS
     coverage: dict | None = None   # validate --ranges: num_inside, num_cells, median_relative_width
+    extrapolated: float | None = None   # share of the measured step time beyond the tables' fitted batches
 
     def cell(self, metric: str, stat: str) -> HeadlineCell:
         return self.cells[(metric, stat)]
@@ -45,7 +46,7 @@ class HeadlineRow:
         kept = {k: coverage.get(k) for k in COVERAGE_KEYS} if coverage else None
         return cls(scheduler, load, model, held_out, step.mape, noise and noise.mape, step.total_error,
                    noise and noise.total_difference, record.preemptions.measured, record.preemptions.simulated,
-                   cells, kept)
+                   cells, kept, (record.beyond_fitted or {}).get("share_of_time"))
 
     @classmethod
     def from_dict(cls, data: dict) -> HeadlineRow:
@@ -55,7 +56,8 @@ class HeadlineRow:
                  for m in HEADLINE_METRICS for s in HEADLINE_STATS}
         return cls(data.get("scheduler"), data.get("load"), data["model"], data["held_out"], data.get("step_mape"),
                    data.get("step_mape.noise"), data.get("step_total"), data.get("step_total.noise"),
-                   data.get("preemptions.measured"), data.get("preemptions.simulated"), cells, data.get("coverage"))
+                   data.get("preemptions.measured"), data.get("preemptions.simulated"), cells, data.get("coverage"),
+                   data.get("extrapolated"))
 
     def to_dict(self) -> dict:
         out = {"scheduler": self.scheduler, "load": self.load, "model": self.model, "held_out": self.held_out,
@@ -66,6 +68,8 @@ class HeadlineRow:
             out.update({f"{m}.{s}": cell.error, f"{m}.{s}.noise": cell.noise, f"{m}.{s}.step_matched": cell.step_matched})
         if self.coverage is not None:
             out["coverage"] = self.coverage
+        if self.extrapolated is not None:
+            out["extrapolated"] = self.extrapolated
         return out
 
 
@@ -176,6 +180,11 @@ def target_summary(rows: list[HeadlineRow]) -> str:
         covered = [r.coverage for r in held_out if r.coverage and r.coverage.get("num_cells")]
         if covered:
             lines.append("  " + coverage_line(covered))
+        beyond = [r for r in held_out if r.extrapolated]
+        if beyond:   # validate's warning, per run: a miss there is the fit's extrapolation
+            lines.append("  steps beyond the batches the tables were fitted on (extrapolated prices): "
+                         + ", ".join(f"{r.scheduler} {r.load:.0%} load {100 * r.extrapolated:.1f}% of its step time"
+                                     for r in beyond))
         preemptions = [(r.preemptions_measured, r.preemptions_simulated) for r in held_out]
         if all(None not in p for p in preemptions):
             lines.append(f"  preemptions (KV capacity): measured {sum(p[0] for p in preemptions)}, "

@@ -167,6 +167,18 @@ def test_target_summary_says_which_misses_are_step_time():
         "  preemptions (KV capacity): measured 2, simulated 5"]
 
 
+def test_target_summary_names_the_runs_priced_beyond_the_fitted_batches():
+    def row(share, load, held_out=True):
+        return HeadlineRow.from_dict({"held_out": held_out, "model": "profiled", "scheduler": "continuous",
+                                      "load": load, "extrapolated": share,
+                                      **{f"{m}.{s}": 0.0 for m in HEADLINE_METRICS for s in HEADLINE_STATS}})
+    rows = [row(0.24, 0.9), row(0.0, 0.6), row(None, 0.3), row(0.5, 0.3, held_out=False)]   # the last: not held out
+    assert target_summary(rows).splitlines()[1] == (
+        "  steps beyond the batches the tables were fitted on (extrapolated prices): continuous 90% load 24.0% of "
+        "its step time")
+    assert HeadlineRow.from_dict(rows[0].to_dict()) == rows[0] and "extrapolated" not in rows[2].to_dict()
+
+
 def test_profile_reproducibility_compares_each_runs_simulated_values_between_the_halves():
     from experiments.campaign.headline import profile_reproducibility, reproducibility_line
 
