@@ -21,20 +21,23 @@ import time
 from collections import defaultdict
 
 
-def hook_timers(model) -> dict:
-    """Forward hooks on every nn.Linear of `model`: name -> list of µs, appended per call."""
+def hook_timers(model) -> tuple[dict, list]:
+    """Forward hooks on every nn.Linear of `model`: (name -> list of µs, appended per call; the hooks'
+    handles, to remove them)."""
     import torch.nn as nn
     times: dict = defaultdict(list)
+    handles = []
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
         key = name.rsplit(".", 1)[-1]   # qkv_proj, o_proj, gate_up_proj, down_proj, lm_head: layers pooled
         started = []
-        module.register_forward_pre_hook(lambda _m, _x, started=started: started.append(time.perf_counter()))
-        module.register_forward_hook(lambda m, _x, _y, key=key, started=started:
-                                     times[(key, m.in_features, m.out_features)].append(
-                                         (time.perf_counter() - started.pop()) * 1e6))
-    return times
+        handles.append(module.register_forward_pre_hook(
+            lambda _m, _x, started=started: started.append(time.perf_counter())))
+        handles.append(module.register_forward_hook(
+            lambda m, _x, _y, key=key, started=started:
+            times[(key, m.in_features, m.out_features)].append((time.perf_counter() - started.pop()) * 1e6)))
+    return times, handles
 
 
 def gemm_op_us(ctx, m: int, n: int, k: int, calls: int) -> float:
@@ -78,7 +81,7 @@ def main() -> None:
     print(f"{'batch':>5} {'KV/layer':>9}  {'projection':22s} {'in step':>9} {'gemm op':>9} {'ratio':>6}")
     for b in args.batches:
         inputs, copies = held_batch(model, [1] * b, [args.kv] * b, 16, generator)
-        times = hook_timers(model)
+        times, handles = hook_timers(model)
         with torch.inference_mode():
             for _ in range(args.steps):
                 for copy in copies:
@@ -90,9 +93,8 @@ def main() -> None:
             op = gemm_op_us(ctx, m, n, k, 3 * args.steps)
             print(f"{b:5d} {b * args.kv * kv_mb:7.1f}MB  {name:12s}{m:3d}x{k}x{n:<5d} {in_step:8.1f}u "
                   f"{op:8.1f}u {in_step / op:6.2f}")
-        for module in model.modules():   # the next batch's hooks only
-            module._forward_pre_hooks.clear()
-            module._forward_hooks.clear()
+        for handle in handles:   # the next batch's hooks only
+            handle.remove()
 
 
 if __name__ == "__main__":

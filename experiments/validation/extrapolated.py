@@ -8,23 +8,19 @@ there, so that such a miss is not read as the model's error where it was fitted.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 
-def beyond_fitted(step_model: str, steps) -> dict | None:
+def beyond_fitted(model, steps) -> dict | None:
     """{"max_fitted": {feature: max}, "num_steps", "share_of_steps", "share_of_time"}: the measured
     steps with num_seqs or num_tokens above the maximum of the tables' `step` training rows
-    (meta.json `fitted_range`, costmodel.build.fitted_ranges). None without a step log, or for a
-    model without that record (const: and linear: models, tables fitted before it was kept)."""
-    meta_path = Path(step_model) / "meta.json"
-    if steps is None or not len(steps) or not meta_path.is_file():
-        return None
-    try:
-        ranges = (json.loads(meta_path.read_text()).get("fitted_range") or {}).get("step") or {}
-    except (OSError, ValueError):   # resolve_step_model read it already; nothing to add if it cannot
+    (meta.json `fitted_range`, costmodel.build.fitted_ranges), read from the step model's tables as
+    loaded (under calibrated host terms too). None without a step log, or for a model without that
+    record (const: and linear: models, tables fitted before it was kept)."""
+    while hasattr(model, "base"):   # HostTermsModel, ScaledStepModel: the tables are underneath
+        model = model.base
+    ranges = ((getattr(model, "meta", None) or {}).get("fitted_range") or {}).get("step") or {}
+    if steps is None or not len(steps):
         return None
     max_fitted = {f: float(hi) for f, (_, hi) in ranges.items() if f in steps}
     if not max_fitted:

@@ -50,7 +50,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
     front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
     record = replace(record, step_split=step_split(model, run.steps, front_ms), slowed_repeats=slowed_repeats(run),
-                     beyond_fitted=beyond_fitted(step_model, run.steps))
+                     beyond_fitted=beyond_fitted(model, run.steps))
     quantiles = None
     if block is not None:
         from experiments.validation.coverage import coverage_block

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -10,23 +11,23 @@ import pytest
 
 from experiments.cli import main
 from experiments.validation.extrapolated import beyond_fitted, describe_beyond
+from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.costmodel.test_host_term import _fit, _profile
 
 
-def test_steps_beyond_the_fitted_batches_are_counted_by_their_time(tmp_path):
-    (tmp_path / "meta.json").write_text(json.dumps(
-        {"fitted_range": {"step": {"num_seqs": [1, 64], "num_tokens": [1, 512]}}}))
+def test_steps_beyond_the_fitted_batches_are_counted_by_their_time():
+    tables = SimpleNamespace(meta={"fitted_range": {"step": {"num_seqs": [1, 64], "num_tokens": [1, 512]}}})
     steps = pd.DataFrame({"num_seqs": [8, 64, 65, 200, 4], "num_tokens": [8, 64, 65, 200, 600],
                           "duration_ms": [1.0, 4.0, 5.0, 10.0, 20.0]})
-    block = beyond_fitted(str(tmp_path), steps)
+    block = beyond_fitted(HostTermsModel(tables, HostTerms(per_step_ms=0.1)), steps)   # calibrated: the tables' range
     assert block["num_steps"] == 3 and block["share_of_steps"] == pytest.approx(0.6)
     assert block["share_of_time"] == pytest.approx(35 / 40)
     line = describe_beyond(block)
     assert "3 measured steps (87.5% of the measured step time)" in line and "64 seqs and 512 tokens" in line
     assert describe_beyond({**block, "num_steps": 0}) is None
-    assert beyond_fitted("linear:1,0.1,0.01", steps) is None        # no tables directory
-    (tmp_path / "meta.json").write_text(json.dumps({"mode": "step"}))   # tables fitted before the record
-    assert beyond_fitted(str(tmp_path), steps) is None
+    assert beyond_fitted(tables, steps) == block
+    assert beyond_fitted(LinearStepModel(1.0, 0.1, 0.01), steps) is None        # no tables
+    assert beyond_fitted(SimpleNamespace(meta={"mode": "step"}), steps) is None   # tables fitted before the record
 
 
 def test_fit_records_the_whole_steps_range_and_validate_names_the_steps_beyond_it(tmp_path, measured, capsys):
