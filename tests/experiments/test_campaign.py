@@ -48,7 +48,11 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
         assert (out / path).exists(), path
     saturation = json.loads((out / "measured/continuous/saturation/summary.json").read_text())
     assert headline.capacity_rps == {"continuous": saturation["throughput_rps"]}
-    assert list(config.timings) == [
+    # A repeat the shared machine slowed is served again (its own test is below); which one, if any,
+    # depends on the machine, so those stages are checked against served_again and left out here.
+    again = [stage for stage in config.timings if " again (repeat " in stage]
+    assert len(again) == len(headline.served_again)
+    assert [stage for stage in config.timings if stage not in again] == [
         f"profile kernels ({grid} grid)", "measure continuous capacity (saturation run)",
         "measure continuous at 30% load (repeat 1 of 2)", "measure continuous at 70% load (repeat 1 of 2)",
         "measure continuous at 70% load (repeat 2 of 2)", "measure continuous at 30% load (repeat 2 of 2)",
