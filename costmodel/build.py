@@ -10,6 +10,7 @@ from costmodel.compose_attention import attention_targets
 from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from costmodel.coverage import coverage_notes
 from costmodel.fitting import FitResult
+from costmodel.profile_speed import profile_speed_probes
 from costmodel.tables import write_meta
 from costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
 from simulator.errors import InputError
@@ -71,6 +72,8 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "axes": axes.to_meta(measured_axes(result, spec, parallelism) if composing else measured_values(result.records)),
         "training_data_hash": result.data_hash,
         "fitted_range": fitted_ranges(result),
+        # the machine's speed while the profiles were taken, for validate's drift line (read now, as below)
+        "profile_speed_probe_ms": profile_speed_probes(result.records) or None,
         "held_out_errors": {"overall": result.errors,
                             **{t: f.errors for t, f in result.targets.items()}},
         "error_note": "absolute percentage errors in %, on rows held out from fitting; "

@@ -112,9 +112,13 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
             "torch_version": torch.__version__, "tool_version": TOOL_VERSION,
             "schema_version": SCHEMA_VERSION, "fingerprint_id": fingerprint_id(fingerprint)}
         measurer = PointMeasurer(config, timer_factory)
+        start_probe_ms = engine_speed_probe_ms(tasks, measurer.ctx)
         measured = _measure_all(tasks, previous, measurer, pdir, provenance,
                                 sum(min(n, wanted[k]) for k, n in done.items()), sum(wanted.values()), started,
                                 max_minutes, progress, clock)
+        if start_probe_ms is not None:   # each sweep's pair, a resumed one's after the earlier ones
+            meta["speed_probe_ms"] = [*meta.get("speed_probe_ms", []), start_probe_ms,
+                                      engine_speed_probe_ms(tasks, measurer.ctx)]
         frame = pdir.compact([p.key for p in config.grid.points])
         in_shard = frame[frame["point_key"].isin(done)]
         finished = in_shard["rounds"].fillna(0).ge(in_shard["point_key"].map(wanted)) | in_shard["status"].eq("failed")
@@ -129,6 +133,23 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
     num_reused = sum(min(n, wanted[k]) for k, n in done.items())
     return SweepResult(out, len(points), num_done_before, measured, num_failed,
                        complete, clock() - started, rounds, num_reused)
+
+
+ENGINE_OPS = frozenset({"step", "host", "serve"})   # the ops that run the engine's own model
+
+
+def engine_speed_probe_ms(tasks, ctx) -> float | None:
+    """The machine's speed now, when the sweep times the engine (step, host or serve points): the
+    fixed decode step each measured run times before and after its repeats
+    (profiler.engine.measure.speed_probe_ms), on the profile's own model. meta.json keeps one before
+    and one after each sweep; `fit` carries them into the tables and `validate` compares a run's
+    probes with them, telling the machine's drift between profile and run from the model's error."""
+    if not any(p.op in ENGINE_OPS for p in tasks):
+        return None
+    from profiler.engine.measure import speed_probe_ms, warm_up
+    model = ctx.model()
+    warm_up(model)
+    return speed_probe_ms(model)
 
 
 def _previous_rows(frame, retry_failed: bool) -> dict[str, dict]:

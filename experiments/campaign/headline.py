@@ -31,6 +31,7 @@ class HeadlineRow:
     cells: dict                    # (metric, stat) -> HeadlineCell, HEADLINE_METRICS x HEADLINE_STATS
     coverage: dict | None = None   # validate --ranges: num_inside, num_cells, median_relative_width
     extrapolated: float | None = None   # share of the measured step time beyond the tables' fitted batches
+    speed_vs_profile: float | None = None   # the machine's slowdown during the run against the profile
 
     def cell(self, metric: str, stat: str) -> HeadlineCell:
         return self.cells[(metric, stat)]
@@ -46,7 +47,7 @@ class HeadlineRow:
         kept = {k: coverage.get(k) for k in COVERAGE_KEYS} if coverage else None
         return cls(scheduler, load, model, held_out, step.mape, noise and noise.mape, step.total_error,
                    noise and noise.total_difference, record.preemptions.measured, record.preemptions.simulated,
-                   cells, kept, (record.beyond_fitted or {}).get("share_of_time"))
+                   cells, kept, (record.beyond_fitted or {}).get("share_of_time"), record.speed_vs_profile)
 
     @classmethod
     def from_dict(cls, data: dict) -> HeadlineRow:
@@ -57,7 +58,7 @@ class HeadlineRow:
         return cls(data.get("scheduler"), data.get("load"), data["model"], data["held_out"], data.get("step_mape"),
                    data.get("step_mape.noise"), data.get("step_total"), data.get("step_total.noise"),
                    data.get("preemptions.measured"), data.get("preemptions.simulated"), cells, data.get("coverage"),
-                   data.get("extrapolated"))
+                   data.get("extrapolated"), data.get("speed_vs_profile"))
 
     def to_dict(self) -> dict:
         out = {"scheduler": self.scheduler, "load": self.load, "model": self.model, "held_out": self.held_out,
@@ -70,6 +71,8 @@ class HeadlineRow:
             out["coverage"] = self.coverage
         if self.extrapolated is not None:
             out["extrapolated"] = self.extrapolated
+        if self.speed_vs_profile is not None:
+            out["speed_vs_profile"] = self.speed_vs_profile
         return out
 
 
@@ -185,11 +188,26 @@ def target_summary(rows: list[HeadlineRow]) -> str:
             lines.append("  steps beyond the batches the tables were fitted on (extrapolated prices): "
                          + ", ".join(f"{r.scheduler} {r.load:.0%} load {100 * r.extrapolated:.1f}% of its step time"
                                      for r in beyond))
+        drift = speed_line(held_out)
+        if drift:
+            lines.append("  " + drift)
         preemptions = [(r.preemptions_measured, r.preemptions_simulated) for r in held_out]
         if all(None not in p for p in preemptions):
             lines.append(f"  preemptions (KV capacity): measured {sum(p[0] for p in preemptions)}, "
                          f"simulated {sum(p[1] for p in preemptions)}")
     return "\n".join(lines)
+
+
+def speed_line(rows: list[HeadlineRow]) -> str | None:
+    """The machine's speed during the held-out runs against the profile the tables were fitted on
+    (validate's speed_vs_profile), where both were probed: a step-time miss of about that size is the
+    machine's drift, not the model's."""
+    from statistics import median
+    drifts = sorted(r.speed_vs_profile for r in rows if r.speed_vs_profile is not None)
+    if not drifts:
+        return None
+    return (f"machine speed during these runs against the profile (a fixed decode step; + is slower): "
+            f"{100 * drifts[0]:+.1f}% to {100 * drifts[-1]:+.1f}%, median {100 * median(drifts):+.1f}%")
 
 
 def coverage_line(covered: list[dict]) -> str:

@@ -100,6 +100,13 @@ class ValidationRecord:
     step_split: dict | None = None            # predicted step time by part (experiments.validation.split)
     slowed_repeats: list | None = None        # repeats the machine slowed: {repeat, ratio, start_s, end_s}
     beyond_fitted: dict | None = None         # measured steps beyond the tables' fitted batches (extrapolated)
+    profile_speed_probe_ms: list | None = None    # the same probe while the tables' profiles were taken
+
+    @property
+    def speed_vs_profile(self) -> float | None:
+        """The machine's slowdown during the run against the profile (experiments.validation.machine_speed)."""
+        from experiments.validation.machine_speed import speed_vs_profile
+        return speed_vs_profile(self.speed_probe_ms, self.profile_speed_probe_ms)
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
         return self.metrics[metric][stat]
@@ -117,7 +124,7 @@ class ValidationRecord:
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
                    PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"),
-                   data.get("slowed_repeats"), data.get("beyond_fitted"))
+                   data.get("slowed_repeats"), data.get("beyond_fitted"), data.get("profile_speed_probe_ms"))
 
     def to_dict(self) -> dict:
         from simulator.metrics import clean_json
@@ -138,6 +145,8 @@ class ValidationRecord:
             "step_split": self.step_split,
             "slowed_repeats": self.slowed_repeats,
             "beyond_fitted": self.beyond_fitted,
+            "profile_speed_probe_ms": self.profile_speed_probe_ms,
+            "speed_vs_profile": self.speed_vs_profile,
         })
 
 

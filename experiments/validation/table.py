@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from experiments.validation.compare import StepMatched, ValidationRecord
 from experiments.validation.extrapolated import describe_beyond
+from experiments.validation.machine_speed import describe_speed
 from experiments.validation.split import describe_split
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
@@ -60,9 +61,9 @@ def format_table(record: ValidationRecord) -> str:
     beyond = describe_beyond(record.beyond_fitted)
     if beyond:
         lines.append(beyond)
-    if record.speed_probe_ms:
-        lines.append("machine speed during each repeat (one fixed decode step, timed before and after it): "
-                     + " / ".join(f"{v:.3f}" for v in record.speed_probe_ms) + " ms")
+    speed = describe_speed(record.speed_probe_ms, record.profile_speed_probe_ms)
+    if speed:
+        lines.append(speed)
     matched = record.step_matched
     if matched:
         lines += ["", STEP_MATCHED_NOTE.format(scale=matched.scale), "",

@@ -7,6 +7,7 @@ from pathlib import Path
 from experiments.replications import RANGES_PERCENTILES
 from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
 from experiments.validation.extrapolated import beyond_fitted
+from experiments.validation.machine_speed import profile_probes
 from experiments.validation.measured import load_measured_run, sim_config_for, slowed_repeats
 from experiments.validation.split import mean_front_end_ms, step_split
 from experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
@@ -50,7 +51,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
     front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
     record = replace(record, step_split=step_split(model, run.steps, front_ms), slowed_repeats=slowed_repeats(run),
-                     beyond_fitted=beyond_fitted(model, run.steps))
+                     beyond_fitted=beyond_fitted(model, run.steps), profile_speed_probe_ms=profile_probes(model))
     quantiles = None
     if block is not None:
         from experiments.validation.coverage import coverage_block

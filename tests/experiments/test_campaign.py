@@ -86,6 +86,10 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     assert on_profile["t_step_terms"] == ["step", "host"] and "host_terms" in on_profile
     profiled = json.loads((out / "tables_profiled/meta.json").read_text())
     assert profiled["t_step_terms"] == ["step", "host"]
+    # both profile halves probed the machine's speed, a pair each; every run is set against them
+    assert len(profiled["profile_speed_probe_ms"]) == 4
+    assert all(r.speed_vs_profile is not None for r in rows if r.model == "profiled")
+    assert "machine speed during these runs against the profile" in format_headline(headline)
     kernels = json.loads((out / "tables_kernels/meta.json").read_text())
     assert kernels["mode"] == "composed" and "step" not in kernels["targets"]
     for row in rows:    # each row is its validation.json, read back

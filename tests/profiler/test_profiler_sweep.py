@@ -116,6 +116,8 @@ def test_rows_carry_shapes_and_features(tmp_path):
     assert meta["identity"]["model_spec"]["name"] == "tiny"
     assert meta["allocator"] == configure_allocator() and meta["allocator"]["allocator"] in ("warm", "system")
     assert not list((tmp_path / "parts").iterdir())          # joined into profile.parquet
+    # a sweep of engine ops times the measured runs' speed probe before and after it
+    assert len(meta["speed_probe_ms"]) == 2 and all(p > 0 for p in meta["speed_probe_ms"])
 
 
 def test_the_sweep_sets_its_thread_count_and_restores_the_callers(tmp_path):
@@ -135,6 +137,7 @@ def test_the_sweep_sets_its_thread_count_and_restores_the_callers(tmp_path):
     run_sweep(cfg, tmp_path, progress=False, timer_factory=recording_timer)
     assert seen and set(seen) == {2}
     assert torch.get_num_threads() == 1
+    assert "speed_probe_ms" not in json.loads((tmp_path / "meta.json").read_text())   # no engine op: no probe
 
 
 class StepClock:
@@ -160,8 +163,11 @@ def test_max_minutes_stops_and_the_next_run_resumes(tmp_path):
     assert second.num_measured == total - first.num_measured
     frame = pd.read_parquet(tmp_path / "profile.parquet")
     assert sorted(frame["point_key"]) == sorted(p.key for p in cfg.points())
+    probes = json.loads((tmp_path / "meta.json").read_text()).get("speed_probe_ms", [])
     third = run_sweep(cfg, tmp_path, progress=False)
     assert third.num_measured == 0 and len(pd.read_parquet(tmp_path / "profile.parquet")) == total
+    # a pair per sweep that timed the step point, none for the sweep that timed nothing
+    assert len(probes) in (2, 4) and json.loads((tmp_path / "meta.json").read_text())["speed_probe_ms"] == probes
 
 
 def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):

@@ -1,0 +1,41 @@
+"""The machine's speed during a measured run against its speed while the tables' profiles were taken.
+
+Both time the same fixed decode step (profiler.engine.measure.speed_probe_ms): a run before and
+after each repeat, `stepcal profile` before and after each sweep of engine ops (kept in the tables'
+meta.json as `profile_speed_probe_ms`). On a shared CPU the same batches cost up to 8% more or less
+minutes later; a run whose probe is 5% slower than the profile's will look as if the tables
+underprice its steps by about that much, whatever the model. validate says so beside the errors.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def profile_probes(model) -> list | None:
+    """The step model's tables' profile probes (under calibrated host terms or a rescale too); None
+    for a model without them (const:, linear:, imported profiles, tables fitted before the probe)."""
+    while hasattr(model, "base"):   # HostTermsModel, ScaledStepModel: the tables are underneath
+        model = model.base
+    probes = (getattr(model, "meta", None) or {}).get("profile_speed_probe_ms")
+    return [float(p) for p in probes] if probes else None
+
+
+def speed_vs_profile(run_probes: list | None, profile_probes_ms: list | None) -> float | None:
+    """The run's probe time over the profile's, less 1: +0.05 is a machine 5% slower during the run."""
+    if not run_probes or not profile_probes_ms:
+        return None
+    return float(np.mean(run_probes)) / float(np.mean(profile_probes_ms)) - 1.0
+
+
+def describe_speed(run_probes: list | None, profile_probes_ms: list | None) -> str | None:
+    """validation.md's line on the machine's speed: the run's probes, and against the profile's where known."""
+    if not run_probes:
+        return None
+    line = ("machine speed during each repeat (one fixed decode step, timed before and after it): "
+            + " / ".join(f"{v:.3f}" for v in run_probes) + " ms")
+    drift = speed_vs_profile(run_probes, profile_probes_ms)
+    if drift is None:
+        return line
+    return (f"{line}; while the tables' profiles were taken: {np.mean(profile_probes_ms):.3f} ms (mean of "
+            f"{len(profile_probes_ms)} probes): the machine ran {100 * abs(drift):.1f}% "
+            f"{'slower' if drift > 0 else 'faster'} during this run, which moves the step-time errors by about as much")
