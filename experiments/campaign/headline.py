@@ -198,16 +198,29 @@ def target_summary(rows: list[HeadlineRow]) -> str:
     return "\n".join(lines)
 
 
+MIN_RUNS_FOR_R = 5   # fewer runs give a correlation too loose to read
+
+
 def speed_line(rows: list[HeadlineRow]) -> str | None:
     """The machine's speed during the held-out runs against the profile the tables were fitted on
     (validate's speed_vs_profile), where both were probed: a step-time miss of about that size is the
     machine's drift, not the model's."""
     from statistics import median
+
+    import numpy as np
     drifts = sorted(r.speed_vs_profile for r in rows if r.speed_vs_profile is not None)
     if not drifts:
         return None
-    return (f"machine speed during these runs against the profile (a fixed decode step; + is slower): "
+    line = (f"machine speed during these runs against the profile (a fixed decode step; + is slower): "
             f"{100 * drifts[0]:+.1f}% to {100 * drifts[-1]:+.1f}%, median {100 * median(drifts):+.1f}%")
+    pairs = np.array([(r.speed_vs_profile, r.step_total) for r in rows
+                      if r.speed_vs_profile is not None and r.step_total is not None], dtype=np.float64)
+    if len(pairs) >= MIN_RUNS_FOR_R and pairs.std(axis=0).min() > 0:
+        # a probe slower than the profile's with a step total priced low: the machine's drift, not the model
+        r_value = float(np.corrcoef(pairs[:, 0], pairs[:, 1])[0, 1])
+        line += (f"; correlation with the step model's total error (predicted / measured - 1): r = {r_value:+.2f} "
+                 f"over {len(pairs)} runs")
+    return line
 
 
 def coverage_line(covered: list[dict]) -> str:

@@ -34,6 +34,12 @@ def test_the_headline_gives_the_range_of_the_held_out_runs_drift():
     assert speed_line(rows) == ("machine speed during these runs against the profile (a fixed decode step; + is "
                                 "slower): -4.0% to +8.0%, median +2.0%")
     assert speed_line([HeadlineRow("c", 0.3, "const", True, None, None, None, None, None, None, {})]) is None
+    # with five runs or more, how closely the step model's total error follows the drift
+    paired = [HeadlineRow("continuous", 0.3, "profiled", True, None, None, -drift / 2, None, None, None, {},
+                          speed_vs_profile=drift) for drift in (0.02, -0.04, 0.08, 0.0, 0.05)]
+    assert speed_line(paired).endswith("correlation with the step model's total error (predicted / measured - 1): "
+                                       "r = -1.00 over 5 runs")
+    assert "correlation" not in speed_line(paired[:4])
     assert HeadlineRow.from_dict(rows[1].to_dict()).speed_vs_profile == -0.04
 
 
