@@ -24,7 +24,9 @@ def test_the_runs_probe_against_the_profiles_says_how_much_slower_the_machine_ra
     assert speed_vs_profile([2.0], None) is None and speed_vs_profile(None, [2.0]) is None
     line = describe_speed([2.1, 2.3], [2.0, 2.2, 1.8, 2.0])
     assert "2.100 / 2.300 ms" in line and "2.000 ms (mean of 4 probes)" in line and "10.0% slower" in line
-    assert "5.0% faster" in describe_speed([1.9], [2.0])
+    assert line.startswith("warning: ") and line.endswith("before reading these errors as the model's")
+    assert "10.0% faster" in describe_speed([1.8], [2.0]) and describe_speed([1.8], [2.0]).startswith("warning: ")
+    assert not describe_speed([2.05], [2.0]).startswith("warning")   # 2.5%: within the targets' size
     assert "while the tables' profiles" not in describe_speed([1.9], None) and describe_speed(None, [2.0]) is None
 
 
