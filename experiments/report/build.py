@@ -10,6 +10,8 @@ import numpy as np
 from experiments.report.document import Document, Image
 from experiments.report.inputs import SimulationInput, TablesInput, ValidationInput, load_input
 from experiments.validation.compare import ValidationRecord
+from experiments.validation.extrapolated import describe_beyond
+from experiments.validation.machine_speed import describe_speed
 from experiments.validation.steps import StepLevelError
 from experiments.validation.table import STEP_MATCHED_NOTE, step_matched_rows
 from simulator.errors import InputError
@@ -85,6 +87,9 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     header = ["metric", "stat", "measured", "simulated", "error", "noise floor"]
     doc.table(header + (["90% interval", "measured inside"] if r.ranges else []), error_rows(r))
     doc.text(step_level_text(r.step_level))
+    for line in (describe_beyond(r.beyond_fitted), describe_speed(r.speed_probe_ms, r.profile_speed_probe_ms)):
+        if line:   # validation.md's warnings: extrapolated steps, the machine's drift against the profile
+            doc.text(line[0].upper() + line[1:])
     if r.step_split:
         doc.table(["part of the step", "predicted ms over the measured steps", "share"], split_rows(r.step_split))
     matched = r.step_matched

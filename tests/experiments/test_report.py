@@ -70,6 +70,9 @@ def test_error_table_matches_validation_json(inputs, report):
     assert (f"| e2e_ms | {100 * matched['p50']:+.1f}% | {100 * matched['p90']:+.1f}% | "
             f"{100 * matched['p99']:+.1f}% |") in markdown
     lines = markdown.splitlines()
+    # validation.md's line on the machine's speed (the run's probes; linear: has no profile to set them against)
+    assert ("Machine speed during each repeat (one fixed decode step, timed before and after it): "
+            + " / ".join(f"{v:.3f}" for v in record["speed_probe_ms"]) + " ms") in lines
     # the imported bench has no step log
     assert "Step level: no measured step log (e.g. an imported vLLM bench), so no step-level error." in lines
     assert "| heldout | 0.034 | - |" in lines and "| heldout.per_op | - | 0.02 |" in lines
