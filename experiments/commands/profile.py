@@ -14,7 +14,8 @@ Time GEMMs, attention (prefill and decode), element-wise work (norms, RoPE, acti
 residual adds, embedding, sampling, KV stores), whole model steps and host overhead for a model
 shape over a grid of batch sizes and KV lengths, and write DIR/profile.parquet (one row per
 point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/meta.json
-(configuration and hardware fingerprint).
+(configuration and hardware fingerprint; with engine ops, the measured runs' speed probe, one
+fixed decode step timed before and after the sweep, which `validate` sets each run against).
 
 The `serve` op times whole steps while the engine serves: closed-loop workloads (every request
 waiting at time zero, at most C in flight, prompts and outputs log-uniform) under continuous
