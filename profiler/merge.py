@@ -52,6 +52,10 @@ def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
     points = joined[joined["name"] != SERVED]   # a served workload's steps are rows beyond its point
     missing = max(0, grid_points - len(points)) if isinstance(grid_points, int) else 0
     atomic_write_parquet(joined, out / "profile.parquet")
+    # every piece's speed probes (profiler.sweep.engine_speed_probe_ms): the tables fitted on the merged
+    # profile keep them, and validate sets runs against them
+    speed_probes = [p for m in metas for p in m.get("speed_probe_ms") or ()]
+    probes = {"speed_probe_ms": speed_probes} if speed_probes else {}
     atomic_write_json(out / "meta.json", {
         "kind": "stepcal profile merge", "identity": metas[0]["identity"], "grid": metas[0].get("grid"),
         "grid_source": metas[0].get("grid_source"), "grid_num_points": grid_points,
@@ -60,7 +64,7 @@ def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
                         for p, m in zip(inputs, metas)],
         "num_points": len(points), "num_missing": missing,
         "num_failed": int((joined["status"] == "failed").sum()),
-        "status": "complete" if missing == 0 else "incomplete"})
+        "status": "complete" if missing == 0 else "incomplete", **probes})
     return MergeResult(len(joined), num_in - len(joined), int((joined["status"] == "failed").sum()), missing)
 
 

@@ -219,8 +219,13 @@ def test_shards_merge_into_the_whole_grid(tmp_path):
     assert result.num_missing == 0 and result.num_duplicates == len(whole.grid.shard(0, 3))
     meta = json.loads((tmp_path / "merged" / "meta.json").read_text())
     assert meta["status"] == "complete" and len(meta["merged_from"]) == 4
+    assert "speed_probe_ms" not in meta     # no engine op in any piece: no probe
+    for k, directory in enumerate(dirs[:2]):   # as if the pieces had timed engine ops: their probes are kept
+        piece = json.loads((directory / "meta.json").read_text())
+        (directory / "meta.json").write_text(json.dumps({**piece, "speed_probe_ms": [1.0 + k, 1.5 + k]}))
     partial = merge_profiles(dirs[:2], tmp_path / "partial")
     assert partial.num_missing == len(whole.grid.shard(2, 3))
+    assert json.loads((tmp_path / "partial" / "meta.json").read_text())["speed_probe_ms"] == [1.0, 1.5, 2.0, 2.5]
 
 
 def test_merge_refuses_different_sweeps(tmp_path):
