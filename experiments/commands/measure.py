@@ -37,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--retry-slowed", type=argtypes.count(0, 100), default=0, metavar="N",
                    help="serve a repeat again when the machine slowed it (another process on the cores: 32 "
                         "consecutive steps whose median time, over their shapes' usual time, is over 1.25x the "
-                        "other repeats' over the same stretch, or 1.4x with one repeat), up to N times in all "
+                        "other repeats' over the same stretch, or 1.4x with one repeat), up to N times in all; "
+                        "one slowed again in the same place is kept, as the engine's own "
                         "(default 0: such repeats are kept, and named on stderr; each repeat's summary.json "
                         "records its slowest_window either way)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights, prompt tokens and generated workloads")

@@ -82,10 +82,13 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
         for _ in range(retry_slowed):
             if not slowed:
                 break
+            k, window = slowed[0], results[slowed[0]].summary["slowest_window"]
             if on_slowed is not None:
-                on_slowed(slowed[0], results[slowed[0]].summary["slowest_window"], True)
-            results[slowed[0]] = serve.repeat(slowed[0], on_repeat)
+                on_slowed(k, window, True)
+            results[k] = serve.repeat(k, on_repeat)
             slowed = mark_slowest_windows(results)
+            if slowed and slowed[0] == k and same_place(results[k].summary["slowest_window"], window):
+                break   # the same stretch slow again: the engine's, which serving again will not change
         for k in slowed:    # kept: said, and recorded in the repeat's summary
             if on_slowed is not None:
                 on_slowed(k, results[k].summary["slowest_window"], False)
@@ -112,6 +115,12 @@ class _Server:
         if on_repeat is not None:
             on_repeat(k, result)
         return result
+
+
+def same_place(window: dict, other: dict) -> bool:
+    """Whether two slowest windows (SlowestWindow.to_dict records) share some of the run's time."""
+    from profiler.engine.slowdown import SlowestWindow
+    return SlowestWindow.from_dict(window).overlaps(SlowestWindow.from_dict(other))
 
 
 def mark_slowest_windows(results: list) -> list[int]:

@@ -47,6 +47,10 @@ class SlowestWindow:
     def slowed(self) -> bool:
         return self.excess > (SLOWED_RATIO if self.others else SLOWED_ALONE_RATIO)
 
+    def overlaps(self, other: SlowestWindow) -> bool:
+        """Whether the two windows share some of the run's time."""
+        return self.start_s <= other.end_s and other.start_s <= self.end_s
+
     def to_dict(self) -> dict:
         return {k: None if v is None else round(v, 4) for k, v in asdict(self).items()}
 

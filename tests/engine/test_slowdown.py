@@ -114,3 +114,23 @@ def test_measure_serves_a_slowed_repeat_again_or_names_it(tmp_path, capsys, monk
         assert set(window) == {"ratio", "start_s", "end_s", "others"}
     kept = json.loads((out / "repeat_1" / "summary.json").read_text())["slowest_window"]
     assert (kept["ratio"] == 1.6) == (retry == 0)
+
+
+def test_measure_keeps_a_repeat_slowed_again_in_the_same_place(tmp_path, capsys, monkeypatch):
+    """A slow stretch that comes back in the same place when served again is the engine's: served once, kept."""
+    calls = []
+    real = slowdown.slowest_windows
+
+    def fake(logs):
+        windows = real(logs)
+        calls.append(len(logs))
+        windows[1] = slowdown.SlowestWindow(1.6, 0.01, 0.02)
+        return windows
+    monkeypatch.setattr(slowdown, "slowest_windows", fake)
+    out = tmp_path / "m"
+    assert main(["measure", "--model-spec", "tiny", "--trace", _TRACE, "--scheduler", "continuous",
+                 "--repeats", "2", "--retry-slowed", "2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    served = [line for line in err.splitlines() if "repeat 1: the machine slowed it" in line]
+    assert len(calls) == 2 and len(served) == 2   # served again once, then kept (not a second time)
+    assert served[0].endswith("serving it again") and served[1].endswith("kept")

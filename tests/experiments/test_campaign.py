@@ -392,19 +392,27 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append((scheduler, workload, out)))
     monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
     clean, slowed = SlowestWindow(1.05, 0.0, 0.1), SlowestWindow(1.6, 1.25, 2.5)
-    # run a: repeat 2 slowed, then clean once served again; run b: repeat 1 slowed every time
-    answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean]] * 3}
+    later = SlowestWindow(1.5, 3.0, 3.5)
+    # run a: repeat 2 slowed, then clean once served again; run b: repeat 1 slowed each time somewhere
+    # else; run c: repeat 1 slowed in the same place when served again
+    answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean], [later, clean]],
+               "c": [[slowed, clean]] * 3}
     monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: answers[logs[0].parts[-3]].pop(0))
-    campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.6,), repeats=2))
+    campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.6,), repeats=2))
     parts = tmp_path / "parts"
-    campaign.serve_slowed_again("a", 0.6, 10.0, parts)
-    campaign.serve_slowed_again("b", 0.6, 20.0, parts)
+    for scheduler in "abc":
+        campaign.serve_slowed_again(scheduler, 0.6, 10.0, parts)
     assert [(s, out.relative_to(parts).as_posix()) for s, _, out in served] == [
-        ("a", "a/load_60/1"), ("b", "b/load_60/0"), ("b", "b/load_60/0")]   # b: twice, then kept
-    assert served[0][1] == campaign.c.workload(6.0) and answers["b"] == [[slowed, clean]]
+        ("a", "a/load_60/1"), ("b", "b/load_60/0"), ("b", "b/load_60/0"),   # b: twice, then kept
+        ("c", "c/load_60/0")]                                                # c: once, then kept
+    assert served[0][1] == campaign.c.workload(6.0) and answers["b"] == [] and answers["c"] == [[slowed, clean]]
     assert campaign.served_again[0] == "a 60% repeat 2: steps 1.60x their usual time from 1.25 to 2.50 s"
-    assert len(campaign.served_again) == 3
-    assert "measure a at 60% load again (repeat 2 of 2: the machine slowed it" in capsys.readouterr().err
+    assert len(campaign.served_again) == 4
+    err = capsys.readouterr().err
+    assert "measure a at 60% load again (repeat 2 of 2: the machine slowed it" in err
+    assert ("c at 60% load, repeat 1: steps 1.60x their usual time from 1.25 to 2.50 s again, in the same place, "
+            "when served again: kept, as the engine's own") in err
+    assert "b at 60% load, repeat 1" not in err
 
 
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
