@@ -80,6 +80,14 @@ def front_end(model) -> FrontEnd:
     return getattr(model, "front_end", None) or FrontEnd()
 
 
+def tables_meta(model) -> dict:
+    """The meta.json of the tables under a step model as loaded (under calibrated host terms or a
+    rescale: HostTermsModel, ScaledStepModel wrap them as `base`); {} for a model without tables."""
+    while hasattr(model, "base"):
+        model = model.base
+    return getattr(model, "meta", None) or {}
+
+
 def describe_step_model(spec: str, model) -> str:
     describe = getattr(model, "describe", None)
     return describe() if callable(describe) else str(spec)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.step_models import tables_meta
+
 
 def beyond_fitted(model, steps) -> dict | None:
     """{"max_fitted": {feature: max}, "num_steps", "share_of_steps", "share_of_time"}: the measured
@@ -17,9 +19,7 @@ def beyond_fitted(model, steps) -> dict | None:
     (meta.json `fitted_range`, costmodel.build.fitted_ranges), read from the step model's tables as
     loaded (under calibrated host terms too). None without a step log, or for a model without that
     record (const: and linear: models, tables fitted before it was kept)."""
-    while hasattr(model, "base"):   # HostTermsModel, ScaledStepModel: the tables are underneath
-        model = model.base
-    ranges = ((getattr(model, "meta", None) or {}).get("fitted_range") or {}).get("step") or {}
+    ranges = (tables_meta(model).get("fitted_range") or {}).get("step") or {}
     if steps is None or not len(steps):
         return None
     max_fitted = {f: float(hi) for f, (_, hi) in ranges.items() if f in steps}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.step_models import tables_meta
+
 # A drift this large is the size of the validation targets (5%): validation.md says so as a warning.
 DRIFT_WARNING = 0.05
 
@@ -19,9 +21,7 @@ DRIFT_WARNING = 0.05
 def profile_probes(model) -> list | None:
     """The step model's tables' profile probes (under calibrated host terms or a rescale too); None
     for a model without them (const:, linear:, imported profiles, tables fitted before the probe)."""
-    while hasattr(model, "base"):   # HostTermsModel, ScaledStepModel: the tables are underneath
-        model = model.base
-    probes = (getattr(model, "meta", None) or {}).get("profile_speed_probe_ms")
+    probes = tables_meta(model).get("profile_speed_probe_ms")
     return [float(p) for p in probes] if probes else None
 
 
