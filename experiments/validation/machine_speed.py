@@ -3,9 +3,10 @@
 Both time the same fixed decode step (profiler.engine.measure.speed_probe_ms): a run before and
 after each repeat, `stepcal profile` before and after each sweep of engine ops (kept in the tables'
 meta.json as `profile_speed_probe_ms`). On a shared CPU the same batches cost up to 8% more or less
-minutes later. Over 18 runs of three quickstarts on this project's shared 2-core VM, the profiled
-tables' step-total error followed the probe's drift with r = -0.86, moving about half as much as the
-probe did (the probe, 0.5 s at each end of a repeat, catches short swings the whole run averages out).
+minutes later. Over the 30 held-out runs of five quickstarts on this project's shared 2-core VM, the
+profiled tables' step-total error followed the probe's drift with r = -0.87, moving 0.84x as much as the
+probe did, and 0.57x over the 24 runs within 15% (the probe, 0.5 s at each end of a repeat, catches
+short swings the whole run averages out).
 validate says so beside the errors, as a warning past 5%.
 """
 from __future__ import annotations
