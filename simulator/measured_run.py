@@ -26,6 +26,9 @@ TRACE = "trace.parquet"
 SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
 STEPS = "steps.parquet"
+# A repeat's summary.json flag: slow again in the same place when served again, so kept as the
+# engine's own (profiler.engine.measure.serve_slowed_again)
+SAME_PLACE = "slow_again_in_same_place"
 REQUIRED = (META, TRACE, SUMMARY, f"repeat_0/{REQUESTS}", f"repeat_0/{STEPS}")
 
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -230,6 +233,6 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-__all__ = ["META", "METRICS", "REPLAY", "REQUESTS", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles",
+__all__ = ["META", "METRICS", "REPLAY", "REQUESTS", "SAME_PLACE", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles",
            "MetricStats", "Needs", "Repeat", "RunStats", "has_request_log", "noise_floor", "read_measured_run",
            "repeat_dir", "repeat_dirs", "write_measured_run"]

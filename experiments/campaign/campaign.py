@@ -289,44 +289,44 @@ class Campaign:
                 self.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", "measure",
                            lambda s=s, w=workload, p=part: self.measure(s, w, p))
         for s, load in runs:
-            self.serve_slowed_again(s, load, capacity[s], parts)
-            combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)], c.measured_dir(s, load))
+            kept = self.serve_slowed_again(s, load, capacity[s], parts)
+            combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)], c.measured_dir(s, load),
+                            kept)
         shutil.rmtree(parts)
 
-    def serve_slowed_again(self, scheduler: str, load: float, capacity_rps: float, parts: Path) -> None:
+    def serve_slowed_again(self, scheduler: str, load: float, capacity_rps: float, parts: Path) -> tuple[int, ...]:
         """A repeat the machine slowed (a stretch of its steps far slower than the run's other steps of
-        that size: profiler.engine.slowdown) is served again, up to RETRY_SLOWED times per run. On this
-        project's VMs another process takes the cores for a second or two now and then; a run lasts a
-        few seconds, and one such stretch moved a bursty run's TTFT P50 from 128 to 365 ms, a miss no
-        model can avoid and a noise floor that excuses every other. The served-again repeats are named.
-        A repeat whose slow stretch comes back in the same place when served again is kept (and said):
-        that is the engine's, not the machine's."""
-        from profiler.engine.measure import mark_slowest_windows
+        that size: profiler.engine.slowdown) is served again, up to RETRY_SLOWED times per run
+        (profiler.engine.measure.serve_slowed_again, the rule of `stepcal measure --retry-slowed`). On
+        this project's VMs another process takes the cores for a second or two now and then; a run
+        lasts a few seconds, and one such stretch moved a bursty run's TTFT P50 from 128 to 365 ms, a
+        miss no model can avoid and a noise floor that excuses every other. The served-again repeats
+        are named. Returns the repeats kept because their slow stretch came back in the same place
+        (said on stderr): the engine's own, flagged so when the repeats are combined."""
+        from profiler.engine.measure import serve_slowed_again
         from profiler.engine.slowdown import SlowestWindow
-        from simulator.measured_run import read_measured_run
+        from simulator.measured_run import SAME_PLACE, read_measured_run
         c = self.c
         dirs = [parts / scheduler / load_name(load) / str(k) for k in range(c.repeats)]
-        last = None   # (repeat, window) served again last
-        for _ in range(RETRY_SLOWED):
-            repeats = [read_measured_run(d).repeats[0] for d in dirs]
-            slowed = mark_slowest_windows(repeats)
-            if not slowed:
-                return
-            k = slowed[0]
-            window = SlowestWindow.from_dict(repeats[k].summary["slowest_window"])
-            why = window.describe()
-            if last is not None and last[0] == k and window.overlaps(last[1]):
-                # The same stretch slow again: seen in 2 of 11 quickstarts (the last request's decodes
-                # at 1.6x, served three times), the process's state, not the machine; serving again
-                # would only find it once more.
-                print(f"{scheduler} at {load:.0%} load, repeat {k + 1}: {why} again, in the same place, when "
-                      "served again: kept, as the engine's own", file=sys.stderr)
-                return
-            last = (k, window)
+        repeats = []
+
+        def current() -> list:
+            repeats[:] = [read_measured_run(d).repeats[0] for d in dirs]
+            return repeats
+
+        def again(k: int, window: dict) -> None:
+            why = SlowestWindow.from_dict(window).describe()
             self.served_again.append(f"{scheduler} {load:.0%} repeat {k + 1}: {why}")
             self.stage(f"measure {scheduler} at {load:.0%} load again (repeat {k + 1} of {c.repeats}: the machine "
                        f"slowed it, {why})", "measure",
-                       lambda k=k: self.measure(scheduler, c.workload(load * capacity_rps), dirs[k]))
+                       lambda: self.measure(scheduler, c.workload(load * capacity_rps), dirs[k]))
+        slowed = serve_slowed_again(current, again, RETRY_SLOWED)
+        kept = tuple(k for k in slowed if repeats[k].summary.get(SAME_PLACE))
+        for k in kept:
+            why = SlowestWindow.from_dict(repeats[k].summary["slowest_window"]).describe()
+            print(f"{scheduler} at {load:.0%} load, repeat {k + 1}: {why} again, in the same place, when "
+                  "served again: kept, as the engine's own", file=sys.stderr)
+        return kept
 
     def headline(self, capacity: dict, validations: list, reproducibility: dict | None = None) -> Headline:
         """Every validation's row, read back from its validation.json; writes OUT/headline.json."""

@@ -38,7 +38,8 @@ def register(subparsers) -> None:
                    help="serve a repeat again when the machine slowed it (another process on the cores: 32 "
                         "consecutive steps whose median time, over their shapes' usual time, is over 1.25x the "
                         "other repeats' over the same stretch, or 1.4x with one repeat), up to N times in all; "
-                        "one slowed again in the same place is kept, as the engine's own "
+                        "one slowed again in the same place is kept, as the engine's own, and its summary.json "
+                        "says so (slow_again_in_same_place: validate then notes it instead of warning) "
                         "(default 0: such repeats are kept, and named on stderr; each repeat's summary.json "
                         "records its slowest_window either way)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights, prompt tokens and generated workloads")
@@ -81,11 +82,16 @@ def run(args) -> int:
     return 0
 
 
-def _print_slowed(k: int, window: dict, again: bool, hint: bool) -> None:
+def _print_slowed(k: int, window: dict, action: str, hint: bool) -> None:
+    """measure_trace's on_slowed: `action` is "again", "kept" or "same place"."""
     from profiler.engine.slowdown import SlowestWindow
-    kept = "kept" + (" (--retry-slowed N serves such a repeat again)" if hint else "")
-    print(f"warning: repeat {k}: the machine slowed it ({SlowestWindow.from_dict(window).describe()}); "
-          f"{'serving it again' if again else kept}", file=sys.stderr)
+    why = SlowestWindow.from_dict(window).describe()
+    if action == "same place":
+        said = f"slow again in the same place when served again ({why}): kept, as the engine's own"
+    else:
+        kept = "kept" + (" (--retry-slowed N serves such a repeat again)" if hint else "")
+        said = f"the machine slowed it ({why}); {'serving it again' if action == 'again' else kept}"
+    print(f"warning: repeat {k}: {said}", file=sys.stderr)
 
 
 def _print_repeat(k: int, result) -> None:

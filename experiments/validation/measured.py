@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.measured_run import METRICS, REPLAY, STATS, MetricStats, RunStats, read_measured_run
+from simulator.measured_run import METRICS, REPLAY, SAME_PLACE, STATS, MetricStats, RunStats, read_measured_run
 
 
 @dataclass
@@ -24,6 +24,7 @@ class MeasuredRun:
     speed_probe_ms: list | None = None    # per repeat: a fixed decode step's time around it (the machine's speed)
     repeat_stats: list | None = None      # per repeat: its own RunStats (None where a repeat has no summary)
     later_requests: tuple = ()            # the request logs of repeats 1, 2, ... (DataFrames)
+    same_place: tuple = ()                # repeats slow again in the same place when served again: kept
 
     @property
     def request_logs(self) -> tuple:
@@ -43,10 +44,11 @@ def load_measured_run(path: str | Path) -> MeasuredRun:
     noise = files.summary.get("noise_floor")
     steps = pd.concat([r.steps.assign(repeat=k) for k, r in enumerate(files.repeats)], ignore_index=True)
     probes = [s.get("speed_probe_ms") for s in summaries]
+    same_place = tuple(k for k, r in enumerate(files.repeats) if (r.summary or {}).get(SAME_PLACE))
     return MeasuredRun(files.path, files.meta, files.trace, files.repeats[0].requests, steps, stats,
                        RunStats.from_summary(noise) if noise is not None else None, len(files.repeats),
                        probes if probes and None not in probes else None, repeat_stats,
-                       tuple(r.requests for r in files.repeats[1:]))
+                       tuple(r.requests for r in files.repeats[1:]), same_place)
 
 
 def mean_over_repeats(runs: list[RunStats]) -> RunStats:
@@ -76,19 +78,30 @@ def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=No
 
 def slowed_repeats(run: MeasuredRun) -> list[dict]:
     """The measured repeats the machine slowed (profiler.engine.slowdown), found on their step logs
-    whenever they were measured: {repeat, ratio, start_s, end_s, others} each."""
+    whenever they were measured: {repeat, ratio, start_s, end_s, others} each, and `same_place`: true
+    for one kept because it was slow again in the same place when served again (the engine's own)."""
     from profiler.engine.slowdown import slowest_windows
     logs = [steps for _, steps in run.steps.groupby("repeat", sort=True)]
-    return [{"repeat": k, **w.to_dict()} for k, w in enumerate(slowest_windows(logs)) if w is not None and w.slowed]
+    return [{"repeat": k, **w.to_dict(), **({"same_place": True} if k in run.same_place else {})}
+            for k, w in enumerate(slowest_windows(logs)) if w is not None and w.slowed]
+
+
+def describe_slowed(slowed: dict, where: str = "", repeat: str = "repeat") -> str:
+    """One slowed_repeats entry in words: a warning for the machine's, a note for the engine's own.
+    `where` goes before the sentence (a run's path and ": "); `repeat` names the repeat."""
+    from profiler.engine.slowdown import SlowestWindow
+    window = SlowestWindow.from_dict(slowed).describe()
+    if slowed.get("same_place"):
+        return (f"note: {where}{repeat} {slowed['repeat']} was slow in the same place each time it was served "
+                f"({window}): kept, as the engine's own")
+    return f"warning: {where}the machine slowed {repeat} {slowed['repeat']} ({window})"
 
 
 def warn_slowed(run: MeasuredRun, what: str) -> list[dict]:
     """slowed_repeats, each named on stderr: `what` (the fit, the comparison) holds its statistics."""
     import sys
-
-    from profiler.engine.slowdown import SlowestWindow
     slowed = slowed_repeats(run)
     for s in slowed:
-        print(f"warning: {run.path}: the machine slowed repeat {s['repeat']} ({SlowestWindow.from_dict(s).describe()}); {what} "
-              "(`stepcal measure --retry-slowed 2` serves such a repeat again)", file=sys.stderr)
+        again = "" if s.get("same_place") else " (`stepcal measure --retry-slowed 2` serves such a repeat again)"
+        print(f"{describe_slowed(s, f'{run.path}: ')}; {what}{again}", file=sys.stderr)
     return slowed

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from simulator.measured_run import read_measured_run, write_measured_run
+from simulator.measured_run import SAME_PLACE, read_measured_run, write_measured_run
 
 
 def warm_up(model, num_steps: int = 3) -> None:
@@ -56,11 +56,12 @@ def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int =
 def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", dtype: str | None = None,
                   num_threads: int = 1, repeats: int = 1, trace_source: str,
                   on_repeat: Callable[[int, object], None] | None = None, retry_slowed: int = 0,
-                  on_slowed: Callable[[int, dict, bool], None] | None = None) -> dict:
+                  on_slowed: Callable[[int, dict, str], None] | None = None) -> dict:
     """Serve `trace` `repeats` times on the engine (a ModelSpec's model with random weights from
     config.seed) and write the measured run to `out`; on_repeat(k, result) after each repeat.
     A repeat the machine slowed (profiler.engine.slowdown) is served again, up to `retry_slowed`
-    times in all; on_slowed(k, window, True) before each, on_slowed(k, window, False) for each one kept.
+    times in all (serve_slowed_again); on_slowed(k, window, "again") before each, and for each one
+    kept on_slowed(k, window, "same place") where it was slow again in the same place, else "kept".
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
     import torch
 
@@ -78,20 +79,16 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
         warm_up(model)
         serve = _Server(model, trace, config)
         results = [serve.repeat(k, on_repeat) for k in range(repeats)]
-        slowed = mark_slowest_windows(results)
-        for _ in range(retry_slowed):
-            if not slowed:
-                break
-            k, window = slowed[0], results[slowed[0]].summary["slowest_window"]
+
+        def again(k: int, window: dict) -> None:
             if on_slowed is not None:
-                on_slowed(k, window, True)
+                on_slowed(k, window, "again")
             results[k] = serve.repeat(k, on_repeat)
-            slowed = mark_slowest_windows(results)
-            if slowed and slowed[0] == k and same_place(results[k].summary["slowest_window"], window):
-                break   # the same stretch slow again: the engine's, which serving again will not change
+        slowed = serve_slowed_again(lambda: results, again, retry_slowed)
         for k in slowed:    # kept: said, and recorded in the repeat's summary
             if on_slowed is not None:
-                on_slowed(k, results[k].summary["slowest_window"], False)
+                on_slowed(k, results[k].summary["slowest_window"],
+                          "same place" if results[k].summary.get(SAME_PLACE) else "kept")
     meta = engine_meta(spec, config, device=device, dtype=dtype, num_threads=num_threads, trace_source=trace_source,
                        repeats=repeats, fingerprint=hardware_fingerprint(device, num_threads))
     meta["allocator"] = allocator
@@ -115,6 +112,33 @@ class _Server:
         if on_repeat is not None:
             on_repeat(k, result)
         return result
+
+
+def serve_slowed_again(current: Callable[[], list], serve_again: Callable[[int, dict], None],
+                       retries: int) -> list[int]:
+    """The rule of `stepcal measure --retry-slowed` and of the campaign's runs: while a repeat is
+    slowed (mark_slowest_windows), the most slowed one is served again, `retries` times in all. One
+    slow again in the same place (its windows overlap) is kept and not served again: that stretch is
+    the engine's own (seen in 2 of 11 quickstarts: the last request's decodes at 1.6x in all three
+    serves), and serving again would only find it once more.
+    current() gives the repeats as they stand (objects with steps and summary); serve_again(k, window)
+    serves repeat k again, window its slowest_window record. Returns the repeats slowed after the last
+    serve; those kept in the same place carry summary[SAME_PLACE] = True."""
+    results, kept = current(), set()
+    slowed = mark_slowest_windows(results)
+    for _ in range(retries):
+        left = [k for k in slowed if k not in kept]
+        if not left:
+            break
+        k, window = left[0], results[left[0]].summary["slowest_window"]
+        serve_again(k, window)
+        results = current()
+        slowed = mark_slowest_windows(results)
+        if k in slowed and same_place(results[k].summary["slowest_window"], window):
+            kept.add(k)
+    for k in kept.intersection(slowed):
+        results[k].summary[SAME_PLACE] = True
+    return slowed
 
 
 def same_place(window: dict, other: dict) -> bool:
@@ -150,13 +174,14 @@ def _run_setting(meta: dict, key: str):
     return meta.get(key)
 
 
-def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
+def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: tuple[int, ...] = ()) -> dict:
     """One measured run from single-repeat runs of the same workload taken at different times.
 
     The quickstart interleaves repeats across its runs (every run's repeat 0, then every run's
     repeat 1), so that each run's repeats sample the machine's speed at different moments of
     the campaign instead of two back-to-back minutes. Writes the layout `write_measured_run`
-    writes; raises InputError when the parts differ in trace or settings."""
+    writes; raises InputError when the parts differ in trace or settings. `kept_same_place`: the parts
+    serve_slowed_again kept, slow again in the same place, flagged so in their summary."""
     from simulator.errors import InputError
     runs = [read_measured_run(p) for p in parts]
     first_trace = runs[0].trace.to_frame()
@@ -165,7 +190,9 @@ def combine_repeats(parts: list[str | Path], out: str | Path) -> dict:
         if differ or not run.trace.to_frame().equals(first_trace):
             raise InputError(f"{run.path}: not a repeat of {runs[0].path} (differs in {', '.join(differ) or 'trace'})")
     repeats = [repeat for run in runs for repeat in run.repeats]
-    mark_slowest_windows(repeats)     # each part was judged against its own steps alone
+    slowed = mark_slowest_windows(repeats)     # each part was judged against its own steps alone
+    for k in set(kept_same_place).intersection(slowed):
+        repeats[k].summary[SAME_PLACE] = True
     return write_measured_run(out, runs[0].trace, repeats, dict(runs[0].meta, repeats=len(repeats)))
 
 
@@ -180,4 +207,5 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
             "seed": config.seed, "prefix_caching": config.uses_prefix_caching, "timeout_s": config.timeout_s}
 
 
-__all__ = ["combine_repeats", "engine_meta", "mark_slowest_windows", "measure_trace", "speed_probe_ms", "warm_up"]
+__all__ = ["combine_repeats", "engine_meta", "mark_slowest_windows", "measure_trace", "serve_slowed_again",
+           "speed_probe_ms", "warm_up"]

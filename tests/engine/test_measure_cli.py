@@ -67,11 +67,13 @@ def test_noise_floor_is_the_relative_difference():
     assert abs(floor["throughput_rps"] - 0.1) < 1e-12 and floor["tpot_ms"]["p50"] is None
 
 
-def test_single_repeat_runs_combine_into_one_run_with_its_noise_floor(tmp_path, capsys):
+def test_single_repeat_runs_combine_into_one_run_with_its_noise_floor(tmp_path, capsys, monkeypatch):
     import pytest
 
+    from profiler.engine import slowdown
     from profiler.engine.measure import combine_repeats
     from simulator.errors import InputError
+    from simulator.measured_run import SAME_PLACE
     trace = "poisson:rate=50,n=8,prompt=uniform:4:40,output=uniform:1:8"
     for name, seed in (("a", "0"), ("b", "0"), ("other", "1")):
         assert main(["measure", "--trace", trace, "--scheduler", "continuous", "--seed", seed, "--quiet",
@@ -89,3 +91,10 @@ def test_single_repeat_runs_combine_into_one_run_with_its_noise_floor(tmp_path, 
     with pytest.raises(InputError, match="other: not a repeat of"):      # another seed: another trace
         combine_repeats([tmp_path / "a", tmp_path / "other"], tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+    assert SAME_PLACE not in first
+    # the campaign's repeats kept as the engine's own are flagged, where the combined run still finds them slowed
+    windows = [slowdown.SlowestWindow(1.0, 0.0, 0.1, 1.0), slowdown.SlowestWindow(1.6, 0.0, 0.1, 1.0)]
+    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: windows)
+    combine_repeats([tmp_path / "a", tmp_path / "b"], tmp_path / "kept", kept_same_place=(0, 1))
+    flags = [json.loads((tmp_path / "kept" / f"repeat_{k}" / "summary.json").read_text()).get(SAME_PLACE) for k in (0, 1)]
+    assert flags == [None, True]

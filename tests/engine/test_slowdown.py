@@ -8,6 +8,7 @@ import pytest
 from experiments.cli import main
 from profiler.engine import slowdown
 from profiler.engine.slowdown import SLOWED_ALONE_RATIO, SLOWED_RATIO, WINDOW_STEPS, slowest_windows
+from simulator.measured_run import SAME_PLACE
 
 
 def _steps(seed: int, num_steps: int = 400, slow: tuple[int, int, float] | None = None) -> pd.DataFrame:
@@ -131,6 +132,32 @@ def test_measure_keeps_a_repeat_slowed_again_in_the_same_place(tmp_path, capsys,
     assert main(["measure", "--model-spec", "tiny", "--trace", _TRACE, "--scheduler", "continuous",
                  "--repeats", "2", "--retry-slowed", "2", "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    served = [line for line in err.splitlines() if "repeat 1: the machine slowed it" in line]
-    assert len(calls) == 2 and len(served) == 2   # served again once, then kept (not a second time)
-    assert served[0].endswith("serving it again") and served[1].endswith("kept")
+    said = [line for line in err.splitlines() if line.startswith("warning: repeat 1:")]
+    assert len(calls) == 2 and len(said) == 2   # served again once, then kept (not a second time)
+    assert said[0].endswith("the machine slowed it (steps 1.60x their usual time from 0.01 to 0.02 s); serving it again")
+    assert said[1] == ("warning: repeat 1: slow again in the same place when served again (steps 1.60x their usual "
+                       "time from 0.01 to 0.02 s): kept, as the engine's own")
+    flags = [json.loads((out / f"repeat_{k}" / "summary.json").read_text()).get(SAME_PLACE) for k in (0, 1)]
+    assert flags == [None, True]
+
+
+def test_serve_slowed_again_keeps_a_stretch_in_the_same_place_and_moves_on_to_the_next_repeat(monkeypatch):
+    """Repeat 0, slow again in the same place, is kept and flagged; repeat 2, slowed less, is served next;
+    the retries stop at their number."""
+    from types import SimpleNamespace
+
+    from profiler.engine.measure import serve_slowed_again
+    W = slowdown.SlowestWindow
+    clean, early, late = W(1.0, 0.0, 0.1, 1.0), W(1.8, 1.0, 1.5, 1.0), W(1.5, 3.0, 3.5, 1.0)
+    answers = [[early, clean, late], [early, clean, late], [early, clean, clean]]
+    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: answers.pop(0))
+    results = [SimpleNamespace(steps=None, summary={}) for _ in range(3)]
+    served = []
+    slowed = serve_slowed_again(lambda: results, lambda k, window: served.append((k, window["start_s"])), retries=5)
+    assert served == [(0, 1.0), (2, 3.0)] and answers == [] and slowed == [0]
+    assert [r.summary.get(SAME_PLACE) for r in results] == [True, None, None]
+    answers[:] = [[early, clean, clean], [late, clean, clean]]      # slowed elsewhere: the machine's, served again
+    results = [SimpleNamespace(steps=None, summary={}) for _ in range(3)]
+    served.clear()
+    assert serve_slowed_again(lambda: results, lambda k, window: served.append(k), retries=1) == [0]
+    assert served == [0] and results[0].summary.get(SAME_PLACE) is None

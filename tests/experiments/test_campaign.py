@@ -371,8 +371,9 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     import profiler.engine.measure as measure
     outs = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: outs.append((str(out), workload)))
-    monkeypatch.setattr(measure, "combine_repeats", lambda parts, out: outs.append(("combine", len(parts), str(out))))
-    monkeypatch.setattr(Campaign, "serve_slowed_again", lambda self, *args: None)   # no step logs here
+    monkeypatch.setattr(measure, "combine_repeats",
+                        lambda parts, out, kept: outs.append(("combine", len(parts), str(out), kept)))
+    monkeypatch.setattr(Campaign, "serve_slowed_again", lambda self, *args: ())   # no step logs here
     (tmp_path / "measured" / ".repeats").mkdir(parents=True)
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2)
     Campaign(config).measure_interleaved({"a": 10.0, "b": 20.0})
@@ -380,7 +381,7 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     assert parts == ["a/load_30/0", "a/load_90/0", "b/load_30/0", "b/load_90/0",
                      "b/load_90/1", "b/load_30/1", "a/load_90/1", "a/load_30/1"]
     assert outs[0][1] == config.workload(3.0) and outs[3][1] == config.workload(18.0)   # load x capacity
-    assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n)) for s in "ab" for n in ("load_30", "load_90")]
+    assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n), ()) for s in "ab" for n in ("load_30", "load_90")]
     assert not (tmp_path / "measured" / ".repeats").exists()
 
 
@@ -395,17 +396,18 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
     later = SlowestWindow(1.5, 3.0, 3.5)
     # run a: repeat 2 slowed, then clean once served again; run b: repeat 1 slowed each time somewhere
     # else; run c: repeat 1 slowed in the same place when served again
-    answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean], [later, clean]],
+    answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean], [later, clean], [slowed, clean]],
                "c": [[slowed, clean]] * 3}
     monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: answers[logs[0].parts[-3]].pop(0))
     campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.6,), repeats=2))
     parts = tmp_path / "parts"
-    for scheduler in "abc":
-        campaign.serve_slowed_again(scheduler, 0.6, 10.0, parts)
+    kept = [campaign.serve_slowed_again(scheduler, 0.6, 10.0, parts) for scheduler in "abc"]
     assert [(s, out.relative_to(parts).as_posix()) for s, _, out in served] == [
         ("a", "a/load_60/1"), ("b", "b/load_60/0"), ("b", "b/load_60/0"),   # b: twice, then kept
         ("c", "c/load_60/0")]                                                # c: once, then kept
     assert served[0][1] == campaign.c.workload(6.0) and answers["b"] == [] and answers["c"] == [[slowed, clean]]
+    # b, slowed somewhere else each time, is the machine's; c's stretch is the engine's own, flagged so
+    assert kept == [(), (), (0,)]
     assert campaign.served_again[0] == "a 60% repeat 2: steps 1.60x their usual time from 1.25 to 2.50 s"
     assert len(campaign.served_again) == 4
     err = capsys.readouterr().err

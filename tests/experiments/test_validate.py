@@ -9,7 +9,7 @@ from experiments.validation.errors import relative_error
 from experiments.validation.measured import load_measured_run
 from experiments.validation.steps import StepLevelError, step_noise_floor
 from experiments.validation.table import format_table
-from simulator.measured_run import RunStats
+from simulator.measured_run import SAME_PLACE, RunStats
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,21 @@ def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {run}: the machine slowed repeat 1 ({window.describe()}); "
                                                    "the terms are fitted to it")
+    # the same repeat kept by the measurement, slow again in the same place when served again: a note
+    summary = json.loads((run / "repeat_1" / "summary.json").read_text())
+    (run / "repeat_1" / "summary.json").write_text(json.dumps({**summary, SAME_PLACE: True}))
+    out = tmp_path / "v_kept"
+    assert main(["validate", "--measured", str(run), "--step-model", "const:2", "--quiet", "--out", str(out)]) == 0
+    record = json.loads((out / "validation.json").read_text())
+    assert [(s["repeat"], s.get("same_place")) for s in record["slowed_repeats"]] == [(1, True)]
+    text = (out / "validation.md").read_text()
+    assert "the machine slowed" not in text and (
+        f"note: measured repeat 1 was slow in the same place each time it was served ({window.describe()}): kept, "
+        "as the engine's own: its statistics are in the measured values above\n") in text
+    capsys.readouterr()
+    warn_slowed(load_measured_run(run), "the terms are fitted to it")
+    assert capsys.readouterr().err == (f"note: {run}: repeat 1 was slow in the same place each time it was served "
+                                       f"({window.describe()}): kept, as the engine's own; the terms are fitted to it\n")
 
 
 def test_validate_compares_prefix_reuse_of_a_multi_turn_workload(tmp_path, capsys):
