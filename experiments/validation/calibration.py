@@ -555,7 +555,6 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     from simulator.metrics import clean_json
     from simulator.readers import read_json
     run = load_measured_run(measured)
-    warn_slowed(run, "the host terms are fitted to it as measured")
     more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)] + list(history)
     scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
     model = resolve_step_model(step_model)
@@ -565,6 +564,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         from experiments.host_defaults import host_defaults as engine_defaults
         start = engine_defaults(host_defaults)
     step_scatter = Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter is not None else None
+    warn_slowed(run, "the host terms are fitted to it as measured")   # after the inputs' checks: a refusal is one line
     result = calibrate(run, base, max_simulations=max_simulations, start=start, scatter=step_scatter,
                        step_log=step_log)
     source = Path(step_model)

@@ -86,6 +86,9 @@ def _slow_first_call(monkeypatch, repeat: int):
     and too clean to be slowed on purpose)."""
     calls = []
     real = slowdown.slowest_windows
+    # Only the injected window may be slowed: the real repeats' windows (judged against each other,
+    # `others` set) are the shared machine's to vary, and a real slowed repeat 0 would be served too.
+    monkeypatch.setattr(slowdown, "SLOWED_RATIO", float("inf"))
 
     def fake(logs):
         windows = real(logs)
@@ -121,6 +124,7 @@ def test_measure_keeps_a_repeat_slowed_again_in_the_same_place(tmp_path, capsys,
     """A slow stretch that comes back in the same place when served again is the engine's: served once, kept."""
     calls = []
     real = slowdown.slowest_windows
+    monkeypatch.setattr(slowdown, "SLOWED_RATIO", float("inf"))   # the injected window alone: as in _slow_first_call
 
     def fake(logs):
         windows = real(logs)
