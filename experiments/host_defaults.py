@@ -11,7 +11,7 @@ from simulator.errors import InputError
 
 DEFAULTS_PATH = Path(__file__).parent / "data" / "serving_defaults.json"
 # The engines of the data file, listed here so `--help` reads no file (a test checks they agree).
-ENGINE_NAMES = ("vllm", "vllm-async")
+ENGINE_NAMES = ("vllm", "vllm-async", "sglang", "sglang-no-overlap")
 HELP = ("add the host-time and front-end terms of a serving engine from published measurements, for a "
         "step model without calibrated host terms (one that has them is refused: calibrated terms win). "
         "vllm (V1 engine, synchronous scheduling): 0.012 ms per sequence per step = (5.5 - 2.5) ms / 256 "
@@ -19,9 +19,14 @@ HELP = ("add the host-time and front-end terms of a serving engine from publishe
         "0.0028 ms per prompt token = tokenisation 220 ms / 100k tokens (Luo 2026 (MI300X CPU-GPU co-design "
         "blog)) + detokenizer priming 12 ms / 20k tokens (vLLM PR #51281; cross-check vLLM PR #57330). "
         "vllm-async (--async-scheduling): 0.000625 ms per sequence per step = 0.160 ms / 256, from vLLM PR "
-        "#11133; the same 0.0028 ms per prompt token. Every other term (per step, per token, the per-request "
-        "median and sigma, per stream) is 0: no source measures it. Sources with links, where in each the "
-        "figure is, and each derivation: experiments/data/serving_defaults.json")
+        "#11133; the same 0.0028 ms per prompt token. "
+        "sglang (overlap scheduler, its default): 0.0022 ms per prompt token, the tokenisation part alone "
+        "(Luo 2026 (MI300X CPU-GPU co-design blog)); no step term, its host work hidden behind the GPU (SGLang "
+        "v0.4 blog). sglang-no-overlap: 0.61 ms per step = 16 / 3053.86 - 16 / 3458.31 tok/s, overlap off vs on "
+        "(SGLang PR #5608; cross-check SGLang PR #38131, 0.74 ms), and the same 0.0022 ms per prompt token. "
+        "Every other term (per token, the per-request median and sigma, per stream; per step or per sequence "
+        "where not given) is 0: no source measures it. Sources with links, where in each the figure is, and "
+        "each derivation: experiments/data/serving_defaults.json")
 
 
 SOURCE_KEYS = ("short", "url", "title", "where", "measured", "setup", "figures")

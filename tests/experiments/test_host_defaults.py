@@ -92,6 +92,21 @@ def test_host_defaults_change_the_prediction(tmp_path):
     assert "host terms" in vllm["step_model"]
 
 
+def test_sglang_defaults_hide_the_step_terms_behind_the_gpu_unless_overlap_is_off(tmp_path):
+    base = ["simulate", "--trace", TRACE, "--step-model", "linear:5,0.01,0.0002", "--quiet"]
+    for name in ("plain", "sglang", "sglang-no-overlap"):
+        engine = [] if name == "plain" else ["--host-defaults", name]
+        assert main([*base, *engine, "--out", str(tmp_path / name)]) == 0
+    plain, overlap, synchronous = (_summary(tmp_path / n) for n in ("plain", "sglang", "sglang-no-overlap"))
+    terms = host_defaults("sglang-no-overlap")
+    assert terms.per_step_ms == 0.61 and host_defaults("sglang").per_step_ms == 0.0
+    # with the overlap scheduler only the request path adds time: the tokeniser's, before the first token
+    assert overlap["tpot_ms"]["p50"] == pytest.approx(plain["tpot_ms"]["p50"])
+    assert overlap["ttft_ms"]["p50"] > plain["ttft_ms"]["p50"] + 256 * terms.per_prompt_token_ms
+    # without it every step pays the 0.61 ms the overlap hides
+    assert synchronous["tpot_ms"]["p50"] > overlap["tpot_ms"]["p50"] + 0.5
+
+
 def test_host_defaults_on_calibrated_terms_is_refused_in_one_line(tmp_path, capsys):
     cal = tmp_path / "cal"
     cal.mkdir()
@@ -116,7 +131,7 @@ def test_a_bad_front_end_value_exits_2_in_one_line(terms, needle, tmp_path, caps
 
 
 def test_an_unknown_engine_is_an_argument_error_in_one_line(tmp_path, capsys):
-    code = main(["simulate", "--trace", TRACE, "--step-model", "const:5", "--host-defaults", "sglang",
+    code = main(["simulate", "--trace", TRACE, "--step-model", "const:5", "--host-defaults", "tgi",
                  "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and "--host-defaults" in err
