@@ -1,7 +1,7 @@
 """The machine's speed while the fitted profiles were taken: their meta.json's speed probes.
 
 `stepcal profile` times one fixed decode step before and after each sweep that runs the engine's
-model (profiler.sweep.engine_speed_probes_ms), the same step each measured run times around its
+model (profiler.sweep.engine_speed_probe_ms), the same step each measured run times around its
 repeats. The tables keep the probes of every profile they were fitted on, so that `validate` can
 say how much faster or slower the machine ran during a run than while it was profiled: on a shared
 CPU that drift moved the quickstart's step time by up to 8% between profile halves.

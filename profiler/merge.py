@@ -52,10 +52,10 @@ def merge_profiles(inputs: list[str | Path], out: str | Path) -> MergeResult:
     points = joined[joined["name"] != SERVED]   # a served workload's steps are rows beyond its point
     missing = max(0, grid_points - len(points)) if isinstance(grid_points, int) else 0
     atomic_write_parquet(joined, out / "profile.parquet")
-    # every piece's speed probes (profiler.sweep.engine_speed_probes_ms): the tables fitted on the merged
+    # every piece's speed probes (profiler.sweep.engine_speed_probe_ms): the tables fitted on the merged
     # profile keep them, and validate sets runs against them
-    probes = {key: [p for m in metas for p in m.get(key) or ()] for key in ("speed_probe_ms", "speed_probe_big_ms")}
-    probes = {key: values for key, values in probes.items() if values}
+    speed_probes = [p for m in metas for p in m.get("speed_probe_ms") or ()]
+    probes = {"speed_probe_ms": speed_probes} if speed_probes else {}
     atomic_write_json(out / "meta.json", {
         "kind": "stepcal profile merge", "identity": metas[0]["identity"], "grid": metas[0].get("grid"),
         "grid_source": metas[0].get("grid_source"), "grid_num_points": grid_points,

@@ -112,14 +112,13 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
             "torch_version": torch.__version__, "tool_version": TOOL_VERSION,
             "schema_version": SCHEMA_VERSION, "fingerprint_id": fingerprint_id(fingerprint)}
         measurer = PointMeasurer(config, timer_factory)
-        start_probes_ms = engine_speed_probes_ms(tasks, measurer.ctx)
+        start_probe_ms = engine_speed_probe_ms(tasks, measurer.ctx)
         measured = _measure_all(tasks, previous, measurer, pdir, provenance,
                                 sum(min(n, wanted[k]) for k, n in done.items()), sum(wanted.values()), started,
                                 max_minutes, progress, clock)
-        if start_probes_ms is not None:   # each sweep's pair, a resumed one's after the earlier ones
-            end_probes_ms = engine_speed_probes_ms(tasks, measurer.ctx)
-            for key, start_ms in start_probes_ms.items():
-                meta[key] = [*meta.get(key, []), start_ms, end_probes_ms[key]]
+        if start_probe_ms is not None:   # each sweep's pair, a resumed one's after the earlier ones
+            meta["speed_probe_ms"] = [*meta.get("speed_probe_ms", []), start_probe_ms,
+                                      engine_speed_probe_ms(tasks, measurer.ctx)]
         frame = pdir.compact([p.key for p in config.grid.points])
         in_shard = frame[frame["point_key"].isin(done)]
         finished = in_shard["rounds"].fillna(0).ge(in_shard["point_key"].map(wanted)) | in_shard["status"].eq("failed")
@@ -139,19 +138,18 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
 ENGINE_OPS = frozenset({"step", "host", "serve"})   # the ops that run the engine's own model
 
 
-def engine_speed_probes_ms(tasks, ctx) -> dict[str, float] | None:
+def engine_speed_probe_ms(tasks, ctx) -> float | None:
     """The machine's speed now, when the sweep times the engine (step, host or serve points): the
-    fixed decode steps each measured run times before and after its repeats
-    (profiler.engine.measure.speed_probes_ms), on the profile's own model. meta.json keeps one of each
-    before and one after each sweep (speed_probe_ms, speed_probe_big_ms); `fit` carries the first into
-    the tables and `validate` compares a run's probes with them, telling the machine's drift between
-    profile and run from the model's error."""
+    fixed decode step each measured run times before and after its repeats
+    (profiler.engine.measure.speed_probe_ms), on the profile's own model. meta.json keeps one before
+    and one after each sweep; `fit` carries them into the tables and `validate` compares a run's
+    probes with them, telling the machine's drift between profile and run from the model's error."""
     if not any(p.op in ENGINE_OPS for p in tasks):
         return None
-    from profiler.engine.measure import speed_probes_ms, warm_up
+    from profiler.engine.measure import speed_probe_ms, warm_up
     model = ctx.model()
     warm_up(model)
-    return speed_probes_ms(model)
+    return speed_probe_ms(model)
 
 
 def _previous_rows(frame, retry_failed: bool) -> dict[str, dict]:

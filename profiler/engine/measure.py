@@ -53,18 +53,6 @@ def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int =
     return float(sorted(times_ms)[len(times_ms) // 2])
 
 
-# A second probe beside speed_probe_ms, recorded as speed_probe_big_ms for study (studies/probe_shapes.py):
-# the 4-decode probe tracked the runs' step totals with r = -0.87 but moved 0.57x as much as they did
-# within +-15%, and the runs' big decode batches (17-64 sequences) drifted from it; this one times a batch
-# of that size (60 steps of about 8 ms on the CPU's tiny model).
-BIG_PROBE = {"num_seqs": 32, "kv_len": 512, "num_steps": 60}
-
-
-def speed_probes_ms(model) -> dict[str, float]:
-    """Both probes, the summary's and meta.json's keys: speed_probe_ms and speed_probe_big_ms."""
-    return {"speed_probe_ms": speed_probe_ms(model), "speed_probe_big_ms": speed_probe_ms(model, **BIG_PROBE)}
-
-
 def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", dtype: str | None = None,
                   num_threads: int = 1, repeats: int = 1, trace_source: str,
                   on_repeat: Callable[[int, object], None] | None = None, retry_slowed: int = 0,
@@ -112,16 +100,15 @@ class _Server:
 
     def __init__(self, model, trace, config) -> None:
         self.model, self.trace, self.config = model, trace, config
-        self.last_probes_ms = speed_probes_ms(model)
+        self.last_probe_ms = speed_probe_ms(model)
 
     def repeat(self, k: int, on_repeat: Callable[[int, object], None] | None):
         from profiler.engine import Engine
         result = Engine(self.model, self.trace, self.config).run()
-        probes_ms = speed_probes_ms(self.model)
+        probe_ms = speed_probe_ms(self.model)
         # the machine's speed during this repeat: the probes just before and just after it
-        for key, probe_ms in probes_ms.items():
-            result.summary[key] = (self.last_probes_ms[key] + probe_ms) / 2
-        self.last_probes_ms = probes_ms
+        result.summary["speed_probe_ms"] = (self.last_probe_ms + probe_ms) / 2
+        self.last_probe_ms = probe_ms
         if on_repeat is not None:
             on_repeat(k, result)
         return result
@@ -221,4 +208,4 @@ def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trac
 
 
 __all__ = ["combine_repeats", "engine_meta", "mark_slowest_windows", "measure_trace", "serve_slowed_again",
-           "speed_probe_ms", "speed_probes_ms", "warm_up"]
+           "speed_probe_ms", "warm_up"]

@@ -116,9 +116,8 @@ def test_rows_carry_shapes_and_features(tmp_path):
     assert meta["identity"]["model_spec"]["name"] == "tiny"
     assert meta["allocator"] == configure_allocator() and meta["allocator"]["allocator"] in ("warm", "system")
     assert not list((tmp_path / "parts").iterdir())          # joined into profile.parquet
-    # a sweep of engine ops times the measured runs' speed probes before and after it
-    for key in ("speed_probe_ms", "speed_probe_big_ms"):
-        assert len(meta[key]) == 2 and all(p > 0 for p in meta[key]), key
+    # a sweep of engine ops times the measured runs' speed probe before and after it
+    assert len(meta["speed_probe_ms"]) == 2 and all(p > 0 for p in meta["speed_probe_ms"])
 
 
 def test_the_sweep_sets_its_thread_count_and_restores_the_callers(tmp_path):
@@ -223,12 +222,10 @@ def test_shards_merge_into_the_whole_grid(tmp_path):
     assert "speed_probe_ms" not in meta     # no engine op in any piece: no probe
     for k, directory in enumerate(dirs[:2]):   # as if the pieces had timed engine ops: their probes are kept
         piece = json.loads((directory / "meta.json").read_text())
-        big = {"speed_probe_big_ms": [9.0]} if k == 1 else {}     # a piece of before the big probe has none
-        (directory / "meta.json").write_text(json.dumps({**piece, "speed_probe_ms": [1.0 + k, 1.5 + k], **big}))
+        (directory / "meta.json").write_text(json.dumps({**piece, "speed_probe_ms": [1.0 + k, 1.5 + k]}))
     partial = merge_profiles(dirs[:2], tmp_path / "partial")
     assert partial.num_missing == len(whole.grid.shard(2, 3))
-    merged = json.loads((tmp_path / "partial" / "meta.json").read_text())
-    assert merged["speed_probe_ms"] == [1.0, 1.5, 2.0, 2.5] and merged["speed_probe_big_ms"] == [9.0]
+    assert json.loads((tmp_path / "partial" / "meta.json").read_text())["speed_probe_ms"] == [1.0, 1.5, 2.0, 2.5]
 
 
 def test_merge_refuses_different_sweeps(tmp_path):
