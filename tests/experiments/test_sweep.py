@@ -282,7 +282,7 @@ def test_host_defaults_on_calibrated_tables_are_refused_in_one_line(tmp_path, ca
     assert err.count("\n") == 1 and "bad.toml" in err and "already has calibrated host terms" in err
 
 
-@pytest.mark.parametrize("value,needle", [('"sglang"', "host_defaults must be one or a list of"),
+@pytest.mark.parametrize("value,needle", [('"tgi"', "host_defaults must be one or a list of"),
                                           ('["vllm", "vllm"]', "lists an engine twice"),
                                           ("1", "host_defaults must be a value or a non-empty list of strings")])
 def test_bad_host_defaults_are_one_line(tmp_path, capsys, value, needle):
