@@ -38,6 +38,8 @@ from simulator.errors import InputError
 
 T = TypeVar("T")
 RETRY_SLOWED = 2      # times a run's slowed repeats are served again, in all
+# A repeat still slowed when the runs are calibrated was served again RETRY_SLOWED times already.
+RETRY_SPENT = f"the quickstart served this run's slowed repeats again {RETRY_SLOWED} times, its most"
 
 
 class StageExit(Exception):
@@ -271,7 +273,7 @@ class Campaign:
                        lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
                            str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o,
                            scatter_profiles=halves, history=[e.pairs() for e in self.history_used],
-                           step_log=False))
+                           step_log=False, retry_hint=RETRY_SPENT))
             models[s][name] = target
 
     def measure_interleaved(self, capacity: dict) -> None:

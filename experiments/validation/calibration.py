@@ -536,7 +536,8 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
                          max_simulations: int = 300, host_defaults: str | None = None,
                          scatter_runs: Sequence[str | Path] = (),
                          scatter_profiles: Sequence[str | Path] = (),
-                         history: Sequence = (), step_log: bool = True) -> Calibration:
+                         history: Sequence = (), step_log: bool = True,
+                         retry_hint: str | None = None) -> Calibration:
     """The work of `stepcal calibrate`: fit host terms of `step_model` (re-fitted from its base when it
     has some) on the measured run, and write OUT as a step-model directory: a copy of the tables with
     `host_terms` and a `calibration` record in meta.json (for const: / linear:, a small directory
@@ -544,7 +545,8 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     `scatter_runs`, more measured runs of the device whose repeats join the run-to-run spread, as does
     `scatter_profiles`, a profile timed in two halves (early, late), and `history`, RunPairs of the
     device's history (experiments.validation.device_history) whose runs may be gone. `step_log`: read
-    the step terms off the run's step log where it has one (False: search them on the request log)."""
+    the step terms off the run's step log where it has one (False: search them on the request log).
+    `retry_hint`: what the warning of a slowed repeat suggests (default: measure it again)."""
     import shutil
     import tempfile
 
@@ -564,7 +566,8 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         from experiments.host_defaults import host_defaults as engine_defaults
         start = engine_defaults(host_defaults)
     step_scatter = Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter is not None else None
-    warn_slowed(run, "the host terms are fitted to it as measured")   # after the inputs' checks: a refusal is one line
+    # after the inputs' checks: a refusal is one line
+    warn_slowed(run, "the host terms are fitted to it as measured", *([retry_hint] if retry_hint else []))
     result = calibrate(run, base, max_simulations=max_simulations, start=start, scatter=step_scatter,
                        step_log=step_log)
     source = Path(step_model)

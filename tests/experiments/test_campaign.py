@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
+from experiments.campaign.campaign import RETRY_SPENT
 from experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
 from simulator.errors import InputError
 
@@ -420,9 +421,11 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
     import experiments.validation.calibration as calibration
     calls = []
+    hints = []
     monkeypatch.setattr(calibration, "calibrate_step_model",
-                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=(), history=(), step_log=True:
-                        calls.append((measured, tables, out, scatter_runs, scatter_profiles, step_log)))
+                        lambda measured, tables, out, scatter_runs=(), scatter_profiles=(), history=(), step_log=True,
+                        retry_hint=None: calls.append((measured, tables, out, scatter_runs, scatter_profiles, step_log))
+                        or hints.append(retry_hint))
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.3, 0.9), repeats=2)
     models = {s: {"profiled": f"P{s}"} for s in config.schedulers}
     campaign = Campaign(config)
@@ -435,6 +438,8 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
                      (run["b"], "Pb", str(tmp_path / "profiled_cal/b"), [run["a"], run["c"]], halves, False),
                      (run["c"], "Pc", str(tmp_path / "profiled_cal/c"), [run["a"], run["b"]], halves, False)]
     assert models["b"] == {"profiled": "Pb", "profiled_cal": tmp_path / "profiled_cal/b"}   # validated next
+    # a repeat still slowed here was served again as often as the campaign does: the warning says so
+    assert hints == [RETRY_SPENT] * 3 and "again 2 times, its most" in RETRY_SPENT
     single = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=1)
     calls.clear()
     Campaign(single).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")

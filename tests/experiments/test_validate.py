@@ -191,6 +191,9 @@ def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {run}: the machine slowed repeat 1 ({window.describe()}); "
                                                    "the terms are fitted to it")
+    assert err.endswith("(`stepcal measure --retry-slowed 2` serves such a repeat again)\n")
+    warn_slowed(load_measured_run(run), "the terms are fitted to it", "served twice already")
+    assert capsys.readouterr().err.endswith("the terms are fitted to it (served twice already)\n")
     # the same repeat kept by the measurement, slow again in the same place when served again: a note
     summary = json.loads((run / "repeat_1" / "summary.json").read_text())
     (run / "repeat_1" / "summary.json").write_text(json.dumps({**summary, SAME_PLACE: True}))
