@@ -101,7 +101,7 @@ def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(
     write_ledger(ledger, [earlier, own, named, elsewhere])
     calls = []
     monkeypatch.setattr(calibration, "calibrate_step_model", lambda measured, tables, out, scatter_runs=(),
-                        scatter_profiles=(), history=(), step_log=True: calls.append(list(history)))
+                        scatter_profiles=(), history=(), step_log=True, retry_hint=None: calls.append(list(history)))
     config = CampaignConfig(out=tmp_path / "qs", schedulers=("a",), repeats=2, history_file=ledger,
                             scatter_runs=(str(tmp_path / "named"),))
     campaign = Campaign(config)
