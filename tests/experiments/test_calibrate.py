@@ -10,6 +10,7 @@ from experiments.validation.measured import load_measured_run
 from simulator.batch import StepBatch
 from simulator.measured_run import RunStats
 from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from tests.experiments.simulated_truth import served_as
 
 
 def test_host_terms_add_to_every_path_bit_identically():
@@ -27,15 +28,12 @@ def test_calibration_recovers_host_time_a_base_model_misses(measured):
     """The measured workload served at a constant step time (a run simulated from it, so that the
     figures do not depend on this machine's speed); a base model at half that step time: calibration
     must add the missing host time."""
-    from dataclasses import replace
-
     from experiments.validation.measured import sim_config_for
     from simulator.simulation import simulate
     step_ms = 2.0     # the truth's step time: the same load on any machine (as test_calibration_bias)
     truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured))
-    # the truth's batches, not the engine's: on the virtual clock their mix moves with the machine's speed
-    steps = truth.steps.assign(repeat=0)
-    run = replace(measured, stats=RunStats.from_summary(truth.summary), requests=truth.requests, steps=steps)
+    run = served_as(measured, truth)
+    steps = run.steps
     result = calibrate(run, LinearStepModel(step_ms / 2, 0.0, 0.0), max_simulations=120, step_log=False)
     assert result.loss_after < result.loss_before / 4
     # with the terms, the model's time for the measured batches is near the true step time again (it
@@ -74,16 +72,12 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
 def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     """A run whose every step costs 1.5 ms more than the base model: calibration finds it in the per-step
     term, and the per-sequence and per-token terms add next to nothing to a step."""
-    from dataclasses import replace
-
     from experiments.validation.measured import sim_config_for
     from simulator.simulation import simulate
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTermsModel(base, HostTerms(1.5, 0.0, 0.0, 0.0))
     simulated = simulate(measured.trace, truth, sim_config_for(measured))
-    # the truth's batches, not the engine's: on the virtual clock their mix moves with the machine's speed
-    run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests,
-                  steps=simulated.steps.assign(repeat=0))
+    run = served_as(measured, simulated)
     result = calibrate(run, base, max_simulations=150, step_log=False)
     # A TTFT slope a little above the base's starts a per-token term, and the search of all four may
     # then keep a small per-sequence one (0.022 ms with 1.47 ms per step once, on CI's engine batches):
@@ -175,16 +169,12 @@ def test_calibration_recovers_a_front_end_distribution_and_its_load_part():
 
 def test_calibration_keeps_a_constant_front_end_constant(measured):
     """A run whose request path is a constant: the shape terms do not earn their place."""
-    from dataclasses import replace
-
     from experiments.validation.measured import sim_config_for
     from simulator.simulation import simulate
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTerms(per_step_ms=0.5, per_request_ms=6.0)
     simulated = simulate(measured.trace, HostTermsModel(base, truth), sim_config_for(measured, 0.0, truth.front_end))
-    # the truth's batches, not the engine's: on the virtual clock their mix moves with the machine's speed
-    run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests,
-                  steps=simulated.steps.assign(repeat=0))
+    run = served_as(measured, simulated)
     result = calibrate(run, base, max_simulations=150, step_log=False)   # the truth's requests, not its step times
     assert not result.front_end["kept"]
     assert result.terms.per_request_sigma == 0.0 and result.terms.per_stream_ms == 0.0

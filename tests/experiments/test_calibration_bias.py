@@ -11,10 +11,10 @@ from experiments.cli import main
 from experiments.validation.calibration import SUMMARY_OBJECTIVE, calibrate
 from experiments.validation.measured import sim_config_for
 from simulator.errors import InputError
-from simulator.measured_run import RunStats
 from simulator.ranges import Scatter
 from simulator.simulation import simulate
 from simulator.step_model import LinearStepModel
+from tests.experiments.simulated_truth import served_as
 
 
 def test_the_level_left_adds_to_the_runs_level_in_quadrature():
@@ -30,9 +30,7 @@ def test_the_level_left_adds_to_the_runs_level_in_quadrature():
 def _run_at(measured, step_ms):
     """The measured workload served at a constant step time (simulated: no timing of this machine's)."""
     truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured))
-    # the truth's batches too: on the virtual clock the engine's mix moves with the machine's speed
-    return replace(measured, stats=RunStats.from_summary(truth.summary), requests=truth.requests,
-                   steps=truth.steps.assign(repeat=0))
+    return served_as(measured, truth)
 
 
 def test_a_base_too_slow_for_the_run_keeps_its_excess_as_the_level_left(measured):

@@ -3,7 +3,6 @@ correction from calibrate: a run at low load cannot tell it from a per-step one.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -11,11 +10,11 @@ from costmodel.tables import load_step_model
 from experiments.cli import main
 from experiments.validation.calibration import calibrate, held_terms
 from experiments.validation.measured import sim_config_for
-from simulator.measured_run import RunStats
 from simulator.simulation import simulate
 from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.costmodel.conftest import make_step_log
 from tests.costmodel.test_host_term import _fit, _profile
+from tests.experiments.simulated_truth import served_as
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +45,7 @@ def test_calibration_of_profiled_tables_fits_no_per_sequence_term(profiled_table
     base = load_step_model(profiled_tables)
     truth = HostTermsModel(base, HostTerms(per_step_ms=0.4, per_seq_ms=0.05, per_request_ms=0.2))
     simulated = simulate(measured.trace, truth, sim_config_for(measured))
-    # the truth's batches, not the engine's: on the virtual clock their mix moves with the machine's speed
-    run = replace(measured, stats=RunStats.from_summary(simulated.summary), requests=simulated.requests,
-                  steps=simulated.steps.assign(repeat=0))
+    run = served_as(measured, simulated)
     result = calibrate(run, base, max_simulations=150, step_log=False)
     assert result.terms.per_seq_ms == 0.0 and result.terms.per_step_ms > 0.2
     assert result.loss_after < result.loss_before / 10
