@@ -567,7 +567,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
         start = engine_defaults(host_defaults)
     step_scatter = Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter is not None else None
     # after the inputs' checks: a refusal is one line
-    warn_slowed(run, "the host terms are fitted to it as measured", *([retry_hint] if retry_hint else []))
+    warn_slowed(run, "the host terms are fitted to it as measured", retry_hint)
     result = calibrate(run, base, max_simulations=max_simulations, start=start, scatter=step_scatter,
                        step_log=step_log)
     source = Path(step_model)

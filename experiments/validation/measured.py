@@ -100,12 +100,13 @@ def describe_slowed(slowed: dict, where: str = "", repeat: str = "repeat") -> st
 RETRY_HINT = "`stepcal measure --retry-slowed 2` serves such a repeat again"
 
 
-def warn_slowed(run: MeasuredRun, what: str, retry_hint: str = RETRY_HINT) -> list[dict]:
+def warn_slowed(run: MeasuredRun, what: str, retry_hint: str | None = None) -> list[dict]:
     """slowed_repeats, each named on stderr: `what` (the fit, the comparison) holds its statistics;
-    `retry_hint` follows a slowed repeat's line (the quickstart's says its retries are spent)."""
+    `retry_hint` follows a slowed repeat's line (default RETRY_HINT; the quickstart's says its retries
+    are spent)."""
     import sys
     slowed = slowed_repeats(run)
     for s in slowed:
-        again = "" if s.get("same_place") else f" ({retry_hint})"
+        again = "" if s.get("same_place") else f" ({retry_hint or RETRY_HINT})"
         print(f"{describe_slowed(s, f'{run.path}: ')}; {what}{again}", file=sys.stderr)
     return slowed
