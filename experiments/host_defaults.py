@@ -55,7 +55,7 @@ def check_serving_defaults(data: dict, path: Path = DEFAULTS_PATH) -> None:
             raise InputError(f"{path}: sources.{key}: missing {', '.join(missing)}")
         if not source["url"].startswith("https://"):
             raise InputError(f"{path}: sources.{key}.url must be an https:// link, got {source['url']!r}")
-    names = set(HostTerms().to_dict())
+    names = HostTerms.engine_names()
     for engine, entry in engines.items():
         terms = entry.get("terms") if isinstance(entry, dict) else None
         if not isinstance(terms, dict) or set(terms) != names:

@@ -157,7 +157,11 @@ def _drawn_host_terms(model: HostTermsModel, z_by_term: dict[str, float], spread
         return model
     delta = uncertainty.draw(np.array([z_by_term.get(HOST + name, 0.0) for name in uncertainty.names]))
     delta = {name: spread_scale * d for name, d in delta.items()}
-    front = {name: max(getattr(model.terms, name) + d, 0.0) for name, d in delta.items() if name not in STEP_TERMS}
+    front = {name: max(getattr(model.terms, name) + d, 0.0) for name, d in delta.items()
+             if name not in STEP_TERMS and name != "base_scale"}
+    # the base's scale moves with its error, held up as the step's total is
+    base_scale = model.terms.base_scale
+    front["base_scale"] = max(base_scale + delta.get("base_scale", 0.0), DrawnHostTermsModel.STEP_FLOOR * base_scale)
     shift = tuple(delta.get(name, 0.0) for name in STEP_TERMS)
     return DrawnHostTermsModel(model, replace(model.terms, **front), shift)
 

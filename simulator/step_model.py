@@ -101,7 +101,12 @@ class HostTerms:
     and the request path before the scheduler sees a request (HTTP, tokenisation: TTFT and E2E only),
     simulator.frontend.FrontEnd: per request (a log-normal's median, and its sigma), per prompt token,
     and per stream active at the request's arrival. A meta.json with only the first four keys (before
-    the front end was a distribution) is the constant case."""
+    the front end was a distribution) is the constant case.
+
+    `base_scale` multiplies the base model's step times before the terms are added: the one correction
+    downwards a calibration has, for a base that prices the run too slow (a kernel profile taken at
+    another clock, or in a slower moment of a shared machine). Host terms only add time. 1 (the
+    default, and what a meta.json without the key means): the base as it is."""
     per_step_ms: float = 0.0
     per_seq_ms: float = 0.0
     per_token_ms: float = 0.0
@@ -109,12 +114,18 @@ class HostTerms:
     per_request_sigma: float = 0.0
     per_prompt_token_ms: float = 0.0
     per_stream_ms: float = 0.0
+    base_scale: float = 1.0
+
+    # the fields that correct a calibration's base rather than price the engine (no engine default has them)
+    BASE_FIELDS = ("base_scale",)
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise InputError(f"host_terms: {name} must be a finite number >= 0, got {value!r}")
+        if not self.base_scale > 0:
+            raise InputError(f"host_terms: base_scale must be > 0, got {self.base_scale!r}")
 
     @classmethod
     def from_dict(cls, data: dict | None) -> HostTerms:
@@ -126,6 +137,11 @@ class HostTerms:
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def engine_names(cls) -> set[str]:
+        """The terms an engine's published defaults give (experiments/data/serving_defaults.json)."""
+        return set(cls.__dataclass_fields__) - set(cls.BASE_FIELDS)
 
     @property
     def front_end(self) -> FrontEnd:
@@ -190,7 +206,7 @@ class HostTermsModel(FeatureStepModel):
         return t.per_step_ms + t.per_seq_ms * num_seqs + t.per_token_ms * num_tokens
 
     def _with_host(self, base_ms, num_seqs, num_tokens):
-        return base_ms + self._extra(num_seqs, num_tokens)
+        return base_ms * self.terms.base_scale + self._extra(num_seqs, num_tokens)
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
         return self._with_host(self.base.features_ms(features), features.num_seqs, features.num_tokens)
@@ -228,7 +244,7 @@ class DrawnHostTermsModel(HostTermsModel):
         self.step_shift_ms = step_shift_ms     # added (per step, per sequence, per token), any sign
 
     def _with_host(self, base_ms, num_seqs, num_tokens):
-        undrawn = base_ms + self._extra(num_seqs, num_tokens)
+        undrawn = base_ms * self.terms.base_scale + self._extra(num_seqs, num_tokens)
         per_step, per_seq, per_token = self.step_shift_ms
         drawn = undrawn + per_step + per_seq * num_seqs + per_token * num_tokens
         return np.maximum(drawn, self.STEP_FLOOR * undrawn)

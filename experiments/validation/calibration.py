@@ -68,6 +68,8 @@ TERM_NAMES = ("per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms")   #
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
 SHAPE_TERMS = ("per_request_ms", "per_request_sigma", "per_stream_ms")   # the front end's distribution
 START = 0.01       # where a term's search starts, in units of its scale
+BASE_SCALE_BOUNDS = (0.5, 1.0)   # the base's step times may be scaled down by up to half, never up
+SCALE_BUDGET = 20  # simulations of the base scale's search (bounded Brent: a 1e-3 bracket in about 15)
 SHAPE_START_SIGMA = 0.3   # a moderate spread, where the data cannot suggest one
 SHAPE_MIN_BUDGET = 40     # simulations of the shape search, at least: Powell needs a few per line search
 CONSTANT_BUDGET = 15      # simulations of the best constant front end the shape must beat
@@ -100,10 +102,11 @@ class Calibration:
     def bias_cv(self) -> float:
         """What the terms leave of the model's level at the calibration load: the mean log ratio of the
         simulated statistics to the measured ones, unsigned (about 0 where the fit absorbed it). Host
-        terms only add time, so a base that prices the run too high keeps its excess: a quickstart's
-        served-profile tables priced a bursty sarathi run 4-7% high with every term at zero, and their
-        90% intervals, drawn about that level with the device's spread alone, held 45% of the held-out
-        cells. --ranges draws each replication's level with it too (simulator.ranges.Scatter.bias_cv).
+        terms only add time and the base's scale takes away at most half, so a base that prices the run
+        too high may keep some of its excess (before the scale: a quickstart's served-profile tables
+        priced a bursty sarathi run 4-7% high with every term at zero, and their 90% intervals, drawn
+        about that level with the device's spread alone, held 45% of the held-out cells). --ranges
+        draws each replication's level with it too (simulator.ranges.Scatter.bias_cv).
         Over the summary statistics: the TTFT slope is a shape, not a level."""
         logs = [math.log1p(e) for key, e in self.errors_after.items()
                 if key in SUMMARY_OBJECTIVE and e is not None and e > -1]
@@ -286,6 +289,7 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     held = held_terms(base_model)
     from_log = step_log_terms(run, base_model, tuple(held)) if step_log else None
     if from_log is not None:   # the step terms as the log priced them; the request search has the front end
+        fixed["base_scale"] = from_log.base_scale
         x_log = _term_vector(per_request_ms=x_start[TERM_NAMES.index("per_request_ms")])
         for name, value in from_log.terms.items():
             x_log[TERM_NAMES.index(name)] = value / scale[TERM_NAMES.index(name)]
@@ -294,7 +298,7 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
         # own count the log's scatter about its line, not what the line misses at other loads, and
         # --ranges drawn from them held 103 of 160 of one quickstart's held-out cells (the request
         # search's 135).
-        fitted = [*from_log.terms, "per_request_ms"]
+        fitted = [*(from_log.terms if from_log.base_scale == 1.0 else ["base_scale"]), "per_request_ms"]
     else:
         first = FIRST_TERMS
         gap_ms = _slope_gap_ms(fit, terms0)
@@ -306,6 +310,8 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
         if loss1 > loss0:   # never return terms worse than none
             best, loss1, fitted = none, loss0, []
     terms = step_terms(best)
+    if from_log is None:
+        terms, loss1, fitted = _fit_base_scale(fit, terms, loss1, fitted)
     terms, front = _fit_shape(fit, terms, max(SHAPE_MIN_BUDGET, max_simulations // 3))
     if front["kept"]:
         fitted += [name for name in SHAPE_TERMS if name not in fitted]
@@ -315,6 +321,26 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     return Calibration(terms, loss0, _loss(errors1, fit.weights), errors0, errors1, fit.count, time.perf_counter() - t0,
                        front, std_err, covariance, len(fit.logs), noise=noise, held=held,
                        step_log=from_log.to_dict() if from_log is not None else {})
+
+
+def _fit_base_scale(fit: _Fit, terms: HostTerms, loss: float, fitted: list[str]) -> tuple[HostTerms, float, list[str]]:
+    """The base's step times scaled down (base_scale < 1), the step terms at zero and the per-request
+    median as fitted (the front end's search moves it again): kept where that fits the run better than
+    `terms` (loss `loss`). Host terms only add time, so a base that prices the run too slow kept its
+    excess: the quickstart's profiled tables priced all twelve calibration runs of six campaigns 0.2-5.3%
+    slow (their step totals), ten of them with every step term under 0.04 ms, and their held-out loads
+    as slow. The step terms go to zero with it: at a calibration load a scale and a per-step term move
+    the statistics alike, and a base too slow needs no step time added."""
+    from scipy.optimize import minimize_scalar
+    bare = replace(terms, per_step_ms=0.0, per_seq_ms=0.0, per_token_ms=0.0)
+    result = minimize_scalar(lambda x: fit.loss(replace(bare, base_scale=float(x))), bounds=BASE_SCALE_BOUNDS,
+                             method="bounded", options={"xatol": 1e-3, "maxiter": SCALE_BUDGET})
+    at_bound = replace(bare, base_scale=BASE_SCALE_BOUNDS[0])
+    candidate = min((replace(bare, base_scale=float(result.x)), at_bound), key=fit.loss)
+    candidate_loss = fit.loss(candidate)
+    if candidate.base_scale < 1.0 and candidate_loss < loss:
+        return candidate, candidate_loss, ["base_scale", *(["per_request_ms"] if "per_request_ms" in fitted else [])]
+    return terms, loss, fitted
 
 
 def _slope_gap_ms(fit: _Fit, terms: HostTerms) -> float:
@@ -466,7 +492,8 @@ def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool
         stats = fit.stats(t, seed, scattered)
         return np.array([math.log(stats[k]) if stats.get(k) and stats[k] > 0 else math.nan for k in keys])
     # per_request_ms is in both: the shape's scale (a typical TTFT) wins, as it is the front end's median
-    scales = dict(zip(TERM_NAMES, _step_scale_ms(fit.run))) | dict(zip(SHAPE_TERMS, _shape_scale(fit.run)))
+    scales = (dict(zip(TERM_NAMES, _step_scale_ms(fit.run))) | dict(zip(SHAPE_TERMS, _shape_scale(fit.run)))
+              | {"base_scale": 1.0})
     center = log_stats(terms)
     jac = np.zeros((len(keys), len(fitted)))
     for j, name in enumerate(fitted):

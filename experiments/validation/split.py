@@ -25,6 +25,7 @@ def term_parts_ms(model, features) -> dict[str, np.ndarray] | None:
         parts = term_parts_ms(model.base, features)
         if parts is None:
             return None
+        parts = {k: v * model.terms.base_scale for k, v in parts.items()}
         extra = model._extra(features.num_seqs, features.num_tokens) * np.ones(len(features))
         return {**parts, "host": parts.get("host", 0.0) + extra}
     if not hasattr(model, "term_ms"):

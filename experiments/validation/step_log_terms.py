@@ -9,6 +9,10 @@ in 17 runs) and its prefill steps at 1.04: the per-step term took what belongs t
 The step log times every batch the engine ran, from one token to thousands; its terms priced decode
 steps at 0.99 (0.91-1.04; within 7% in 54 runs) and prefill steps at 1.01. The request search stays
 for runs without a log (an imported `vllm bench` run: experiments.validation.calibration).
+
+Terms only add time. Where the base prices the log too high even with them (the regression's constant
+would go below zero), the base's times are scaled down instead, to the log's total (at most by half,
+calibration.BASE_SCALE_BOUNDS), and no step term is added.
 """
 from __future__ import annotations
 
@@ -31,13 +35,18 @@ class StepLogTerms:
     num_steps: int
     total_error_before: float   # base tables' total / measured total - 1, on the log
     total_error_after: float    # with the terms
+    base_scale: float = 1.0     # < 1: the base priced the log too high, scaled to its total, terms zero
+    base_scale_std_err: float | None = None
 
     def to_dict(self) -> dict:
+        method = (f"non-negative least squares of each logged step's measured minus base time on "
+                  f"{', '.join(self.terms)}; standard errors clustered over blocks of {BLOCK_STEPS} consecutive steps")
+        if self.base_scale < 1.0:
+            method = ("the base priced the log too high with the terms at zero: its times scaled to the log's "
+                      f"total; standard error clustered over blocks of {BLOCK_STEPS} consecutive steps")
         return {"terms": self.terms, "std_err": self.std_err, "num_steps": self.num_steps,
                 "total_error_before": self.total_error_before, "total_error_after": self.total_error_after,
-                "method": f"non-negative least squares of each logged step's measured minus base time on "
-                          f"{', '.join(self.terms)}; standard errors clustered over blocks of {BLOCK_STEPS} "
-                          "consecutive steps"}
+                "base_scale": self.base_scale, "base_scale_std_err": self.base_scale_std_err, "method": method}
 
 
 def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> StepLogTerms | None:
@@ -57,6 +66,8 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
     design = np.column_stack([features[name] for name in names])
     coef, _ = nnls(design, measured - base)
     predicted = base + design @ coef
+    if predicted.sum() > measured.sum() * (1.0 + 1e-9):   # no term is below zero: the base itself is too slow
+        return _scaled(steps, measured, base, names)
     inside = coef > 0
     covariance = _cluster_covariance(design[:, inside], measured - predicted, _clusters(steps))
     std_err = dict.fromkeys(names)
@@ -64,6 +75,17 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
         std_err[name] = float(np.sqrt(max(covariance[j, j], 0.0)))
     return StepLogTerms({name: float(c) for name, c in zip(names, coef)}, std_err, len(steps),
                         float(base.sum() / measured.sum() - 1.0), float(predicted.sum() / measured.sum() - 1.0))
+
+
+def _scaled(steps, measured: np.ndarray, base: np.ndarray, names: list[str]) -> StepLogTerms:
+    """The base's times scaled to the log's total, within BASE_SCALE_BOUNDS, the terms at zero; the
+    scale's standard error that of a ratio of totals, its residuals summed over each cluster."""
+    from experiments.validation.calibration import BASE_SCALE_BOUNDS
+    scale = float(np.clip(measured.sum() / base.sum(), *BASE_SCALE_BOUNDS))
+    residual_sums = np.bincount(_clusters(steps), weights=measured - scale * base)
+    std_err = float(np.sqrt(np.sum(residual_sums ** 2)) / base.sum())
+    return StepLogTerms(dict.fromkeys(names, 0.0), dict.fromkeys(names), len(steps), float(base.sum() / measured.sum() - 1.0),
+                        float(scale * base.sum() / measured.sum() - 1.0), scale, std_err)
 
 
 def _clusters(steps) -> np.ndarray:

@@ -111,3 +111,18 @@ def test_calibrate_cli_reads_a_measured_run_s_step_log(measured, tmp_path, capsy
                  "--max-simulations", "30", "--no-step-log", "--quiet", "--out", str(searched)]) == 0
     calibration = json.loads((searched / "meta.json").read_text())["calibration"]
     assert calibration["step_terms_from"] == "request log" and calibration["step_log"] == {}
+
+
+def test_a_base_too_slow_for_the_log_is_scaled_to_its_total_with_no_step_term():
+    """The truth runs at 80% of BASE's times (a profile taken at a slower clock): terms only add time,
+    so the regression's constant would go below zero; the base is scaled to the log's total instead."""
+    run = _logged_run(20, seed=1, terms=HostTerms(base_scale=0.8, per_request_ms=2.0), scatter=Scatter(cv=0.05, rho=0.5))
+    found = step_log_terms(run, BASE)
+    assert found.total_error_before == pytest.approx(0.25, abs=0.01)
+    assert found.base_scale == pytest.approx(0.8, abs=3 * found.base_scale_std_err)
+    assert 0 < found.base_scale_std_err < 0.01 and abs(found.total_error_after) < 1e-9
+    assert set(found.terms.values()) == {0.0} and found.to_dict()["base_scale"] == found.base_scale
+    result = calibrate(run, BASE, max_simulations=60, uncertainty=False)
+    assert result.terms.base_scale == found.base_scale and result.terms.per_step_ms == 0.0
+    # a base that is too fast is priced with terms, unscaled
+    assert step_log_terms(_logged_run(20, seed=1), BASE).base_scale == 1.0

@@ -113,7 +113,8 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     assert [HeadlineRow.from_dict(r) for r in written["rows"]] == rows
     calibrated = json.loads((out / "calibrated/continuous/meta.json").read_text())
     assert set(calibrated["host_terms"]) == {"per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms",
-                                             "per_request_sigma", "per_prompt_token_ms", "per_stream_ms"}
+                                             "per_request_sigma", "per_prompt_token_ms", "per_stream_ms",
+                                             "base_scale"}
     assert calibrated["calibration"]["measured_run"] == str(out / "measured/continuous/load_30")
     table = format_headline(headline).splitlines()
     assert table[0] == f"capacity (saturation throughput): continuous {saturation['throughput_rps']:.1f} req/s"

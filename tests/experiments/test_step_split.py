@@ -39,6 +39,11 @@ def test_terms_go_to_their_parts_and_calibrated_host_terms_are_host_time():
     np.testing.assert_allclose(with_terms["kernels"], parts["kernels"])
     doubled = term_parts_ms(ScaledStepModel(calibrated, 2.0), features)
     np.testing.assert_allclose(doubled["host"], 2 * with_terms["host"])
+    # a calibrated base scale scales each of the base's parts, before the host terms are added
+    halved = term_parts_ms(HostTermsModel(_tables(), HostTerms(per_step_ms=0.5, base_scale=0.5)), features)
+    np.testing.assert_allclose(halved["kernels"], 0.5 * parts["kernels"])
+    np.testing.assert_allclose(halved["elementwise"], 0.5 * parts["elementwise"])
+    np.testing.assert_allclose(halved["host"], 0.5 * parts["host"] + 0.5)
 
 
 def test_the_split_sums_the_parts_over_the_steps_and_says_it_in_one_line():

@@ -105,3 +105,29 @@ def test_calibrated_tables_carry_their_covariance_or_standard_errors(tmp_path):
 def test_a_bad_covariance_names_the_file(tmp_path, covariance):
     with pytest.raises(InputError, match=r"meta.json: calibration.uncertainty"):
         resolve_step_model(_tables(tmp_path, {"covariance": covariance}))
+
+
+def test_the_base_scale_multiplies_the_bases_times_before_the_terms_are_added():
+    base = LinearStepModel(2.0, 0.05, 0.001)
+    model = HostTermsModel(base, HostTerms(per_step_ms=1.0, per_seq_ms=0.05, base_scale=0.5))
+    batch = StepBatch.of([0, 1, 2], [1, 1, 30], [10, 20, 0])
+    assert model.step_ms(batch) == pytest.approx(0.5 * base.step_ms(batch) + 1.0 + 3 * 0.05)
+    kv = np.array([10, 200])
+    assert model.decode_run_ms(kv, 3) == pytest.approx(0.5 * np.asarray(base.decode_run_ms(kv, 3)) + 1.0 + 2 * 0.05)
+    assert HostTerms.from_dict({"per_step_ms": 1.0}).base_scale == 1.0   # a meta.json from before the scale
+    with pytest.raises(InputError, match="base_scale must be > 0, got 0"):
+        HostTerms(base_scale=0)
+    with pytest.raises(InputError, match="base_scale must be a finite number >= 0"):
+        HostTerms(base_scale=float("inf"))
+
+
+def test_a_drawn_base_scale_moves_with_its_error_and_is_held_up():
+    uncertainty = TermUncertainty(("base_scale", "per_request_ms"), ((0.0004, 0.0), (0.0, 1.0)))
+    model = HostTermsModel(LinearStepModel(2.0, 0.05, 0.001), HostTerms(per_request_ms=3.0, base_scale=0.8), uncertainty)
+    assert term_names(model) == ["host:base_scale", "host:per_request_ms"]
+    drawn = with_bias(model, {"host:base_scale": 1.5, "host:per_request_ms": 0.5})
+    assert drawn.terms.base_scale == pytest.approx(0.8 + 1.5 * 0.02) and drawn.terms.per_request_ms == 3.5
+    batch = StepBatch.of([0], [1], [10])
+    assert drawn.step_ms(batch) == pytest.approx(0.83 * LinearStepModel(2.0, 0.05, 0.001).step_ms(batch))
+    sunk = with_bias(model, {"host:base_scale": -100.0})
+    assert sunk.terms.base_scale == pytest.approx(0.05 * 0.8)
