@@ -4,7 +4,7 @@ from __future__ import annotations
 from experiments.validation.compare import StepMatched, ValidationRecord
 from experiments.validation.extrapolated import describe_beyond
 from experiments.validation.machine_speed import describe_speed
-from experiments.validation.measured import describe_slowed
+from experiments.validation.measured import RETRY_HINT, describe_slowed
 from experiments.validation.split import describe_split
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
@@ -55,7 +55,7 @@ def format_table(record: ValidationRecord) -> str:
     if split:
         lines.append(split)
     for slowed in record.slowed_repeats or []:
-        again = "" if slowed.get("same_place") else "; measure again (`stepcal measure --retry-slowed 2`)"
+        again = "" if slowed.get("same_place") else f"; {RETRY_HINT}"
         lines.append(f"{describe_slowed(slowed, repeat='measured repeat')}: its statistics are in the measured "
                      f"values above{again}")
     beyond = describe_beyond(record.beyond_fitted)

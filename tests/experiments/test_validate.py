@@ -183,7 +183,8 @@ def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path,
     window = SlowestWindow(**{k: v for k, v in record["slowed_repeats"][0].items() if k != "repeat"})
     # against repeats 0 and 2 over the same stretch, well past the 1.25 threshold
     assert window.excess == pytest.approx(1.6, rel=0.05)
-    assert f"warning: the machine slowed measured repeat 1 ({window.describe()})" in (out / "validation.md").read_text()
+    assert (f"warning: the machine slowed measured repeat 1 ({window.describe()}): its statistics are in the measured "
+            "values above; `stepcal measure --retry-slowed 2` serves such a repeat again") in (out / "validation.md").read_text()
     # what calibrate says of the run it fits
     from experiments.validation.measured import warn_slowed
     capsys.readouterr()
