@@ -124,6 +124,7 @@ UNITS = {"per_step_ms": "ms per step", "per_seq_ms": "ms per sequence", "per_tok
 
 def format_terms(result) -> str:
     """One line per term: its value, with ± its standard error where it was fitted."""
+    from simulator.ranges import STEP_TERMS
     lines = []
     for name, value in result.terms.to_dict().items():
         if name in result.held:
@@ -131,6 +132,8 @@ def format_terms(result) -> str:
         elif name in result.std_err:
             err = result.std_err[name]
             spread = f" ± {err:.2g}" if err is not None else " (not identifiable from this run)"
+        elif name in STEP_TERMS and result.terms.base_scale < 1.0:
+            spread = " (held at 0: the base's step times are scaled down instead)"
         else:
             spread = "" if value else " (not fitted)"
         lines.append(f"  {value:.4g}{spread} {UNITS[name]}")

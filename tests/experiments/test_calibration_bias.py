@@ -73,6 +73,7 @@ def test_calibrate_stores_the_level_left_and_ranges_draw_it(measured, tmp_path, 
                  "--max-simulations", "30", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "level left at this run:" in printed and "x the base tables' step times" in printed
+    assert "  0 (held at 0: the base's step times are scaled down instead) ms per step\n" in printed
     meta = json.loads((out / "meta.json").read_text())
     assert meta["host_terms"]["base_scale"] == pytest.approx(0.5, abs=0.005)   # as far down as it goes
     bias = meta["calibration"]["bias_cv"]
