@@ -44,8 +44,37 @@ def export_vidur(table_dir: Path, meta: dict, out: Path, model_name: str | None,
     keys, key_note = filter_keys(meta, table_dir / "meta.json", spec, tp, model_name)
     mlp, mlp_notes = vidur_mlp(table_dir, meta, spec, tp, keys, read_ops(table_dir))
     attention, attention_notes = vidur_attention(table_dir, meta, spec, tp, keys, hbm_gbps)
+    scale, host_notes = calibrated_scale(meta, table_dir)
+    mlp, attention = scaled_times(mlp, scale), scaled_times(attention, scale)
     files = [write_csv(mlp, out / "mlp.csv"), write_csv(attention, out / "attention.csv")]
-    return files, (key_note, *mlp_notes, *attention_notes)
+    return files, (key_note, *mlp_notes, *attention_notes, *host_notes)
+
+
+def calibrated_scale(meta: dict, table_dir: Path) -> tuple[float, list[str]]:
+    """What a `stepcal calibrate` directory's host terms give Vidur's files: the base's scale, which
+    prices every operator (a calibration that found the tables too slow scales them down); the
+    other terms (per step, sequence and token, the request path) are not operator times, and Vidur
+    models the CPU's share itself, so they stay out and the notes say so. (1.0, []) for plain tables."""
+    from simulator.step_model import HostTerms
+    terms = meta.get("host_terms")
+    if not terms:
+        return 1.0, []
+    if not isinstance(terms, dict):
+        raise InputError(f"{table_dir / 'meta.json'}: host_terms must be an object, got {shown(terms)}")
+    host = HostTerms.from_dict(terms)
+    added = [name for name in HostTerms.engine_names() if getattr(host, name)]
+    notes = [f"every time times the calibration's base_scale {host.base_scale:.4g}"] if host.base_scale != 1.0 else []
+    if added:
+        notes.append(f"calibrated host terms left out ({', '.join(sorted(added))}): Vidur's files time operators only")
+    return host.base_scale, notes
+
+
+def scaled_times(frame: pd.DataFrame, scale: float) -> pd.DataFrame:
+    """Every time_stats column (min, max, mean, median, std: each scales with the times) times `scale`."""
+    if scale == 1.0:
+        return frame
+    columns = [c for c in frame.columns if c.startswith("time_stats.")]
+    return frame.assign(**{c: frame[c] * scale for c in columns})
 
 
 def vidur_spec(table_dir: Path, meta: dict) -> tuple[ModelSpec, int]:

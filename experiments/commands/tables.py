@@ -19,9 +19,12 @@ def register(subparsers) -> None:
                     "layout Vidur's profiling data takes, per layer, in ms, at the points Vidur's "
                     "profilers time, evaluated from the fitted regressors), csv (one CSV per "
                     "grid, plus meta.json) or json (one tables.json). The vidur format refuses "
-                    "tables without attention data: Vidur cannot run without attention.csv.",
+                    "tables without attention data: Vidur cannot run without attention.csv. From a "
+                    "`stepcal calibrate` directory, vidur's times are scaled by the calibration's "
+                    "base_scale, and its other host terms (not operator times) are left out, as the "
+                    "printed line says; csv and json carry them in meta.json.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    e.add_argument("tables", metavar="DIR", help="a directory written by `stepcal fit`")
+    e.add_argument("tables", metavar="DIR", help="a directory written by `stepcal fit` or `stepcal calibrate`")
     e.add_argument("--format", required=True, choices=["vidur", "csv", "json"])
     e.add_argument("--out", required=True, metavar="DIR2", help="output directory")
     e.add_argument("--vidur-model", default=None, metavar="NAME",

@@ -401,3 +401,27 @@ def test_kv_cache_save_comes_from_our_profilers_kv_store_where_the_tables_have_i
     common = sorted(set(term.index) & set(by_batch.index))
     assert len(common) >= 3
     np.testing.assert_allclose(by_batch.loc[common], term.loc[common] / PRESETS["tiny"].num_layers, rtol=1e-9)
+
+
+def test_a_calibrated_directory_exports_its_base_scale_and_says_what_it_leaves_out(fitted_tables, tmp_path, capsys):
+    """`stepcal calibrate` writes host terms into meta.json: the base's scale prices every operator, so
+    every time is scaled by it; the other terms are not operator times and the line says they are left out."""
+    code, _, err = export(fitted_tables, tmp_path / "plain", capsys)
+    assert code == 0, err
+    calibrated = tmp_path / "calibrated"
+    shutil.copytree(fitted_tables, calibrated)
+    meta = json.loads((calibrated / "meta.json").read_text())
+    meta["host_terms"] = {"per_step_ms": 0.4, "per_request_ms": 2.0, "base_scale": 0.5}
+    (calibrated / "meta.json").write_text(json.dumps(meta))
+    code, printed, err = export(calibrated, tmp_path / "v", capsys)
+    assert code == 0, err
+    assert "every time times the calibration's base_scale 0.5" in printed
+    assert "calibrated host terms left out (per_request_ms, per_step_ms): Vidur's files time operators only" in printed
+    for plain, scaled in zip(read_export(tmp_path / "plain"), read_export(tmp_path / "v")):
+        times = [c for c in plain.columns if c.startswith("time_stats.")]
+        assert times and scaled.drop(columns=times).equals(plain.drop(columns=times))
+        np.testing.assert_allclose(scaled[times], 0.5 * plain[times], rtol=1e-12)
+    # a host_terms block that is no object is refused in one line, nothing written
+    meta["host_terms"] = [0.4]
+    (calibrated / "meta.json").write_text(json.dumps(meta))
+    assert_refused(*export(calibrated, tmp_path / "bad", capsys), tmp_path / "bad", "host_terms must be an object")
