@@ -48,9 +48,9 @@ held-out P50/P90 cells within max(5%, 1.5 x noise) (116 without). What is left o
 (the mean log error after the fit, meta.json's calibration.bias_cv; a base more than twice too slow
 keeps the rest of its excess) goes into the stored scatter, so that --ranges draws each
 replication's speed level with it besides the device's run-to-run spread.
-The default budget (at most 400 + 100 + about 30 simulations: the step terms, the front end's shape,
-the errors; 460-540 on the quickstart's runs) takes a few minutes for a run of a few thousand
-requests; with a step log, 150-170 simulations on average.
+The default budget (at most 400 + 21 + 100 + about 30 simulations: the step terms, the base's scale,
+the front end's shape, the errors; 356-553 on the 30% runs of six quickstarts) takes a few minutes
+for a run of a few thousand requests; with a step log, 150-170 simulations on average.
 Writes OUT as a step-model directory for --step-model: the input tables with `host_terms` and a
 `calibration` record in meta.json (for const:/linear: models, a small directory naming the model).
 
