@@ -145,6 +145,8 @@ def split_rows(split: dict) -> list[list[str]]:
     names = {"kernels": "kernels", "elementwise": "element-wise", "host": "host",
              "whole_step": "whole steps (all parts, fitted to measured steps)"}
     rows = [[names[part], _num(ms), _pct(split["share"][part], signed=False)] for part, ms in split["total_ms"].items()]
+    if split.get("base_scale"):
+        rows.append(["the base's times, scaled by calibration (in the parts above)", f"x {split['base_scale']:.3f}", "-"])
     front = split.get("front_end_ms_per_request")
     if front:
         rows.append(["front end (per request, TTFT and E2E; not step time)", f"{_num(front)} per request", "-"])

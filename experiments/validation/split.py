@@ -48,8 +48,18 @@ def step_split(model, steps, front_end_ms: float | None) -> dict | None:
         return None
     totals = {part: float(np.sum(parts[part])) for part in PARTS if part in parts}
     whole = sum(totals.values())
-    return {"total_ms": totals, "share": {part: (ms / whole if whole > 0 else None) for part, ms in totals.items()},
-            "num_steps": int(len(steps)), "front_end_ms_per_request": front_end_ms}
+    split = {"total_ms": totals, "share": {part: (ms / whole if whole > 0 else None) for part, ms in totals.items()},
+             "num_steps": int(len(steps)), "front_end_ms_per_request": front_end_ms}
+    scale = _base_scale(model)
+    return {**split, "base_scale": scale} if scale != 1.0 else split
+
+
+def _base_scale(model) -> float:
+    """The calibrated scale on the model's base (HostTerms.base_scale; 1 without one)."""
+    from simulator.step_model import HostTermsModel
+    while not isinstance(model, HostTermsModel) and hasattr(model, "base"):
+        model = model.base
+    return model.terms.base_scale if isinstance(model, HostTermsModel) else 1.0
 
 
 def mean_front_end_ms(front, trace, simulated_requests, seed: int) -> float | None:
@@ -75,6 +85,8 @@ def describe_split(split: dict | None) -> str | None:
     names = {"kernels": "kernels", "elementwise": "element-wise", "host": "host", "whole_step": "whole steps"}
     shares = ", ".join(f"{names[p]} {100 * s:.0f}%" for p, s in split["share"].items() if s is not None)
     line = f"predicted step time over the measured steps: {shares}"
+    if split.get("base_scale"):
+        line += f"; the base's times x {split['base_scale']:.3f} (calibrated: it priced the calibration run too slow)"
     front = split.get("front_end_ms_per_request")
     if front:
         line += f"; front end {front:.3g} ms per request (TTFT and E2E)"

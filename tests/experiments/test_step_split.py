@@ -57,6 +57,15 @@ def test_the_split_sums_the_parts_over_the_steps_and_says_it_in_one_line():
     assert line.endswith("; front end 3 ms per request (TTFT and E2E)")
 
 
+def test_a_calibrated_base_scale_is_recorded_and_said():
+    scaled = HostTermsModel(_tables(), HostTerms(per_step_ms=0.5, base_scale=0.8))
+    split = step_split(scaled, _steps(), front_end_ms=None)
+    assert split["base_scale"] == 0.8
+    assert describe_split(split).endswith("; the base's times x 0.800 (calibrated: it priced the calibration run too slow)")
+    assert "base_scale" not in step_split(HostTermsModel(_tables(), HostTerms(per_step_ms=0.5)), _steps(), None)
+    assert step_split(ScaledStepModel(scaled, 2.0), _steps(), None)["base_scale"] == 0.8   # under a rescale too
+
+
 def test_no_split_without_terms_or_steps():
     from simulator.step_model import LinearStepModel
     assert step_split(LinearStepModel(5.0, 0.1, 0.0), _steps(), None) is None
@@ -70,6 +79,8 @@ def test_the_report_shows_each_part_and_the_front_end_apart():
     assert [r[0] for r in rows] == ["kernels", "element-wise", "host",
                                     "front end (per request, TTFT and E2E; not step time)"]
     assert rows[-1][1:] == ["2.5 per request", "-"]
+    scaled = split_rows(step_split(HostTermsModel(_tables(), HostTerms(base_scale=0.8)), _steps(), front_end_ms=None))
+    assert scaled[-1] == ["the base's times, scaled by calibration (in the parts above)", "x 0.800", "-"]
 
 
 def test_the_front_ends_mean_delay_counts_the_streams_each_arrival_found():
