@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.step_model import DrawnHostTermsModel, HostTermsModel
+from simulator.step_model import STEP_TERMS, DrawnHostTermsModel, HostTermsModel
 
 INTERVAL = (5.0, 95.0)   # percentiles of the replications: a 90% interval
 
@@ -143,9 +143,6 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
     drawn = copy.copy(model)
     drawn.terms = [term.biased(z_by_term.get(term.name, 0.0) * spread_scale) for term in model.terms]
     return drawn
-
-
-STEP_TERMS = ("per_step_ms", "per_seq_ms", "per_token_ms")
 
 
 def _drawn_host_terms(model: HostTermsModel, z_by_term: dict[str, float], spread_scale: float) -> HostTermsModel:

@@ -95,6 +95,9 @@ def parse_builtin_step_model(spec: str) -> FeatureStepModel | None:
     return LinearStepModel(*values)
 
 
+STEP_TERMS = ("per_step_ms", "per_seq_ms", "per_token_ms")   # the host terms added to each step's time
+
+
 @dataclass(frozen=True)
 class HostTerms:
     """Engine host work that kernel profiles miss, in ms: per step, per sequence, per token of a step;

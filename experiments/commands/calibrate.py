@@ -124,7 +124,7 @@ UNITS = {"per_step_ms": "ms per step", "per_seq_ms": "ms per sequence", "per_tok
 
 def format_terms(result) -> str:
     """One line per term: its value, with ± its standard error where it was fitted."""
-    from simulator.ranges import STEP_TERMS
+    from simulator.step_model import STEP_TERMS
     lines = []
     for name, value in result.terms.to_dict().items():
         if name in result.held:

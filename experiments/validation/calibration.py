@@ -53,10 +53,10 @@ from experiments.validation.request_stats import (
     pooled_group_stats,
     repeat_groups,
 )
-from experiments.validation.step_log_terms import step_log_terms
+from experiments.validation.step_log_terms import BASE_SCALE_BOUNDS, step_log_terms
 from simulator.measured_run import RunStats
 from simulator.ranges import Scatter
-from simulator.step_model import HostTerms, HostTermsModel
+from simulator.step_model import STEP_TERMS, HostTerms, HostTermsModel
 
 # (metric, statistic) pairs the fit matches; P99 is left out on purpose: it is what we validate.
 SUMMARY_OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90"),
@@ -64,11 +64,10 @@ SUMMARY_OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90")
                      ("e2e_ms", "p50"), ("e2e_ms", "p90"))
 # and what a prompt token costs, which the summary statistics mix with the per-request time
 OBJECTIVE = (*SUMMARY_OBJECTIVE, SLOPE_KEY)
-TERM_NAMES = ("per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms")   # the first search's vector
+TERM_NAMES = (*STEP_TERMS, "per_request_ms")   # the first search's vector
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
 SHAPE_TERMS = ("per_request_ms", "per_request_sigma", "per_stream_ms")   # the front end's distribution
 START = 0.01       # where a term's search starts, in units of its scale
-BASE_SCALE_BOUNDS = (0.5, 1.0)   # the base's step times may be scaled down by up to half, never up
 SCALE_BUDGET = 20  # simulations of the base scale's search (bounded Brent: a 1e-3 bracket in about 15)
 SHAPE_START_SIGMA = 0.3   # a moderate spread, where the data cannot suggest one
 SHAPE_MIN_BUDGET = 40     # simulations of the shape search, at least: Powell needs a few per line search
@@ -255,7 +254,11 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     fit = _Fit(run, base_model, scatter if scatter is not None and scatter.cv > 0 else None)
     start = start or HostTerms()
     scale = _step_scale_ms(run)
-    fixed = {"per_prompt_token_ms": start.per_prompt_token_ms}
+    held = held_terms(base_model)
+    from_log = step_log_terms(run, base_model, tuple(held)) if step_log else None
+    # held as they are: a per-prompt-token default, and the scale the step log gave the base
+    fixed = {"per_prompt_token_ms": start.per_prompt_token_ms,
+             "base_scale": from_log.base_scale if from_log is not None else 1.0}
 
     def step_terms(x: np.ndarray) -> HostTerms:
         return HostTerms(**{name: float(v) for name, v in zip(TERM_NAMES, np.maximum(x, 0.0) * scale)}, **fixed)
@@ -287,10 +290,7 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     x_start = np.array([getattr(start, name) / s if getattr(start, name) > 0 else START
                         for name, s in zip(TERM_NAMES, scale)])
     third = max_simulations // 3
-    held = held_terms(base_model)
-    from_log = step_log_terms(run, base_model, tuple(held)) if step_log else None
     if from_log is not None:   # the step terms as the log priced them; the request search has the front end
-        fixed["base_scale"] = from_log.base_scale
         x_log = _term_vector(per_request_ms=x_start[TERM_NAMES.index("per_request_ms")])
         for name, value in from_log.terms.items():
             x_log[TERM_NAMES.index(name)] = value / scale[TERM_NAMES.index(name)]
@@ -333,7 +333,7 @@ def _fit_base_scale(fit: _Fit, terms: HostTerms, loss: float, fitted: list[str])
     as slow. The step terms go to zero with it: at a calibration load a scale and a per-step term move
     the statistics alike, and a base too slow needs no step time added."""
     from scipy.optimize import minimize_scalar
-    bare = replace(terms, per_step_ms=0.0, per_seq_ms=0.0, per_token_ms=0.0)
+    bare = replace(terms, **dict.fromkeys(STEP_TERMS, 0.0))
     result = minimize_scalar(lambda x: fit.loss(replace(bare, base_scale=float(x))), bounds=BASE_SCALE_BOUNDS,
                              method="bounded", options={"xatol": 1e-3, "maxiter": SCALE_BUDGET})
     at_bound = replace(bare, base_scale=BASE_SCALE_BOUNDS[0])

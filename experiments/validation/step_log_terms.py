@@ -12,7 +12,7 @@ for runs without a log (an imported `vllm bench` run: experiments.validation.cal
 
 Terms only add time. Where the base prices the log too high even with them (the regression's constant
 would go below zero), the base's times are scaled down instead, to the log's total (at most by half,
-calibration.BASE_SCALE_BOUNDS), and no step term is added.
+BASE_SCALE_BOUNDS, which the request search keeps too), and no step term is added.
 """
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from experiments.validation.measured import MeasuredRun
+from simulator.step_model import STEP_TERMS
 
 MIN_STEPS = 50          # fewer logged steps than this: no regression, the request search prices the terms
 NEEDED = ("duration_ms", "num_seqs", "num_tokens", "request_ids", "q_lens", "kv_lens")   # a batch's shape, priceable
 BLOCK_STEPS = 50        # consecutive steps share a cluster of the standard errors (the device's scatter is AR(1))
-COLUMNS = ("per_step_ms", "per_seq_ms", "per_token_ms")
+COLUMNS = STEP_TERMS
+BASE_SCALE_BOUNDS = (0.5, 1.0)   # the base's step times may be scaled down by up to half, never up
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,6 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
 def _scaled(steps, measured: np.ndarray, base: np.ndarray, names: list[str]) -> StepLogTerms:
     """The base's times scaled to the log's total, within BASE_SCALE_BOUNDS, the terms at zero; the
     scale's standard error that of a ratio of totals, its residuals summed over each cluster."""
-    from experiments.validation.calibration import BASE_SCALE_BOUNDS
     scale = float(np.clip(measured.sum() / base.sum(), *BASE_SCALE_BOUNDS))
     residual_sums = np.bincount(_clusters(steps), weights=measured - scale * base)
     std_err = float(np.sqrt(np.sum(residual_sums ** 2)) / base.sum())
