@@ -9,9 +9,9 @@ from experiments.commands.flags import add_command, add_scheduler_flags
 HELP = """Turn measurements from another tool into a measured-run directory laid out like the
 output of `stepcal measure`, so that `stepcal validate` and `stepcal calibrate` can replay them."""
 
-VLLM_BENCH_HELP = """Import a `vllm bench serve --save-result` JSON (per-request `ttfts` and `itls` in
-seconds, `input_lens`, `output_lens`, `errors`, and `start_times` where the vLLM version records
-them). Give the deployment's settings (model, scheduler, token budget, KV capacity) so that
+VLLM_BENCH_HELP = """Import a `vllm bench serve --save-result --save-detailed` JSON (per-request `ttfts` and
+`itls` in seconds, `input_lens`, `output_lens`, `errors`, and `start_times` where the vLLM version
+records them; without --save-detailed vLLM keeps only the run's averages, which cannot be replayed). Give the deployment's settings (model, scheduler, token budget, KV capacity) so that
 validate replays the same server. Arrivals come from `start_times`; without them they are evenly
 spaced at the bench's `request_rate`, or all at 0 for an unlimited rate (meta.json says which).
 Failed requests (non-empty error) are kept, unfinished. A bench has no step log, so validate
@@ -30,8 +30,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("import", help="import measurements from other tools (vllm bench)",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sources = p.add_subparsers(dest="source", metavar="SOURCE")
-    v = add_command(sources, "vllm-bench", "a `vllm bench serve --save-result` JSON", VLLM_BENCH_HELP, run_vllm_bench)
-    v.add_argument("file", metavar="FILE", help="the JSON written by `vllm bench serve --save-result`")
+    v = add_command(sources, "vllm-bench", "a `vllm bench serve --save-result --save-detailed` JSON",
+                    VLLM_BENCH_HELP, run_vllm_bench)
+    v.add_argument("file", metavar="FILE", help="the JSON written by `vllm bench serve --save-result --save-detailed`")
     v.add_argument("--model-spec", required=True, help="the served model: preset, ModelSpec file or Hugging Face config.json")
     add_scheduler_flags(v, prefix_caching=False)
     v.add_argument("--quiet", action="store_true", help="print nothing but errors")

@@ -1,4 +1,6 @@
-"""`vllm bench serve --save-result` JSON -> a measured-run directory (simulator.measured_run's layout).
+"""`vllm bench serve --save-result --save-detailed` JSON -> a measured-run directory (simulator.measured_run's
+layout). Without --save-detailed, vLLM drops the per-request lists and keeps only the run's averages,
+which cannot be replayed.
 
 The JSON holds per-request lists (index i is request i): `ttfts` (s), `itls` (list of lists, s),
 `input_lens`, `output_lens`, `errors` (empty string when OK) and, in newer vLLM versions,
@@ -21,6 +23,7 @@ from simulator.bounds import MAX_TOKENS_PER_REQUEST
 from simulator.errors import InputError
 
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
+EXPECTED = "expected a `vllm bench serve --save-result --save-detailed` JSON"
 # Run-level scalars worth keeping in meta.json (when present), to say what was measured.
 TOTALS_KEYS = ("date", "backend", "model_id", "tokenizer_id", "num_prompts", "duration", "completed",
                "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
@@ -49,9 +52,13 @@ def read_vllm_bench(path: str | Path) -> VllmBench:
     """Read and check a bench JSON; every problem is an InputError naming the file and key (and index)."""
     path = Path(path)
     data = _load_json(path)
+    missing = [key for key in PER_REQUEST_KEYS if key not in data]
+    if len(missing) == len(PER_REQUEST_KEYS):   # vLLM drops them all without --save-detailed
+        raise InputError(f"{path}: no per-request lists ({', '.join(missing)}): the bench was saved without "
+                         f"--save-detailed; run `vllm bench serve` again with --save-result --save-detailed")
+    if missing:
+        raise InputError(f"{path}: missing key {missing[0]!r} ({EXPECTED})")
     for key in PER_REQUEST_KEYS:
-        if key not in data:
-            raise InputError(f"{path}: missing key {key!r} (expected a `vllm bench serve --save-result` JSON)")
         if not isinstance(data[key], list):
             raise InputError(f"{path}: {key!r} must be a list, got {type(data[key]).__name__}")
     n = len(data["input_lens"])
@@ -88,7 +95,7 @@ def _load_json(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not a readable JSON file ({exc})") from None
     if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object (a `vllm bench serve --save-result` file)")
+        raise InputError(f"{path}: {EXPECTED} (an object), got a {type(data).__name__}")
     return data
 
 

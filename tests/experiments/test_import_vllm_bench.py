@@ -124,6 +124,24 @@ def test_bad_bench_files_name_the_key(tmp_path, capsys, changes, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bench_saved_without_save_detailed_says_so(tmp_path, capsys):
+    # what `vllm bench serve --save-result` writes without --save-detailed: the run's averages, no request
+    data = json.loads(BENCH.read_text())
+    for key in ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors"):
+        data.pop(key)
+    data |= {"median_ttft_ms": 50.0, "median_tpot_ms": 12.0}
+    path = tmp_path / "summary_only.json"
+    path.write_text(json.dumps(data))
+    assert main(["import", "vllm-bench", str(path), *FLAGS, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"stepcal: {path}: no per-request lists (input_lens, output_lens, ttfts, itls): the bench was "
+                   f"saved without --save-detailed; run `vllm bench serve` again with --save-result --save-detailed\n")
+    assert not (tmp_path / "o").exists()
+    path.write_text("[1, 2]")
+    assert main(["import", "vllm-bench", str(path), *FLAGS, "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.endswith("--save-detailed` JSON (an object), got a list\n")
+
+
 def test_not_json_and_missing_file(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
