@@ -13,13 +13,16 @@ SETTINGS = ["--scheduler", "vllm", "--kv-blocks", "2048"]
 TRUTH = HostTerms(per_step_ms=1.0, per_request_ms=20.0, per_request_sigma=0.4)
 
 
-def bench_from_simulation(path, model, front_end_seed: int = 5) -> None:
+VARIED = "poisson:rate=8,n=120,prompt=uniform:32:400,output=uniform:4:48"
+
+
+def bench_from_simulation(path, model, front_end_seed: int = 5, workload: str = VARIED) -> None:
     """A `vllm bench serve --save-result` JSON of a deployment that is a simulation with known host terms:
     per request its prompt and output lengths, TTFT, the gaps between its streamed tokens (even, as TPOT
     says), and its start time on the bench's perf_counter clock."""
     from simulator.simulation import SimConfig, simulate
     from simulator.workload import load_workload
-    trace = load_workload("poisson:rate=8,n=120,prompt=uniform:32:400,output=uniform:4:48", seed=2)
+    trace = load_workload(workload, seed=2)
     result = simulate(trace, model, SimConfig(scheduler="vllm", kv_blocks=2048, front_end=model.front_end,
                                               front_end_seed=front_end_seed))
     log = result.requests.sort_values("request_id")
@@ -53,6 +56,7 @@ def test_bench_import_validate_calibrate_simulate_carries_the_host_terms(tmp_pat
     assert record["num_repeats"] == 1 and record["measured_run"] == str(run)
     assert {"kept", "loss_before", "loss_after", "errors_after"} <= set(record["front_end"])
     assert meta["host_terms"]["per_request_ms"] > 0 and meta["host_terms"]["per_step_ms"] > 0
+    assert "per_token_ms" not in record["held_terms"]   # prompts of many lengths: TTFT's slope prices a token
     assert set(record["uncertainty"]["std_err"]) >= {"per_step_ms", "per_request_ms"}
     # validate and simulate read them back: the calibrated tables are closer to the bench on TTFT and TPOT
     after = validate(str(cal), "v1")
@@ -70,3 +74,22 @@ def test_bench_import_validate_calibrate_simulate_carries_the_host_terms(tmp_pat
     sim = json.loads((tmp_path / "s1" / "config.json").read_text())["sim_config"]["front_end"]
     assert sim["median_ms"] == pytest.approx(front_ms)
     assert sim["sigma"] == meta["host_terms"]["per_request_sigma"] and np.isfinite(sim["sigma"])
+
+
+def test_prompts_of_one_length_hold_the_per_token_term(tmp_path, capsys):
+    """`vllm bench`'s random dataset sends prompts of one length by default. TTFT then has no slope on the
+    prompt's tokens, and a request log cannot tell a prompt token's cost from the per-request time: the
+    per-token term is held at zero, the request path keeps its time, and calibrate says why."""
+    bench = tmp_path / "bench.json"
+    bench_from_simulation(bench, HostTermsModel(LinearStepModel(3.0, 0.01, 0.0002), TRUTH),
+                          workload="poisson:rate=8,n=120,prompt=uniform:256:256,output=uniform:4:48")
+    run, cal = tmp_path / "run", tmp_path / "cal"
+    assert main(["import", "vllm-bench", str(bench), "--model-spec", "tiny", *SETTINGS, "--quiet",
+                 "--out", str(run)]) == 0
+    assert main(["calibrate", "--measured", str(run), "--step-model", BASE, "--max-simulations", "30",
+                 "--out", str(cal)]) == 0
+    assert "0 (not fitted: TTFT does not rise with the prompt's tokens" in capsys.readouterr().out
+    meta = json.loads((cal / "meta.json").read_text())
+    assert set(meta["calibration"]["held_terms"]) == {"per_token_ms"}
+    assert meta["host_terms"]["per_token_ms"] == 0.0
+    assert meta["host_terms"]["per_request_ms"] > 0.5 * TRUTH.per_request_ms
