@@ -15,7 +15,8 @@ steps), and only the per-request term is searched. Otherwise (an imported `vllm 
 --no-step-log) all four come from the run's request-level metrics (TTFT, TPOT, E2E: what a user of a
 real deployment has), by simulating the measured workload until the simulated mean/P50/P90 match,
 and TTFT's slope on the prompt's tokens among the requests that arrived at light load (what a prompt
-token costs; it counts less where its bootstrap variance exceeds the other statistics'). Where that
+token costs), and TPOT's slope on the number of requests decoding alongside (what a sequence costs a
+step; each slope counts less where its bootstrap variance exceeds the other statistics'). Where that
 slope exceeds the base tables', the per-token term starts from the gap and is searched with the
 per-step and per-request ones. Without the slope a light load could not tell a step's cost from a
 prefill token's: over the 60 held-out runs of 15 CPU campaigns the search's terms priced decode-only

@@ -6,7 +6,9 @@ the terms (per step, per sequence, per token of a step; per request for the requ
 found by simulating the measured workload with the base step model plus the terms and matching
 the measured TTFT, TPOT and E2E distributions and TTFT's slope on the prompt's tokens among light-load
 arrivals (request_stats.SLOPE_KEY: a prompt token's cost, which the quantiles mix with the request
-path; weighed by its noise, _Fit.weights): a bounded Powell search over four numbers, each
+path) and TPOT's slope on the requests decoding alongside each one (request_stats.TPOT_SLOPE_KEY: a
+sequence's cost to a step, which they mix with the per-step time; both slopes weighed by their noise,
+_Fit.weights): a bounded Powell search over four numbers, each
 evaluation one deterministic simulation. Over three where the base tables have a profiled host term:
 they price a sequence already, better than a run at low load can (held_terms).
 
@@ -47,6 +49,7 @@ from experiments.validation.measured import MeasuredRun, sim_config_for
 from experiments.validation.request_stats import (
     FRONT_OBJECTIVE,
     SLOPE_KEY,
+    TPOT_SLOPE_KEY,
     active_at_arrival,
     measured_group_stats,
     pooled_bootstrap_log_covariance,
@@ -62,8 +65,10 @@ from simulator.step_model import STEP_TERMS, HostTerms, HostTermsModel
 SUMMARY_OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90"),
                      ("tpot_ms", "mean"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
                      ("e2e_ms", "p50"), ("e2e_ms", "p90"))
-# and what a prompt token costs, which the summary statistics mix with the per-request time
-OBJECTIVE = (*SUMMARY_OBJECTIVE, SLOPE_KEY)
+# and what a prompt token costs, which the summary statistics mix with the per-request time, and what a
+# sequence costs a step, which they mix with the per-step time
+SLOPES = (SLOPE_KEY, TPOT_SLOPE_KEY)
+OBJECTIVE = (*SUMMARY_OBJECTIVE, *SLOPES)
 TERM_NAMES = (*STEP_TERMS, "per_request_ms")   # the first search's vector
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
 SHAPE_TERMS = ("per_request_ms", "per_request_sigma", "per_stream_ms")   # the front end's distribution
@@ -175,18 +180,18 @@ class _Fit:
 
     @property
     def weights(self) -> dict:
-        """Statistics that count less than 1 in the loss: the TTFT slope, by its noise (_slope_weight)."""
+        """Statistics that count less than 1 in the loss: the slopes, by their noise (_slope_weight)."""
         if self._weights is None:
-            self._weights = {SLOPE_KEY: self._slope_weight()}
+            self._weights = {key: self._slope_weight(key) for key in SLOPES}
         return self._weights
 
-    def _slope_weight(self) -> float:
-        """The TTFT slope counts as a summary statistic does where its bootstrap variance is at most
-        theirs (median), less in proportion where it is larger: a spread front end or a bursty trace
-        scatters the light-load TTFTs about their line (5-7 times the variance on the quickstart's
-        bursty runs, half to nine tenths of it on its Poisson and prefill-heavy ones)."""
-        keys = [k for k in (*SUMMARY_OBJECTIVE, SLOPE_KEY) if (self.measured(k) or 0) > 0]
-        if len(keys) < 2 or keys[-1] != SLOPE_KEY:
+    def _slope_weight(self, slope_key) -> float:
+        """A slope counts as a summary statistic does where its bootstrap variance is at most theirs
+        (median), less in proportion where it is larger: a spread front end or a bursty trace scatters
+        the light-load TTFTs about their line (5-7 times the variance on the quickstart's bursty runs,
+        half to nine tenths of it on its Poisson and prefill-heavy ones)."""
+        keys = [k for k in (*SUMMARY_OBJECTIVE, slope_key) if (self.measured(k) or 0) > 0]
+        if len(keys) < 2 or keys[-1] != slope_key:
             return 1.0
         variance = np.diag(self.log_covariance(keys))
         if not np.all(np.isfinite(variance)) or variance[-1] <= 0:

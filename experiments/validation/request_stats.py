@@ -28,6 +28,10 @@ FRONT_OBJECTIVE = tuple(("ttft_ms", f"{group}_load.p{q}") for group in GROUPS fo
 # prefill is most of their TTFT, so it is what a prompt token costs, which TTFT quantiles mix with the
 # per-request time and the queue (calibration's step search matches it: experiments.validation.calibration).
 SLOPE_KEY = ("ttft_ms", "light_load.per_prompt_token")
+# TPOT's least-squares slope on the mean number of other requests decoding alongside each one (ms per
+# stream): what one more sequence adds to a step, which TPOT's quantiles mix with the per-step time at a
+# light load (decoding_alongside).
+TPOT_SLOPE_KEY = ("tpot_ms", "per_stream_decoding")
 SUMMARY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 BOOTSTRAP_RESAMPLES = 200
 
@@ -40,6 +44,32 @@ def active_at_arrival(arrival_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
     sent_before = np.searchsorted(np.sort(arrival_s), arrival_s, side="left")
     done_before = np.searchsorted(np.sort(end_s), arrival_s, side="left")
     return sent_before - done_before
+
+
+def decoding_alongside(first_token_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
+    """For each request, the mean number of other requests between their first token and their finish
+    over its own such interval (NaN where it has none): the integral of the decoding count, read off
+    its running sum at the interval's ends."""
+    start = np.asarray(first_token_s, dtype=np.float64)
+    end = np.asarray(finish_s, dtype=np.float64)
+    ok = np.isfinite(start) & np.isfinite(end) & (end > start)
+    times = np.concatenate([start[ok], end[ok]])
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    count = np.cumsum(np.concatenate([np.ones(ok.sum()), -np.ones(ok.sum())])[order])   # decoding after each time
+    area = np.concatenate([[0.0], np.cumsum(count[:-1] * np.diff(times))])               # integral up to each time
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        i = np.clip(np.searchsorted(times, t, side="right") - 1, 0, max(len(times) - 1, 0))
+        return area[i] + count[i] * (t - times[i]) if len(times) else np.zeros(len(t))
+    out = np.full(len(start), np.nan)
+    out[ok] = (integral(end[ok]) - integral(start[ok])) / (end[ok] - start[ok]) - 1.0   # less itself
+    return out
+
+
+def _tpot_slope(alongside: np.ndarray, tpot: np.ndarray) -> float | None:
+    ok = np.isfinite(alongside) & np.isfinite(tpot)
+    return _slope(alongside[ok], tpot[ok])
 
 
 @dataclass(frozen=True)
@@ -64,11 +94,14 @@ class LoadGroups:
 
 
 def group_stats(requests, groups: LoadGroups) -> dict:
-    """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE and SLOPE_KEY (None for an empty
-    group)."""
+    """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE, SLOPE_KEY and TPOT_SLOPE_KEY (None
+    for an empty group, or a slope that is not positive)."""
     ttft = requests["ttft_ms"].to_numpy(dtype=np.float64)
     label = groups.of_ids(requests["request_id"].to_numpy(dtype=np.int64))
-    return _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64))
+    out = _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64))
+    alongside = decoding_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy())
+    out[TPOT_SLOPE_KEY] = _tpot_slope(alongside, requests["tpot_ms"].to_numpy(dtype=np.float64))
+    return out
 
 
 def _group_stats(ttft: np.ndarray, label: np.ndarray, prompt: np.ndarray) -> dict:
@@ -138,6 +171,8 @@ class _Resampled:
         order = np.argsort(requests["arrival_s"].to_numpy(), kind="stable")
         frame = requests.iloc[order]
         columns = {m: frame[m].to_numpy(dtype=np.float64) for m in (*SUMMARY_METRICS, "num_prompt_tokens")}
+        # each request's company, from the whole repeat: a resample redraws requests, not their queue
+        columns["alongside"] = decoding_alongside(frame["first_token_s"].to_numpy(), frame["finish_s"].to_numpy())
         label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
         return cls(columns, label, max(1, round(len(frame) ** (1.0 / 3.0))))
 
@@ -149,6 +184,7 @@ class _Resampled:
         index = (starts[:, None] + np.arange(block)[None, :]).ravel()[:n]
         stats = _group_stats(self.columns["ttft_ms"][index], self.label[index],
                              self.columns["num_prompt_tokens"][index])
+        stats[TPOT_SLOPE_KEY] = _tpot_slope(self.columns["alongside"][index], self.columns["tpot_ms"][index])
         for metric in SUMMARY_METRICS:
             values = self.columns[metric][index]
             stats.update(_summary_of(metric, values[np.isfinite(values)]))

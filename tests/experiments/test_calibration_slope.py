@@ -1,5 +1,7 @@
 """The request search matches TTFT's slope on the prompt's tokens among light-load arrivals: what a
-prompt token costs, which TTFT quantiles mix with the per-request time and the queue (issue 16)."""
+prompt token costs, which TTFT quantiles mix with the per-request time and the queue; and TPOT's slope
+on the requests decoding alongside: what a sequence costs a step, which they mix with the per-step
+time (issue 16)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +11,9 @@ import pytest
 from experiments.validation.calibration import OBJECTIVE, calibrate
 from experiments.validation.request_stats import (
     SLOPE_KEY,
+    TPOT_SLOPE_KEY,
     LoadGroups,
+    decoding_alongside,
     measured_group_stats,
     pooled_bootstrap_log_covariance,
     repeat_groups,
@@ -20,7 +24,9 @@ from tests.experiments.test_calibrate import synthetic_run
 
 def _log(ttft_ms, prompt, arrival_s, finish_s) -> pd.DataFrame:
     n = len(ttft_ms)
-    return pd.DataFrame({"request_id": np.arange(n), "arrival_s": arrival_s, "finish_s": finish_s,
+    first_token_s = np.asarray(arrival_s, dtype=float) + np.asarray(ttft_ms, dtype=float) / 1000.0
+    return pd.DataFrame({"request_id": np.arange(n), "arrival_s": arrival_s, "first_token_s": first_token_s,
+                         "finish_s": finish_s,
                          "ttft_ms": ttft_ms, "tpot_ms": np.ones(n), "e2e_ms": np.asarray(ttft_ms) + 10.0,
                          "num_prompt_tokens": prompt})
 
@@ -46,7 +52,8 @@ def test_the_slope_is_taken_over_the_light_load_arrivals_only():
 
 def test_the_slope_has_a_bootstrap_variance(measured):
     log = measured.requests
-    variance = np.diag(pooled_bootstrap_log_covariance([log], [LoadGroups.of(log)], [SLOPE_KEY, ("ttft_ms", "p50")]))
+    keys = [SLOPE_KEY, TPOT_SLOPE_KEY, ("ttft_ms", "p50")]
+    variance = np.diag(pooled_bootstrap_log_covariance([log], [LoadGroups.of(log)], keys))
     assert np.all(np.isfinite(variance)) and np.all(variance > 0)
 
 
@@ -66,3 +73,41 @@ def test_the_request_search_prices_a_prompt_token_from_the_slope():
     assert abs(record["errors_after"][f"{SLOPE_KEY[0]}.{SLOPE_KEY[1]}"]) < 0.05
     assert result.terms.per_token_ms == pytest.approx(0.02, rel=0.25)
     assert result.terms.per_request_ms == pytest.approx(3.0, rel=0.3)
+
+
+def test_the_requests_decoding_alongside_each_one():
+    """A decodes over [0, 10] s, B over [5, 15] (each half alongside the other), C over [20, 30] alone
+    but for D over [25, 26]; E never decodes (finished with its first token)."""
+    first = np.array([0.0, 5.0, 20.0, 25.0, 40.0])
+    finish = np.array([10.0, 15.0, 30.0, 26.0, 40.0])
+    np.testing.assert_allclose(decoding_alongside(first, finish)[:4], [0.5, 0.5, 0.1, 1.0])
+    assert np.isnan(decoding_alongside(first, finish)[4])
+
+
+def test_the_tpot_slope_is_what_one_more_stream_adds():
+    """TPOT 10 ms plus 0.3 ms per request decoding alongside, over a queue of overlapping requests."""
+    rng = np.random.default_rng(1)
+    arrival = np.sort(rng.uniform(0.0, 60.0, 120))
+    first = arrival + 0.05
+    finish = first + rng.uniform(1.0, 4.0, 120)
+    alongside = decoding_alongside(first, finish)
+    log = _log(np.full(120, 50.0), rng.integers(32, 512, 120).astype(float), arrival, finish)
+    log["tpot_ms"] = 10.0 + 0.3 * alongside
+    stats = measured_group_stats([log], repeat_groups([log]))
+    assert np.ptp(alongside) > 2 and stats[TPOT_SLOPE_KEY] == pytest.approx(0.3, rel=1e-9)
+
+
+def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
+    """A run whose steps cost 0.15 ms a sequence more than the base, with a 2 ms request path: the search
+    puts a clear part of it on the per-sequence term, which a per-step one would mimic at the
+    calibration load only (without the TPOT slope, this budget found 0.03 ms per sequence)."""
+    from simulator.workload import load_workload
+    base = LinearStepModel(1.0, 0.01, 0.0005)
+    truth = HostTerms(per_step_ms=0.1, per_seq_ms=0.15, per_request_ms=2.0)
+    trace = load_workload("poisson:rate=15,n=200,prompt=uniform:32:1024,output=uniform:8:64", seed=2)
+    run = synthetic_run(trace, HostTermsModel(base, truth), front_end_seed=5)
+    assert TPOT_SLOPE_KEY in OBJECTIVE
+    result = calibrate(run, base, max_simulations=150, uncertainty=False, step_log=False)
+    record = result.to_dict()
+    assert abs(record["errors_after"][f"{TPOT_SLOPE_KEY[0]}.{TPOT_SLOPE_KEY[1]}"]) < 0.15
+    assert 0.4 * 0.15 < result.terms.per_seq_ms < 1.5 * 0.15
