@@ -111,3 +111,33 @@ def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
     record = result.to_dict()
     assert abs(record["errors_after"][f"{TPOT_SLOPE_KEY[0]}.{TPOT_SLOPE_KEY[1]}"]) < 0.15
     assert 0.4 * 0.15 < result.terms.per_seq_ms < 1.5 * 0.15
+
+
+class _SlopeFit:
+    """What _slope_gap_ms reads of a fit: the measured TTFT slope, the simulated one, its noise."""
+
+    def __init__(self, measured: float, simulated: float, std_err: float | None) -> None:
+        self._measured, self._simulated, self._std_err = measured, simulated, std_err
+
+    def measured(self, key):
+        return self._measured
+
+    def stats(self, terms):
+        return {SLOPE_KEY: self._simulated}
+
+    def slope_std_err(self, key):
+        return self._std_err
+
+
+def test_a_slope_gap_within_the_noise_starts_no_per_token_term():
+    from experiments.validation.calibration import GAP_STD_ERRS, _slope_gap_ms
+    assert _slope_gap_ms(_SlopeFit(0.05, 0.04, 0.002), HostTerms()) == pytest.approx(0.01)
+    assert _slope_gap_ms(_SlopeFit(0.05, 0.05 - 0.9 * GAP_STD_ERRS * 0.002, 0.002), HostTerms()) == 0.0
+    assert _slope_gap_ms(_SlopeFit(0.05, 0.04, None), HostTerms()) == pytest.approx(0.01)   # noise unknown
+
+
+def test_the_measured_slope_has_a_standard_error(measured):
+    from experiments.validation.calibration import _Fit
+    fit = _Fit(measured, LinearStepModel(1.0, 0.01, 0.0005))
+    std_err = fit.slope_std_err(SLOPE_KEY)
+    assert 0 < std_err < fit.measured(SLOPE_KEY)
