@@ -114,19 +114,23 @@ def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
 
 
 class _SlopeFit:
-    """What _slope_gap_ms reads of a fit: the measured TTFT slope, the simulated one, its noise."""
+    """What the gap starts read of a fit: a measured slope, the simulated one (both slopes' keys), its
+    noise, and the batch a request's TPOT sees."""
 
-    def __init__(self, measured: float, simulated: float, std_err: float | None) -> None:
-        self._measured, self._simulated, self._std_err = measured, simulated, std_err
+    def __init__(self, measured: float, simulated: float, std_err: float | None, mean_batch: float = 1.0) -> None:
+        self._measured, self._simulated, self._std_err, self._batch = measured, simulated, std_err, mean_batch
 
     def measured(self, key):
         return self._measured
 
     def stats(self, terms):
-        return {SLOPE_KEY: self._simulated}
+        return {SLOPE_KEY: self._simulated, TPOT_SLOPE_KEY: self._simulated}
 
     def slope_std_err(self, key):
         return self._std_err
+
+    def mean_batch(self):
+        return self._batch
 
 
 def test_a_slope_gap_within_the_noise_starts_no_per_token_term():
@@ -144,26 +148,6 @@ def test_the_measured_slope_has_a_standard_error(measured):
     assert fit.mean_batch() > 1.0   # a request's own sequence, and at least some company in a real queue
 
 
-class _TpotSlopeFit:
-    """What _tpot_gap_start reads of a fit: the measured TPOT slope, the simulated one, its noise, and
-    the batch a request's TPOT sees."""
-
-    def __init__(self, measured: float, simulated: float, std_err: float, mean_batch: float) -> None:
-        self._measured, self._simulated, self._std_err, self._batch = measured, simulated, std_err, mean_batch
-
-    def measured(self, key):
-        return self._measured
-
-    def stats(self, terms):
-        return {TPOT_SLOPE_KEY: self._simulated}
-
-    def slope_std_err(self, key):
-        return self._std_err
-
-    def mean_batch(self):
-        return self._batch
-
-
 def test_a_tpot_slope_gap_moves_step_time_to_the_sequences():
     """The first fit priced 1 ms per step and no sequence; TPOT rises 0.1 ms per stream more in the run
     than in its simulation, with five sequences in a request's steps: the extra start is 0.1 ms per
@@ -174,8 +158,8 @@ def test_a_tpot_slope_gap_moves_step_time_to_the_sequences():
 
     def step_terms(v):
         return HostTerms(**dict(zip(TERM_NAMES, v * scale)))
-    start = _tpot_gap_start(_TpotSlopeFit(0.4, 0.3, 0.01, 5.0), step_terms, x, scale)
+    start = _tpot_gap_start(_SlopeFit(0.4, 0.3, 0.01, 5.0), step_terms, x, scale)
     terms = step_terms(start)
     assert terms.per_seq_ms == pytest.approx(0.1) and terms.per_step_ms == pytest.approx(0.5)
     assert terms.per_request_ms == pytest.approx(3.0) and terms.per_token_ms == 0.0
-    assert _tpot_gap_start(_TpotSlopeFit(0.4, 0.39, 0.01, 5.0), step_terms, x, scale) is None
+    assert _tpot_gap_start(_SlopeFit(0.4, 0.39, 0.01, 5.0), step_terms, x, scale) is None
