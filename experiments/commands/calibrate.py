@@ -54,8 +54,10 @@ held-out P50/P90 cells within max(5%, 1.5 x noise) (116 without). What is left o
 keeps the rest of its excess) goes into the stored scatter, so that --ranges draws each
 replication's speed level with it besides the device's run-to-run spread.
 The default budget (at most 400 + 21 + 100 + about 30 simulations: the step terms, the base's scale,
-the front end's shape, the errors; 356-553 on the 30% runs of six quickstarts) takes a few minutes
-for a run of a few thousand requests; with a step log, 150-170 simulations on average.
+the front end's shape, the errors; 100 more where TPOT's slope gives the step search one more start;
+356-553 on the 30% runs of six quickstarts, 528-622 on bench/bench_vllm_calibration.py's 1,200-request
+runs) takes a few minutes for a run of a few thousand requests; with a step log, 150-170 simulations
+on average.
 Writes OUT as a step-model directory for --step-model: the input tables with `host_terms` and a
 `calibration` record in meta.json (for const:/linear: models, a small directory naming the model).
 

@@ -270,7 +270,8 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     tell it from the median). `scatter` (simulator.ranges.Scatter: the device's step scatter, measured
     on the run's repeats) is the noise the uncertainty is sized on; None: a bootstrap of the requests.
     Stage budgets, in simulations: a third of max_simulations for the first two step terms and for
-    each of three searches of all four (_search_all_four), SCALE_BUDGET + 1 for the base's scale on the
+    each of three searches of all four (_search_all_four; four where TPOT's slope gap gives one more
+    start, _tpot_gap_start), SCALE_BUDGET + 1 for the base's scale on the
     request log, a third for the front end's shape; plus 2k + 4 (+ NOISE_SEEDS with a scatter) for
     the uncertainty."""
     from scipy.optimize import minimize
