@@ -31,8 +31,8 @@ does not rise with the prompt's tokens (every prompt of one length, as `vllm ben
 sends by default) gets no per-token term either: it cannot tell a prompt token's cost from the
 request path's, and on a simulated Qwen3-14B H100 deployment calibrated at 2 req/s the token's pick
 came out 10% slow on TPOT and 24% on TTFT P90 at 6 req/s (the request path's: within 2.3% and 7.4%).
-Every repeat of the run is used: statistics are averaged over the repeats, and each repeat's requests are grouped by the streams
-active in that repeat.
+Every repeat of the run is used: statistics are averaged over the repeats, and each repeat's
+requests are grouped by the streams active in that repeat.
 Each fitted term is printed with its standard error (the least-squares sandwich: the sensitivity of
 the statistics to the terms, from 2 simulations per term, and the noise of the measured statistics).
 Step terms read off a step log get theirs the same way: the regression's own (meta.json's

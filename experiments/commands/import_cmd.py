@@ -11,7 +11,8 @@ output of `stepcal measure`, so that `stepcal validate` and `stepcal calibrate` 
 
 VLLM_BENCH_HELP = """Import a `vllm bench serve --save-result --save-detailed` JSON (per-request `ttfts` and
 `itls` in seconds, `input_lens`, `output_lens`, `errors`, and `start_times` where the vLLM version
-records them; without --save-detailed vLLM keeps only the run's averages, which cannot be replayed). Give the deployment's settings (model, scheduler, token budget, KV capacity) so that
+records them; without --save-detailed vLLM keeps only the run's averages, which cannot be
+replayed). Give the deployment's settings (model, scheduler, token budget, KV capacity) so that
 validate replays the same server. Arrivals come from `start_times`; without them they are evenly
 spaced at the bench's `request_rate`, or all at 0 for an unlimited rate (meta.json says which).
 Failed requests (non-empty error) are kept, unfinished. A bench has no step log, so validate

@@ -297,7 +297,7 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
         smooth: from a start of loss 5.8e-5 (0.52 ms per step, 0.10 per sequence: near a simulated H100
         deployment's truth) one search saw 1.5e-5 and returned a point of 1.6e-3."""
         free = [TERM_NAMES.index(name) for name in names]
-        seen = {"loss": math.inf, "x": x0 if keep is None else keep.copy()}
+        seen = {"loss": math.inf, "x": None}   # Powell evaluates x0 first, so x is always set
 
         def full(z):
             x = np.zeros(len(TERM_NAMES)) if keep is None else keep.copy()

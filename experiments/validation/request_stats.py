@@ -72,6 +72,12 @@ def _tpot_slope(alongside: np.ndarray, tpot: np.ndarray) -> float | None:
     return _slope(alongside[ok], tpot[ok])
 
 
+def tpot_slope(requests) -> float | None:
+    """TPOT_SLOPE_KEY of one request log: it depends on the log's own queue, not on load groups."""
+    alongside = decoding_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy())
+    return _tpot_slope(alongside, requests["tpot_ms"].to_numpy(dtype=np.float64))
+
+
 @dataclass(frozen=True)
 class LoadGroups:
     """The measured requests' ids and their load group (0 light, 1 heavy), sorted by id."""
@@ -94,14 +100,11 @@ class LoadGroups:
 
 
 def group_stats(requests, groups: LoadGroups) -> dict:
-    """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE, SLOPE_KEY and TPOT_SLOPE_KEY (None
-    for an empty group, or a slope that is not positive)."""
+    """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE and SLOPE_KEY (None for an empty
+    group)."""
     ttft = requests["ttft_ms"].to_numpy(dtype=np.float64)
     label = groups.of_ids(requests["request_id"].to_numpy(dtype=np.int64))
-    out = _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64))
-    alongside = decoding_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy())
-    out[TPOT_SLOPE_KEY] = _tpot_slope(alongside, requests["tpot_ms"].to_numpy(dtype=np.float64))
-    return out
+    return _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64))
 
 
 def _group_stats(ttft: np.ndarray, label: np.ndarray, prompt: np.ndarray) -> dict:
@@ -150,13 +153,15 @@ def mean_stats(per_repeat: list[dict]) -> dict:
 
 def pooled_group_stats(requests, groups: list[LoadGroups]) -> dict:
     """group_stats of one request log under each repeat's load groups, averaged over the repeats: a
-    simulated log (one serving of the workload) compared with every measured repeat."""
-    return mean_stats([group_stats(requests, g) for g in groups])
+    simulated log (one serving of the workload) compared with every measured repeat; and its
+    TPOT_SLOPE_KEY, taken once."""
+    return mean_stats([group_stats(requests, g) for g in groups]) | {TPOT_SLOPE_KEY: tpot_slope(requests)}
 
 
 def measured_group_stats(request_logs, groups: list[LoadGroups]) -> dict:
     """group_stats of each measured repeat under its own groups, averaged over the repeats."""
-    return mean_stats([group_stats(requests, g) for requests, g in zip(request_logs, groups)])
+    return mean_stats([group_stats(requests, g) | {TPOT_SLOPE_KEY: tpot_slope(requests)}
+                       for requests, g in zip(request_logs, groups)])
 
 
 @dataclass(frozen=True)
