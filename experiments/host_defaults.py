@@ -17,15 +17,17 @@ HELP = ("add the host-time and front-end terms of a serving engine from publishe
         "vllm (V1 engine, synchronous scheduling): 0.012 ms per sequence per step = (5.5 - 2.5) ms / 256 "
         "sequences, from the decode-step gap in vLLM issue #10634 (cross-checked by simllm PR #204); "
         "0.0028 ms per prompt token = tokenisation 220 ms / 100k tokens (Luo 2026 (MI300X CPU-GPU co-design "
-        "blog)) + detokenizer priming 12 ms / 20k tokens (vLLM PR #51281; cross-check vLLM PR #57330). "
+        "blog)) + detokenizer priming 12 ms / 20k tokens (vLLM PR #51281; cross-check vLLM PR #57330); "
+        "13.5 ms per request, the midpoint of the 12-15 ms of front-end preprocessing per request measured in "
+        "vLLM PR #21139 (cross-check BLIS fitted coefficients: 15.6 ms on H100). "
         "vllm-async (--async-scheduling): 0.000625 ms per sequence per step = 0.160 ms / 256, from vLLM PR "
-        "#11133; the same 0.0028 ms per prompt token. "
+        "#11133; the same 0.0028 ms per prompt token and 13.5 ms per request. "
         "sglang (overlap scheduler, its default): 0.0022 ms per prompt token, the tokenisation part alone "
         "(Luo 2026 (MI300X CPU-GPU co-design blog)); no step term, its host work hidden behind the GPU (SGLang "
         "v0.4 blog). sglang-no-overlap: 0.61 ms per step = 16 / 3053.86 - 16 / 3458.31 tok/s, overlap off vs on "
         "(SGLang PR #5608; cross-check SGLang PR #38131, 0.74 ms), and the same 0.0022 ms per prompt token. "
-        "Every other term (per token, the per-request median and sigma, per stream; per step or per sequence "
-        "where not given) is 0: no source measures it. Sources with links, where in each the figure is, and "
+        "Every other term (per token, the per-request sigma, per stream; per step, per sequence or the "
+        "per-request median where not given) is 0: no source measures it. Sources with links, where in each the figure is, and "
         "each derivation: experiments/data/serving_defaults.json")
 
 

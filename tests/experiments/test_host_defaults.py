@@ -86,8 +86,9 @@ def test_host_defaults_change_the_prediction(tmp_path):
     assert main([*base, "--host-defaults", "vllm", "--out", str(tmp_path / "vllm")]) == 0
     plain, vllm = _summary(tmp_path / "plain"), _summary(tmp_path / "vllm")
     terms = host_defaults("vllm")
-    # the prompt-token term delays every request by 0.0028 ms x its prompt: at least 0.7 ms here
-    assert vllm["ttft_ms"]["p50"] > plain["ttft_ms"]["p50"] + 256 * terms.per_prompt_token_ms
+    # the request path delays every request by 13.5 ms plus 0.0028 ms x its prompt: at least 0.7 ms more here
+    assert terms.per_request_ms == 13.5
+    assert vllm["ttft_ms"]["p50"] > plain["ttft_ms"]["p50"] + terms.per_request_ms + 256 * terms.per_prompt_token_ms
     assert vllm["tpot_ms"]["p50"] > plain["tpot_ms"]["p50"]      # per-sequence host time per step
     assert "host terms" in vllm["step_model"]
 
