@@ -274,7 +274,6 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     start, _tpot_gap_start), SCALE_BUDGET + 1 for the base's scale on the
     request log, a third for the front end's shape; plus 2k + 4 (+ NOISE_SEEDS with a scatter) for
     the uncertainty."""
-    from scipy.optimize import minimize
     t0 = time.perf_counter()
     fit = _Fit(run, base_model, scatter if scatter is not None and scatter.cv > 0 else None)
     start = start or HostTerms()
@@ -292,27 +291,15 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
 
     def search(x0: np.ndarray, names: tuple[str, ...], budget: int, keep: np.ndarray | None = None
                ) -> tuple[np.ndarray, float]:
-        """Powell over `names`, the other terms at `keep` (zero by default); the best point it evaluated.
-        Bounded Powell can end on a point worse than one it saw, the loss being a simulation's and not
-        smooth: from a start of loss 5.8e-5 (0.52 ms per step, 0.10 per sequence: near a simulated H100
-        deployment's truth) one search saw 1.5e-5 and returned a point of 1.6e-3."""
+        """Powell over `names`, the other terms at `keep` (zero by default); the best point it evaluated."""
         free = [TERM_NAMES.index(name) for name in names]
-        seen = {"loss": math.inf, "x": None}   # Powell evaluates x0 first, so x is always set
 
         def full(z):
             x = np.zeros(len(TERM_NAMES)) if keep is None else keep.copy()
-            x[free] = z
+            x[free] = np.maximum(z, 0.0)
             return x
-
-        def objective(z):
-            x = full(np.maximum(z, 0.0))
-            loss = fit.loss(step_terms(x))
-            if loss < seen["loss"]:
-                seen.update(loss=loss, x=x)
-            return loss
-        minimize(objective, x0=x0[free], method="Powell", bounds=[(0.0, 2.0)] * len(free),
-                 options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
-        return seen["x"], seen["loss"]
+        z, loss = _powell_best(lambda z: fit.loss(step_terms(full(z))), x0[free], budget)
+        return full(z), loss
 
     none = np.zeros(len(TERM_NAMES))
     terms0 = step_terms(none)
@@ -359,6 +346,25 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     return Calibration(terms, loss0, _loss(errors1, fit.weights), errors0, errors1, fit.count, time.perf_counter() - t0,
                        front, std_err, covariance, len(fit.logs), noise=noise, held=held,
                        step_log=from_log.to_dict() if from_log is not None else {})
+
+
+def _powell_best(loss, x0: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
+    """Bounded Powell on [0, 2] per coordinate from `x0`; the best point it evaluated and its loss.
+    Bounded Powell can end on a point worse than one it saw, the loss being a simulation's and not
+    smooth: from a start of loss 5.8e-5 (0.52 ms per step, 0.10 per sequence: near a simulated H100
+    deployment's truth) one step search saw 1.5e-5 and returned a point of 1.6e-3, and the shape
+    search returned points 6-12% above its best on three of six simulated vLLM deployments."""
+    from scipy.optimize import minimize
+    seen = {"loss": math.inf, "x": None}   # Powell evaluates x0 first, so x is always set
+
+    def objective(z):
+        value = loss(z)
+        if value < seen["loss"]:
+            seen.update(loss=value, x=np.array(z, dtype=float))
+        return value
+    minimize(objective, x0=x0, method="Powell", bounds=[(0.0, 2.0)] * len(x0),
+             options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
+    return seen["x"], seen["loss"]
 
 
 def _fit_base_scale(fit: _Fit, terms: HostTerms, loss: float, fitted: list[str]) -> tuple[HostTerms, float, list[str]]:
@@ -504,7 +510,7 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
     where they cut the loss over OBJECTIVE and FRONT_OBJECTIVE by a quarter against the best constant
     front end (the first search matched the summary statistics only, so its median is searched again
     on this loss before the comparison)."""
-    from scipy.optimize import minimize, minimize_scalar
+    from scipy.optimize import minimize_scalar
     keys = OBJECTIVE + FRONT_OBJECTIVE
     scale = _shape_scale(fit.run)
 
@@ -519,10 +525,8 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
     constant = shaped(np.array([best_median.x, 0.0, 0.0]))
     before = fit.loss(constant, keys)
     z0 = np.clip(_shape_start(fit, terms) / scale, START, 1.9)
-    result = minimize(loss, x0=z0, method="Powell", bounds=[(0.0, 2.0), (0.0, 2.0), (0.0, 2.0)],
-                      options={"maxfev": budget, "xtol": 1e-3, "ftol": 1e-4})
-    candidate = shaped(result.x)
-    after = fit.loss(candidate, keys)
+    z, after = _powell_best(loss, z0, budget)
+    candidate = shaped(z)
     # A shape that buys the front-end quantiles with the summary statistics is not an explanation of
     # them: the summary loss may not grow by more than the quarter the shape must win.
     summary_holds = fit.loss(candidate) <= (1.0 + MIN_GAIN) * fit.loss(constant) + 1e-12
