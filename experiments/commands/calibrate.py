@@ -16,21 +16,23 @@ steps), and only the per-request term is searched. Otherwise (an imported `vllm 
 real deployment has), by simulating the measured workload until the simulated mean/P50/P90 match,
 and TTFT's slope on the prompt's tokens among the requests that arrived at light load (what a prompt
 token costs), and TPOT's slope on the number of requests decoding alongside (what a sequence costs a
-step; each slope counts less where its bootstrap variance exceeds the other statistics'). Where that
-slope exceeds the base tables', the per-token term starts from the gap and is searched with the
-per-step and per-request ones. Without the slope a light load could not tell a step's cost from a
-prefill token's: over the 60 held-out runs of 15 CPU campaigns the search's terms priced decode-only
-steps 13% too high (median measured/predicted time 0.88; within 7% in 17 runs), the step log's 1%
-(0.99; within 7% in 54). Then the front
-end's shape: the per-request delay as a log-normal (its sigma) plus a part per stream active at the
+step) and on the prompt tokens other requests prefilled during its decode, per step (what a token
+costs a step; each slope counts less where its bootstrap variance exceeds the other statistics').
+Where TTFT's slope (or, without one, TPOT's on the prefills) exceeds the base tables', the per-token
+term starts from the gap and is searched with the per-step and per-request ones; the per-request
+term starts from what the light-load arrivals' median TTFT measures beyond the base. Without TTFT's
+slope a light load could not tell a step's cost from a prefill token's: over the 60 held-out runs of
+15 CPU campaigns the search's terms priced decode-only steps 13% too high (median measured/predicted
+time 0.88; within 7% in 17 runs), the step log's 1% (0.99; within 7% in 54). Then the front end's
+shape: the per-request delay as a log-normal (its sigma) plus a part per stream active at the
 request's arrival, matched on TTFT P10/P50/P90 of the requests that arrived at light and at heavy
 load; kept only where it cuts the loss by a quarter. P99 is not fitted. Tables with a profiled host
 term (`stepcal profile`'s host op) get no per-sequence term: the profile timed the host path over the
-number of sequences, which a run at low load cannot tell from a step's cost. A request log whose TTFT
-does not rise with the prompt's tokens (every prompt of one length, as `vllm bench`'s random dataset
-sends by default) gets no per-token term either: it cannot tell a prompt token's cost from the
-request path's, and on a simulated Qwen3-14B H100 deployment calibrated at 2 req/s the token's pick
-came out 10% slow on TPOT and 24% on TTFT P90 at 6 req/s (the request path's: within 2.3% and 7.4%).
+number of sequences, which a run at low load cannot tell from a step's cost. Prompts of one length
+(as `vllm bench`'s random dataset sends by default) give TTFT no slope, and the calibration run's
+TTFTs fit a prompt token's cost and the request path's alike; the prefills alongside tell them
+apart, for only a token's cost holds up the other requests' steps. A log where neither slope rises
+gets no per-token term (held at zero, and said).
 Every repeat of the run is used: statistics are averaged over the repeats, and each repeat's
 requests are grouped by the streams active in that repeat.
 Each fitted term is printed with its standard error (the least-squares sandwich: the sensitivity of

@@ -7,8 +7,10 @@ found by simulating the measured workload with the base step model plus the term
 the measured TTFT, TPOT and E2E distributions and TTFT's slope on the prompt's tokens among light-load
 arrivals (request_stats.SLOPE_KEY: a prompt token's cost, which the quantiles mix with the request
 path) and TPOT's slope on the requests decoding alongside each one (request_stats.TPOT_SLOPE_KEY: a
-sequence's cost to a step, which they mix with the per-step time; both slopes weighed by their noise,
-_Fit.weights): a bounded Powell search over four numbers, each
+sequence's cost to a step, which they mix with the per-step time) and on the prompt tokens prefilled
+alongside (request_stats.PREFILL_SLOPE_KEY: a token's cost to a step, which tells it from the request
+path where prompts have one length; the slopes weighed by their noise, _Fit.weights): a bounded
+Powell search over four numbers, each
 evaluation one deterministic simulation. Over three where the base tables have a profiled host term:
 they price a sequence already, better than a run at low load can (held_terms).
 
@@ -48,6 +50,7 @@ from experiments.validation.errors import relative_error
 from experiments.validation.measured import MeasuredRun, sim_config_for
 from experiments.validation.request_stats import (
     FRONT_OBJECTIVE,
+    PREFILL_SLOPE_KEY,
     SLOPE_KEY,
     TPOT_SLOPE_KEY,
     active_at_arrival,
@@ -55,6 +58,7 @@ from experiments.validation.request_stats import (
     measured_group_stats,
     pooled_bootstrap_log_covariance,
     pooled_group_stats,
+    prefilled_alongside,
     repeat_groups,
 )
 from experiments.validation.step_log_terms import BASE_SCALE_BOUNDS, step_log_terms
@@ -68,7 +72,7 @@ SUMMARY_OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90")
                      ("e2e_ms", "p50"), ("e2e_ms", "p90"))
 # and what a prompt token costs, which the summary statistics mix with the per-request time, and what a
 # sequence costs a step, which they mix with the per-step time
-SLOPES = (SLOPE_KEY, TPOT_SLOPE_KEY)
+SLOPES = (SLOPE_KEY, TPOT_SLOPE_KEY, PREFILL_SLOPE_KEY)
 OBJECTIVE = (*SUMMARY_OBJECTIVE, *SLOPES)
 TERM_NAMES = (*STEP_TERMS, "per_request_ms")   # the first search's vector
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
@@ -212,6 +216,12 @@ class _Fit:
                      for r in self.logs]
         return float(np.nanmean(alongside)) + 1.0
 
+    def mean_step_tokens(self) -> float:
+        """The tokens of the steps a measured request's TPOT sees: a token per sequence (mean_batch)
+        and the prompt tokens prefilled alongside per step, averaged over the requests and repeats."""
+        prefill = [np.nanmean(prefilled_alongside(r)) for r in self.logs]
+        return self.mean_batch() + float(np.nanmean(prefill))
+
     def slope_std_err(self, slope_key) -> float | None:
         """The measured slope's bootstrap standard error, in its own units."""
         variance = self._log_variances(slope_key)
@@ -313,6 +323,9 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
     # out 3x too slow).
     x_start = np.array([getattr(start, name) / s if getattr(start, name) > 0 else START
                         for name, s in zip(TERM_NAMES, scale)])
+    if start.per_request_ms == 0:
+        i = TERM_NAMES.index("per_request_ms")
+        x_start[i] = float(np.clip(_request_start_ms(fit, terms0) / scale[i], START, 1.9))
     third = max_simulations // 3
     if from_log is not None:   # the step terms as the log priced them; the request search has the front end
         x_log = _term_vector(per_request_ms=x_start[TERM_NAMES.index("per_request_ms")])
@@ -390,6 +403,22 @@ def _fit_base_scale(fit: _Fit, terms: HostTerms, loss: float, fitted: list[str])
 GAP_STD_ERRS = 2.0   # a slope gap smaller than this many of the measured slope's standard errors is noise
 
 
+def _request_start_ms(fit: _Fit, terms: HostTerms) -> float:
+    """Where the per-request term's search starts: what the light-load arrivals' median TTFT measures
+    beyond its simulation under `terms` (at light load little of it is queueing), less what two steps
+    missing TPOT's median gap would explain (the step in progress at arrival and the request's own
+    prefill); 0 where nothing is left (the caller starts at START). From a start near zero, Powell's
+    first line search (per step) spent its budget pricing a 20 ms request path as 3.9 ms per step on a
+    small simulated bench (truth: 1 ms; TPOT +73% after the fit). Without the steps' part, a base at
+    half the true step time started a request path that is not there and kept some of it."""
+    ttft, tpot = ("ttft_ms", "light_load.p50"), ("tpot_ms", "p50")
+    stats = fit.stats(terms)
+    if not all((fit.measured(k) or 0) > 0 and (stats.get(k) or 0) > 0 for k in (ttft, tpot)):
+        return 0.0
+    step_gap_ms = max(fit.measured(tpot) - stats[tpot], 0.0)
+    return max(fit.measured(ttft) - stats[ttft] - 2.0 * step_gap_ms, 0.0)
+
+
 def _slope_gap_ms(fit: _Fit, terms: HostTerms) -> float:
     """What the measured runs' TTFT rises per prompt token (light-load arrivals) beyond what the
     simulation under `terms` shows: the per-token time the base misses, where both slopes exist and
@@ -421,24 +450,32 @@ def _search_step_terms(search, x_start: np.ndarray, budget: int, searched: tuple
 
 
 def _tpot_gap_start(fit: _Fit, step_terms, x: np.ndarray, scale: np.ndarray) -> np.ndarray | None:
-    """The first fit `x` with a sequence's time set where TPOT's slope on the requests decoding alongside
-    puts it: the per-sequence term moved by the slope's gap (ms per stream), the per-step term by the
-    opposite over the batch a request sees, so that the calibration load's TPOT stays; None where the
-    gap is within GAP_STD_ERRS of the measured slope's noise. Powell from the first fit and afresh
-    missed that basin on simulated H100 deployments of log-normal prompts: a truth of 0.5 ms per step
-    and 0.1 per sequence came out 1.01 and 0 (TPOT 14% fast at four times the load), with the slope
-    27% off; the gap there puts the start at about 0.1 per sequence."""
+    """The first fit `x` with a sequence's and a token's time set where TPOT's slopes put them: the
+    per-sequence term moved by the gap of the slope on the requests decoding alongside (ms per stream),
+    the per-token term by the gap of the slope on the prompt tokens prefilled alongside (ms per token),
+    each only where its gap exceeds GAP_STD_ERRS of the measured slope's noise, and the per-step term
+    the opposite over the sequences and tokens of the steps a request sees, so that the calibration
+    load's TPOT stays; None where neither gap counts. Powell from the first fit and afresh missed that
+    basin on simulated H100 deployments of log-normal prompts: a truth of 0.5 ms per step and 0.1 per
+    sequence came out 1.01 and 0 (TPOT 14% fast at four times the load), with the slope 27% off; the
+    gap there puts the start at about 0.1 per sequence. The token's gap is read at the first fit, not
+    at no terms: where prefills run as steps of their own, the per-step time the base misses shows in
+    that slope too."""
     terms = step_terms(x)
-    measured, simulated = fit.measured(TPOT_SLOPE_KEY), fit.stats(terms).get(TPOT_SLOPE_KEY)
-    std_err = fit.slope_std_err(TPOT_SLOPE_KEY)
-    if not (measured and simulated and std_err) or abs(measured - simulated) <= GAP_STD_ERRS * std_err:
-        return None
-    per_seq = max(0.0, terms.per_seq_ms + measured - simulated)
-    per_step = max(0.0, terms.per_step_ms - (per_seq - terms.per_seq_ms) * fit.mean_batch())
-    out = x.copy()
-    out[TERM_NAMES.index("per_seq_ms")] = per_seq / scale[TERM_NAMES.index("per_seq_ms")]
-    out[TERM_NAMES.index("per_step_ms")] = per_step / scale[TERM_NAMES.index("per_step_ms")]
-    return out
+    out, moved = x.copy(), False
+    step_ms = terms.per_step_ms
+    for key, name, per_step_units in ((TPOT_SLOPE_KEY, "per_seq_ms", fit.mean_batch),
+                                      (PREFILL_SLOPE_KEY, "per_token_ms", fit.mean_step_tokens)):
+        measured, simulated = fit.measured(key), fit.stats(terms).get(key)
+        std_err = fit.slope_std_err(key)
+        if not (measured and simulated and std_err) or abs(measured - simulated) <= GAP_STD_ERRS * std_err:
+            continue
+        value = max(0.0, getattr(terms, name) + measured - simulated)
+        step_ms -= (value - getattr(terms, name)) * per_step_units()
+        out[TERM_NAMES.index(name)] = value / scale[TERM_NAMES.index(name)]
+        moved = True
+    out[TERM_NAMES.index("per_step_ms")] = max(0.0, step_ms) / scale[TERM_NAMES.index("per_step_ms")]
+    return out if moved else None
 
 
 def held_terms(base_model) -> dict:
@@ -457,19 +494,21 @@ def held_terms(base_model) -> dict:
     return {}
 
 
-UNTOLD_TOKEN = ("TTFT does not rise with the prompt's tokens at light load (prompts of one length, or no rise): "
-                "a request log cannot tell a prompt token's cost from the per-request time")
+UNTOLD_TOKEN = ("neither TTFT (light load) nor TPOT (the prefills alongside) rises with prompt tokens: a request "
+                "log cannot tell a prompt token's cost from the per-request time")
 
 
 def untold_terms(fit: _Fit) -> dict:
-    """Step terms a request log cannot tell from the per-request time, held at zero. Without TTFT's slope
-    on the prompt's tokens (every prompt of one length, as `vllm bench`'s random dataset sends by default)
-    a prompt token's cost and the request path's delay fit the calibration run alike, but only the
-    first holds up the other requests' steps. On a simulated vLLM deployment of Qwen3-14B on the H100
-    tables (1,024-token prompts at 2 req/s; truth: 1.2 ms per step, 0.02 per sequence, 12 ms per
-    request, sigma 0.4, 0.3 ms per stream), the search put 0.0154 ms on each token and 0.04 ms on the
-    request, and at 6 req/s TPOT P50 came out 10% slow and TTFT P90 24% slow."""
-    return {} if fit.measured(SLOPE_KEY) is not None else {"per_token_ms": UNTOLD_TOKEN}
+    """Step terms a request log cannot tell from the per-request time, held at zero. A prompt token's
+    cost and the request path's delay fit the calibration run's TTFTs alike where every prompt has one
+    length (as `vllm bench`'s random dataset sends by default), but only the first holds up the other
+    requests' steps, which TPOT's slope on the prefills alongside shows (PREFILL_SLOPE_KEY). With
+    neither slope the search had put 0.0154 ms on each token and 0.04 ms on the request, on a simulated
+    vLLM deployment of Qwen3-14B on the H100 tables (1,024-token prompts at 2 req/s; truth: 1.2 ms per
+    step, 0.02 per sequence, 12 ms per request, sigma 0.4, 0.3 ms per stream): at 6 req/s TPOT P50 came
+    out 10% slow and TTFT P90 24% slow."""
+    told = fit.measured(SLOPE_KEY) is not None or fit.measured(PREFILL_SLOPE_KEY) is not None
+    return {} if told else {"per_token_ms": UNTOLD_TOKEN}
 
 
 def _search_all_four(search, two_term: np.ndarray, x_start: np.ndarray, budget: int,

@@ -32,6 +32,11 @@ SLOPE_KEY = ("ttft_ms", "light_load.per_prompt_token")
 # stream): what one more sequence adds to a step, which TPOT's quantiles mix with the per-step time at a
 # light load (decoding_alongside).
 TPOT_SLOPE_KEY = ("tpot_ms", "per_stream_decoding")
+# TPOT's least-squares coefficient on the prompt tokens that other requests prefilled during each one's
+# decode, per decode step (ms per token), in a fit on those and on the requests decoding alongside: what
+# a prefill token adds to the steps it rides in. It tells a step's token cost from the request path where
+# TTFT cannot (prompts of one length: SLOPE_KEY undefined), for the request path holds up no step.
+PREFILL_SLOPE_KEY = ("tpot_ms", "per_prefill_token_alongside")
 SUMMARY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 BOOTSTRAP_RESAMPLES = 200
 
@@ -67,15 +72,51 @@ def decoding_alongside(first_token_s: np.ndarray, finish_s: np.ndarray) -> np.nd
     return out
 
 
-def _tpot_slope(alongside: np.ndarray, tpot: np.ndarray) -> float | None:
+def prefill_tokens_alongside(first_token_s: np.ndarray, finish_s: np.ndarray, num_prompt_tokens: np.ndarray,
+                             num_output_tokens: np.ndarray) -> np.ndarray:
+    """For each request, the prompt tokens of the other requests whose first token came after its own and
+    by its finish, per step of its decode (num_output_tokens - 1; NaN where it has none): the prefill
+    work its decode steps carried. A prefill ends with the request's first token, so a chunked one is
+    counted whole at its last chunk."""
+    first = np.asarray(first_token_s, dtype=np.float64)
+    finish = np.asarray(finish_s, dtype=np.float64)
+    prompt = np.asarray(num_prompt_tokens, dtype=np.float64)
+    steps = np.asarray(num_output_tokens, dtype=np.float64) - 1.0
+    known = np.isfinite(first)
+    order = np.argsort(first[known], kind="stable")
+    times = first[known][order]
+    tokens = np.concatenate([[0.0], np.cumsum(prompt[known][order])])   # prompt tokens of first tokens before
+    lo = np.searchsorted(times, np.where(known, first, np.inf), side="right")
+    hi = np.searchsorted(times, np.where(np.isfinite(finish), finish, -np.inf), side="right")
+    ok = known & np.isfinite(finish) & (steps > 0)
+    out = np.full(len(first), np.nan)
+    out[ok] = (tokens[np.maximum(hi, lo)[ok]] - tokens[lo[ok]]) / steps[ok]
+    return out
+
+
+def _tpot_slopes(alongside: np.ndarray, prefill: np.ndarray, tpot: np.ndarray) -> dict:
     ok = np.isfinite(alongside) & np.isfinite(tpot)
-    return _slope(alongside[ok], tpot[ok])
+    out = {TPOT_SLOPE_KEY: _slope(alongside[ok], tpot[ok])}
+    both = ok & np.isfinite(prefill)
+    out[PREFILL_SLOPE_KEY] = _partial_slope(prefill[both], alongside[both], tpot[both])
+    return out
 
 
-def tpot_slope(requests) -> float | None:
-    """TPOT_SLOPE_KEY of one request log: it depends on the log's own queue, not on load groups."""
+def prefilled_alongside(requests) -> np.ndarray:
+    """prefill_tokens_alongside of a request log, counting the prompt tokens computed (less those a
+    prefix cache served, where the log says)."""
+    prompt = requests["num_prompt_tokens"].to_numpy(dtype=np.float64)
+    if "num_cached_tokens" in requests:
+        prompt = prompt - requests["num_cached_tokens"].fillna(0).to_numpy(dtype=np.float64)
+    return prefill_tokens_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy(), prompt,
+                                    requests["num_output_tokens"].to_numpy())
+
+
+def tpot_slopes(requests) -> dict:
+    """TPOT_SLOPE_KEY and PREFILL_SLOPE_KEY of one request log: they depend on the log's own queue, not
+    on load groups."""
     alongside = decoding_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy())
-    return _tpot_slope(alongside, requests["tpot_ms"].to_numpy(dtype=np.float64))
+    return _tpot_slopes(alongside, prefilled_alongside(requests), requests["tpot_ms"].to_numpy(dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -129,6 +170,16 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float | None:
     return slope if slope > 0 else None
 
 
+def _partial_slope(x: np.ndarray, z: np.ndarray, y: np.ndarray) -> float | None:
+    """y's least-squares coefficient on x in a fit on x and z (with an intercept); None as _slope."""
+    if len(x) < 4 or np.ptp(x) == 0:
+        return None
+    design = np.column_stack([np.ones(len(x)), x - x.mean(), z - z.mean()])
+    coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
+    slope = float(coef[1])
+    return slope if rank == 3 and slope > 0 else None
+
+
 def _summary_of(metric: str, values: np.ndarray) -> dict:
     if not len(values):
         return {}
@@ -154,13 +205,13 @@ def mean_stats(per_repeat: list[dict]) -> dict:
 def pooled_group_stats(requests, groups: list[LoadGroups]) -> dict:
     """group_stats of one request log under each repeat's load groups, averaged over the repeats: a
     simulated log (one serving of the workload) compared with every measured repeat; and its
-    TPOT_SLOPE_KEY, taken once."""
-    return mean_stats([group_stats(requests, g) for g in groups]) | {TPOT_SLOPE_KEY: tpot_slope(requests)}
+    TPOT slopes (tpot_slopes), taken once."""
+    return mean_stats([group_stats(requests, g) for g in groups]) | tpot_slopes(requests)
 
 
 def measured_group_stats(request_logs, groups: list[LoadGroups]) -> dict:
     """group_stats of each measured repeat under its own groups, averaged over the repeats."""
-    return mean_stats([group_stats(requests, g) | {TPOT_SLOPE_KEY: tpot_slope(requests)}
+    return mean_stats([group_stats(requests, g) | tpot_slopes(requests)
                        for requests, g in zip(request_logs, groups)])
 
 
@@ -178,6 +229,7 @@ class _Resampled:
         columns = {m: frame[m].to_numpy(dtype=np.float64) for m in (*SUMMARY_METRICS, "num_prompt_tokens")}
         # each request's company, from the whole repeat: a resample redraws requests, not their queue
         columns["alongside"] = decoding_alongside(frame["first_token_s"].to_numpy(), frame["finish_s"].to_numpy())
+        columns["prefill"] = prefilled_alongside(frame)
         label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
         return cls(columns, label, max(1, round(len(frame) ** (1.0 / 3.0))))
 
@@ -189,7 +241,8 @@ class _Resampled:
         index = (starts[:, None] + np.arange(block)[None, :]).ravel()[:n]
         stats = _group_stats(self.columns["ttft_ms"][index], self.label[index],
                              self.columns["num_prompt_tokens"][index])
-        stats[TPOT_SLOPE_KEY] = _tpot_slope(self.columns["alongside"][index], self.columns["tpot_ms"][index])
+        stats.update(_tpot_slopes(self.columns["alongside"][index], self.columns["prefill"][index],
+                                  self.columns["tpot_ms"][index]))
         for metric in SUMMARY_METRICS:
             values = self.columns[metric][index]
             stats.update(_summary_of(metric, values[np.isfinite(values)]))

@@ -10,12 +10,14 @@ import pytest
 
 from experiments.validation.calibration import OBJECTIVE, calibrate
 from experiments.validation.request_stats import (
+    PREFILL_SLOPE_KEY,
     SLOPE_KEY,
     TPOT_SLOPE_KEY,
     LoadGroups,
     decoding_alongside,
     measured_group_stats,
     pooled_bootstrap_log_covariance,
+    prefill_tokens_alongside,
     repeat_groups,
 )
 from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
@@ -28,7 +30,7 @@ def _log(ttft_ms, prompt, arrival_s, finish_s) -> pd.DataFrame:
     return pd.DataFrame({"request_id": np.arange(n), "arrival_s": arrival_s, "first_token_s": first_token_s,
                          "finish_s": finish_s,
                          "ttft_ms": ttft_ms, "tpot_ms": np.ones(n), "e2e_ms": np.asarray(ttft_ms) + 10.0,
-                         "num_prompt_tokens": prompt})
+                         "num_prompt_tokens": prompt, "num_output_tokens": np.full(n, 11)})
 
 
 def test_the_slope_is_taken_over_the_light_load_arrivals_only():
@@ -70,7 +72,8 @@ def test_the_request_search_prices_a_prompt_token_from_the_slope():
     result = calibrate(run, base, max_simulations=150, uncertainty=False, step_log=False)
     record = result.to_dict()
     assert f"{SLOPE_KEY[0]}.{SLOPE_KEY[1]}" in record["errors_after"]
-    assert abs(record["errors_after"][f"{SLOPE_KEY[0]}.{SLOPE_KEY[1]}"]) < 0.05
+    # matched among TPOT's two slopes: within 6.5% here (5% with TTFT's and TPOT's on the streams only)
+    assert abs(record["errors_after"][f"{SLOPE_KEY[0]}.{SLOPE_KEY[1]}"]) < 0.1
     assert result.terms.per_token_ms == pytest.approx(0.02, rel=0.25)
     assert result.terms.per_request_ms == pytest.approx(3.0, rel=0.3)
 
@@ -97,6 +100,39 @@ def test_the_tpot_slope_is_what_one_more_stream_adds():
     assert np.ptp(alongside) > 2 and stats[TPOT_SLOPE_KEY] == pytest.approx(0.3, rel=1e-9)
 
 
+def test_the_prefill_tokens_each_request_decodes_alongside():
+    """A decodes over [0, 10] s in 4 steps: B's first token at 5 s (100 tokens) and C's at 10 s (50) fall
+    in it, D's at 12 s does not. B over [5, 15] in 2 steps sees C and D (50 + 30). C and D see none
+    after their own; E has no decode step (one output token); F never got a first token."""
+    first = np.array([0.0, 5.0, 10.0, 12.0, 20.0, np.nan])
+    finish = np.array([10.0, 15.0, 11.0, 13.0, 20.0, np.nan])
+    prompt = np.array([10.0, 100.0, 50.0, 30.0, 70.0, 40.0])
+    output = np.array([5, 3, 2, 2, 1, 4])
+    got = prefill_tokens_alongside(first, finish, prompt, output)
+    np.testing.assert_allclose(got[:4], [150.0 / 4, 80.0 / 2, 0.0, 0.0])
+    assert np.isnan(got[4]) and np.isnan(got[5])
+
+
+def test_the_prefill_slope_is_what_a_prefill_token_adds_to_the_steps_it_rides_in():
+    """TPOT 10 ms, plus 0.3 ms per request decoding alongside and 0.012 ms per prompt token prefilled
+    during the decode per step: the prefill slope is 0.012 though the two counts rise together; with
+    no prefill cost it is not positive (None)."""
+    rng = np.random.default_rng(3)
+    arrival = np.sort(rng.uniform(0.0, 60.0, 200))
+    first = arrival + 0.05
+    finish = first + rng.uniform(1.0, 4.0, 200)
+    log = _log(np.full(200, 50.0), np.full(200, 256.0), arrival, finish)
+    log["num_output_tokens"] = rng.integers(8, 64, 200)
+    alongside = decoding_alongside(first, finish)
+    prefill = prefill_tokens_alongside(first, finish, log["num_prompt_tokens"], log["num_output_tokens"])
+    assert np.corrcoef(alongside, prefill)[0, 1] > 0.2
+    log["tpot_ms"] = 10.0 + 0.3 * alongside + 0.012 * prefill
+    stats = measured_group_stats([log], repeat_groups([log]))
+    assert stats[PREFILL_SLOPE_KEY] == pytest.approx(0.012, rel=1e-9) and stats[SLOPE_KEY] is None
+    log["tpot_ms"] = 10.0 + 0.3 * alongside
+    assert measured_group_stats([log], repeat_groups([log]))[PREFILL_SLOPE_KEY] is None
+
+
 def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
     """A run whose steps cost 0.15 ms a sequence more than the base, with a 2 ms request path: the search
     puts a clear part of it on the per-sequence term, which a per-step one would mimic at the
@@ -114,23 +150,29 @@ def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
 
 
 class _SlopeFit:
-    """What the gap starts read of a fit: a measured slope, the simulated one (both slopes' keys), its
-    noise, and the batch a request's TPOT sees."""
+    """What the gap starts read of a fit: a measured slope, the simulated one (TTFT's and TPOT's on the
+    streams alongside; TPOT's on the prefills alongside only where `prefill` gives (measured,
+    simulated)), its noise, and the sequences and tokens of the steps a request's TPOT sees."""
 
-    def __init__(self, measured: float, simulated: float, std_err: float | None, mean_batch: float = 1.0) -> None:
+    def __init__(self, measured: float, simulated: float, std_err: float | None, mean_batch: float = 1.0,
+                 prefill: tuple[float, float] | None = None, mean_tokens: float = 1.0) -> None:
         self._measured, self._simulated, self._std_err, self._batch = measured, simulated, std_err, mean_batch
+        self._prefill, self._tokens = prefill or (measured, measured), mean_tokens
 
     def measured(self, key):
-        return self._measured
+        return self._prefill[0] if key == PREFILL_SLOPE_KEY else self._measured
 
     def stats(self, terms):
-        return {SLOPE_KEY: self._simulated, TPOT_SLOPE_KEY: self._simulated}
+        return {SLOPE_KEY: self._simulated, TPOT_SLOPE_KEY: self._simulated, PREFILL_SLOPE_KEY: self._prefill[1]}
 
     def slope_std_err(self, key):
         return self._std_err
 
     def mean_batch(self):
         return self._batch
+
+    def mean_step_tokens(self):
+        return self._tokens
 
 
 def test_a_slope_gap_within_the_noise_starts_no_per_token_term():
@@ -163,3 +205,9 @@ def test_a_tpot_slope_gap_moves_step_time_to_the_sequences():
     assert terms.per_seq_ms == pytest.approx(0.1) and terms.per_step_ms == pytest.approx(0.5)
     assert terms.per_request_ms == pytest.approx(3.0) and terms.per_token_ms == 0.0
     assert _tpot_gap_start(_SlopeFit(0.4, 0.39, 0.01, 5.0), step_terms, x, scale) is None
+    # a prefill token costs 0.012 ms more than simulated, in steps of 50 tokens: 0.6 ms off the step
+    start = _tpot_gap_start(_SlopeFit(0.4, 0.4, 0.001, 5.0, prefill=(0.042, 0.030), mean_tokens=50.0),
+                            step_terms, x, scale)
+    terms = step_terms(start)
+    assert terms.per_token_ms == pytest.approx(0.012) and terms.per_step_ms == pytest.approx(0.4)
+    assert terms.per_seq_ms == 0.0
