@@ -85,8 +85,9 @@ def write_bench(path: Path, base_dir: Path, terms: dict, rate: float, prompt: st
     path.write_text(json.dumps(bench))
 
 
-def errors(run: Path, step_model: Path, out: Path) -> dict:
-    cli("validate", "--measured", str(run), "--step-model", str(step_model), "--out", str(out))
+def errors(run: Path, step_model: Path, out: Path, *extra: str) -> dict:
+    """The errors of METRICS of `step_model` (with `extra` validate flags) against the run."""
+    cli("validate", "--measured", str(run), "--step-model", str(step_model), *extra, "--out", str(out))
     metrics = json.loads((out / "validation.json").read_text())["metrics"]
     return {key: metrics[key[0]][key[1]]["error"] for key in METRICS}
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vllm_calibration import DURATION_S, RATES, SETTINGS, cli, tables
+from bench_vllm_calibration import DURATION_S, RATES, SETTINGS, cli, errors, tables
 
 METRICS = (("tpot_ms", "p50"), ("tpot_ms", "p90"), ("ttft_ms", "p50"), ("ttft_ms", "p90"), ("e2e_ms", "p50"))
 ARMS = {"kernels": [], "vllm defaults": ["--host-defaults", "vllm"]}
@@ -40,10 +40,7 @@ def validated(base_dir: Path, bench: Path, work: Path, extra: list[str]) -> dict
     run = work / "run"
     if not run.exists():
         cli("import", "vllm-bench", str(bench), "--model-spec", "qwen3-14b", *SETTINGS, "--out", str(run))
-    out = work / ("validate_defaults" if extra else "validate_kernels")
-    cli("validate", "--measured", str(run), "--step-model", str(base_dir), *extra, "--out", str(out))
-    metrics = json.loads((out / "validation.json").read_text())["metrics"]
-    return {key: metrics[key[0]][key[1]]["error"] for key in METRICS}
+    return errors(run, base_dir, work / ("validate_defaults" if extra else "validate_kernels"), *extra)
 
 
 def main() -> int:

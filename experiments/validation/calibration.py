@@ -54,7 +54,7 @@ from experiments.validation.request_stats import (
     SLOPE_KEY,
     TPOT_SLOPE_KEY,
     active_at_arrival,
-    decoding_alongside,
+    decoding_alongside_in,
     measured_group_stats,
     pooled_bootstrap_log_covariance,
     pooled_group_stats,
@@ -78,6 +78,7 @@ TERM_NAMES = (*STEP_TERMS, "per_request_ms")   # the first search's vector
 FIRST_TERMS = ("per_step_ms", "per_request_ms")          # searched first; the others only where they earn it
 SHAPE_TERMS = ("per_request_ms", "per_request_sigma", "per_stream_ms")   # the front end's distribution
 START = 0.01       # where a term's search starts, in units of its scale
+START_MAX = 1.9    # the highest start, inside the searches' [0, 2] box
 SCALE_BUDGET = 20  # simulations of the base scale's search (bounded Brent: a 1e-3 bracket in about 15)
 SHAPE_START_SIGMA = 0.3   # a moderate spread, where the data cannot suggest one
 SHAPE_MIN_BUDGET = 40     # simulations of the shape search, at least: Powell needs a few per line search
@@ -212,8 +213,7 @@ class _Fit:
     def mean_batch(self) -> float:
         """The sequences a measured request's TPOT sees in a step: itself and those decoding alongside,
         averaged over the requests and the repeats."""
-        alongside = [np.nanmean(decoding_alongside(r["first_token_s"].to_numpy(), r["finish_s"].to_numpy()))
-                     for r in self.logs]
+        alongside = [np.nanmean(decoding_alongside_in(r)) for r in self.logs]
         return float(np.nanmean(alongside)) + 1.0
 
     def mean_step_tokens(self) -> float:
@@ -325,7 +325,7 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
                         for name, s in zip(TERM_NAMES, scale)])
     if start.per_request_ms == 0:
         i = TERM_NAMES.index("per_request_ms")
-        x_start[i] = float(np.clip(_request_start_ms(fit, terms0) / scale[i], START, 1.9))
+        x_start[i] = float(np.clip(_request_start_ms(fit, terms0) / scale[i], START, START_MAX))
     third = max_simulations // 3
     if from_log is not None:   # the step terms as the log priced them; the request search has the front end
         x_log = _term_vector(per_request_ms=x_start[TERM_NAMES.index("per_request_ms")])
@@ -434,15 +434,15 @@ def _slope_gap_ms(fit: _Fit, terms: HostTerms) -> float:
 
 
 def _search_step_terms(search, x_start: np.ndarray, budget: int, searched: tuple[str, ...],
-                       first: tuple[str, ...] = FIRST_TERMS, seq_start=None) -> tuple[np.ndarray, float, list[str]]:
+                       first: tuple[str, ...] = FIRST_TERMS, gap_start=None) -> tuple[np.ndarray, float, list[str]]:
     """The step terms from the request log alone: `first` (per step and per request, and per token
     where the TTFT slope says the base misses some), all of `searched` only where they cut the loss
-    by MIN_GAIN (_search_all_four). `seq_start` maps the first fit to one more start of that search
-    (or None): _tpot_gap_start."""
+    by MIN_GAIN (_search_all_four). `gap_start` maps the first fit to one more start of that search
+    (or None): _tpot_gap_start, asked only where the per-sequence term is searched."""
     best, loss1 = search(x_start, first, budget)
     fitted = list(first)
     if loss1 > 0:
-        informed = seq_start(best) if seq_start is not None and "per_seq_ms" in searched else None
+        informed = gap_start(best) if gap_start is not None and "per_seq_ms" in searched else None
         x4, loss4 = _search_all_four(search, best, x_start, budget, searched, informed)
         if loss4 < (1.0 - MIN_GAIN) * loss1:
             best, loss1, fitted = x4, loss4, list(searched)
@@ -563,7 +563,7 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
                                   options={"xatol": 1e-3, "maxiter": CONSTANT_BUDGET})
     constant = shaped(np.array([best_median.x, 0.0, 0.0]))
     before = fit.loss(constant, keys)
-    z0 = np.clip(_shape_start(fit, terms) / scale, START, 1.9)
+    z0 = np.clip(_shape_start(fit, terms) / scale, START, START_MAX)
     z, after = _powell_best(loss, z0, budget)
     candidate = shaped(z)
     # A shape that buys the front-end quantiles with the summary statistics is not an explanation of

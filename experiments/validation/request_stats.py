@@ -102,6 +102,11 @@ def _tpot_slopes(alongside: np.ndarray, prefill: np.ndarray, tpot: np.ndarray) -
     return out
 
 
+def decoding_alongside_in(requests) -> np.ndarray:
+    """decoding_alongside of a request log."""
+    return decoding_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy())
+
+
 def prefilled_alongside(requests) -> np.ndarray:
     """prefill_tokens_alongside of a request log, counting the prompt tokens computed (less those a
     prefix cache served, where the log says)."""
@@ -115,8 +120,8 @@ def prefilled_alongside(requests) -> np.ndarray:
 def tpot_slopes(requests) -> dict:
     """TPOT_SLOPE_KEY and PREFILL_SLOPE_KEY of one request log: they depend on the log's own queue, not
     on load groups."""
-    alongside = decoding_alongside(requests["first_token_s"].to_numpy(), requests["finish_s"].to_numpy())
-    return _tpot_slopes(alongside, prefilled_alongside(requests), requests["tpot_ms"].to_numpy(dtype=np.float64))
+    return _tpot_slopes(decoding_alongside_in(requests), prefilled_alongside(requests),
+                        requests["tpot_ms"].to_numpy(dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,7 @@ class _Resampled:
         frame = requests.iloc[order]
         columns = {m: frame[m].to_numpy(dtype=np.float64) for m in (*SUMMARY_METRICS, "num_prompt_tokens")}
         # each request's company, from the whole repeat: a resample redraws requests, not their queue
-        columns["alongside"] = decoding_alongside(frame["first_token_s"].to_numpy(), frame["finish_s"].to_numpy())
+        columns["alongside"] = decoding_alongside_in(frame)
         columns["prefill"] = prefilled_alongside(frame)
         label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
         return cls(columns, label, max(1, round(len(frame) ** (1.0 / 3.0))))
