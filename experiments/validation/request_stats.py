@@ -23,7 +23,13 @@ import numpy as np
 GROUP_QUANTILES = (10, 50, 90)
 GROUPS = ("light", "heavy")
 # (metric, statistic) pairs of the front-end fit, in the keys the calibration record uses
-FRONT_OBJECTIVE = tuple(("ttft_ms", f"{group}_load.p{q}") for group in GROUPS for q in GROUP_QUANTILES)
+# TTFT's least-squares slope on the streams active at each request's arrival (ms per stream; beside the
+# prompt's tokens where they vary): the queue's growth and the front end's work per stream. A simulation
+# of the same requests has the queue, so what it misses of the slope is the per-stream term, which the
+# group quantiles only show as a shift between two groups (calibration's shape search matches it).
+STREAM_SLOPE_KEY = ("ttft_ms", "per_active_stream")
+FRONT_OBJECTIVE = (*(("ttft_ms", f"{group}_load.p{q}") for group in GROUPS for q in GROUP_QUANTILES),
+                   STREAM_SLOPE_KEY)
 # TTFT's least-squares slope on the prompt's tokens among the light-load arrivals (ms per token): their
 # prefill is most of their TTFT, so it is what a prompt token costs, which TTFT quantiles mix with the
 # per-request time and the queue (calibration's step search matches it: experiments.validation.calibration).
@@ -126,9 +132,11 @@ def tpot_slopes(requests) -> dict:
 
 @dataclass(frozen=True)
 class LoadGroups:
-    """The measured requests' ids and their load group (0 light, 1 heavy), sorted by id."""
+    """The measured requests' ids, their load group (0 light, 1 heavy) and the streams active at their
+    arrival, sorted by id."""
     request_ids: np.ndarray
     group: np.ndarray
+    active: np.ndarray
 
     @classmethod
     def of(cls, requests) -> LoadGroups:
@@ -136,24 +144,25 @@ class LoadGroups:
         group = (active > np.median(active)).astype(np.int8)
         ids = requests["request_id"].to_numpy(dtype=np.int64)
         order = np.argsort(ids, kind="stable")
-        return cls(ids[order], group[order])
+        return cls(ids[order], group[order], active[order].astype(np.float64))
 
-    def of_ids(self, request_ids: np.ndarray) -> np.ndarray:
-        """The group of each id (-1 for an id the measured log does not have)."""
+    def of_ids(self, request_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The group of each id (-1 for an id the measured log does not have) and its active streams
+        (NaN there)."""
         pos = np.clip(np.searchsorted(self.request_ids, request_ids), 0, len(self.request_ids) - 1)
         found = self.request_ids[pos] == request_ids
-        return np.where(found, self.group[pos], -1)
+        return np.where(found, self.group[pos], -1), np.where(found, self.active[pos], np.nan)
 
 
 def group_stats(requests, groups: LoadGroups) -> dict:
     """{(metric, "light_load.p10"): value, ...} over FRONT_OBJECTIVE and SLOPE_KEY (None for an empty
     group)."""
     ttft = requests["ttft_ms"].to_numpy(dtype=np.float64)
-    label = groups.of_ids(requests["request_id"].to_numpy(dtype=np.int64))
-    return _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64))
+    label, active = groups.of_ids(requests["request_id"].to_numpy(dtype=np.int64))
+    return _group_stats(ttft, label, requests["num_prompt_tokens"].to_numpy(dtype=np.float64), active)
 
 
-def _group_stats(ttft: np.ndarray, label: np.ndarray, prompt: np.ndarray) -> dict:
+def _group_stats(ttft: np.ndarray, label: np.ndarray, prompt: np.ndarray, active: np.ndarray) -> dict:
     out = {}
     for g, name in enumerate(GROUPS):
         values = ttft[(label == g) & np.isfinite(ttft)]
@@ -162,7 +171,17 @@ def _group_stats(ttft: np.ndarray, label: np.ndarray, prompt: np.ndarray) -> dic
             out[("ttft_ms", f"{name}_load.p{q}")] = None if value is None else float(value)
     light = (label == 0) & np.isfinite(ttft)
     out[SLOPE_KEY] = _slope(prompt[light], ttft[light])
+    out[STREAM_SLOPE_KEY] = _stream_slope(active, prompt, ttft)
     return out
+
+
+def _stream_slope(active: np.ndarray, prompt: np.ndarray, ttft: np.ndarray) -> float | None:
+    """STREAM_SLOPE_KEY: beside the prompt's tokens where they vary (a long prompt's prefill is part of
+    its TTFT whatever the company), alone where they do not."""
+    known = np.isfinite(active) & np.isfinite(ttft)
+    if known.sum() > 3 and np.ptp(prompt[known]) > 0:
+        return _partial_slope(active[known], prompt[known], ttft[known])
+    return _slope(active[known], ttft[known])
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -235,7 +254,7 @@ class _Resampled:
         # each request's company, from the whole repeat: a resample redraws requests, not their queue
         columns["alongside"] = decoding_alongside_in(frame)
         columns["prefill"] = prefilled_alongside(frame)
-        label = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
+        label, columns["active"] = groups.of_ids(frame["request_id"].to_numpy(dtype=np.int64))
         return cls(columns, label, max(1, round(len(frame) ** (1.0 / 3.0))))
 
     def draw(self, rng: np.random.Generator) -> dict:
@@ -245,7 +264,7 @@ class _Resampled:
         starts = rng.integers(0, max(1, n - block + 1), size=-(-n // block))
         index = (starts[:, None] + np.arange(block)[None, :]).ravel()[:n]
         stats = _group_stats(self.columns["ttft_ms"][index], self.label[index],
-                             self.columns["num_prompt_tokens"][index])
+                             self.columns["num_prompt_tokens"][index], self.columns["active"][index])
         stats.update(_tpot_slopes(self.columns["alongside"][index], self.columns["prefill"][index],
                                   self.columns["tpot_ms"][index]))
         for metric in SUMMARY_METRICS:

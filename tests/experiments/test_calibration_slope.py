@@ -12,6 +12,7 @@ from experiments.validation.calibration import OBJECTIVE, calibrate
 from experiments.validation.request_stats import (
     PREFILL_SLOPE_KEY,
     SLOPE_KEY,
+    STREAM_SLOPE_KEY,
     TPOT_SLOPE_KEY,
     LoadGroups,
     decoding_alongside,
@@ -52,9 +53,23 @@ def test_the_slope_is_taken_over_the_light_load_arrivals_only():
     assert measured_group_stats([flat], repeat_groups([flat]))[SLOPE_KEY] is None
 
 
+@pytest.mark.parametrize("varied_prompts", [True, False])
+def test_the_stream_slope_is_what_one_more_active_stream_adds_to_ttft(varied_prompts):
+    """TTFT of 5 ms, 0.7 ms per stream active at arrival and 0.02 ms per prompt token: the slope on the
+    streams is 0.7 whether the prompts vary (taken beside them) or not (taken alone)."""
+    rng = np.random.default_rng(3)
+    arrival_s = np.arange(200) * 0.1
+    finish_s = arrival_s + rng.uniform(0.05, 1.5, 200)    # overlaps of 0 to about 14 streams
+    active = np.array([np.sum((arrival_s < a) & (finish_s > a)) for a in arrival_s])
+    prompt = rng.integers(32, 1024, 200).astype(float) if varied_prompts else np.full(200, 512.0)
+    log = _log(5.0 + 0.7 * active + 0.02 * prompt, prompt, arrival_s, finish_s)
+    assert np.ptp(active) >= 5
+    assert measured_group_stats([log], repeat_groups([log]))[STREAM_SLOPE_KEY] == pytest.approx(0.7, rel=1e-9)
+
+
 def test_the_slope_has_a_bootstrap_variance(measured):
     log = measured.requests
-    keys = [SLOPE_KEY, TPOT_SLOPE_KEY, ("ttft_ms", "p50")]
+    keys = [SLOPE_KEY, TPOT_SLOPE_KEY, STREAM_SLOPE_KEY, ("ttft_ms", "p50")]
     variance = np.diag(pooled_bootstrap_log_covariance([log], [LoadGroups.of(log)], keys))
     assert np.all(np.isfinite(variance)) and np.all(variance > 0)
 
