@@ -7,6 +7,9 @@
 #
 #   run(command="bash gpu/gpu_quickstart_8b.sh", timeout_s=570)
 #
+# On this workplace's H200 image (its package list holds neither MLflow nor Optuna) the quickstart would stop at its
+# fit stage; gpu/gpu_campaign.py measures there and models here instead.
+#
 # What comes back under $OUT: headline.json, quickstart.log (the headline table is its tail),
 # report/report.md, nvidia-smi.txt. Its wall time on a GPU is an estimate (our engine loops over
 # sequences in Python for attention: ~20-40 ms per 8B decode step), so the defaults are small: 60

@@ -37,9 +37,16 @@ from experiments.commands.output_paths import check_output
 from simulator.errors import InputError
 
 T = TypeVar("T")
-RETRY_SLOWED = 2      # times a run's slowed repeats are served again, in all
-# A repeat still slowed when the runs are calibrated was served again RETRY_SLOWED times already.
-RETRY_SPENT = f"the quickstart served this run's slowed repeats again {RETRY_SLOWED} times, its most"
+
+
+def retry_spent(retries: int) -> str:
+    """The calibration's hint for a repeat still slowed: served again `retries` times already."""
+    if retries == 0:
+        return "this campaign serves no slowed repeat again (retry_slowed 0)"
+    return f"the quickstart served this run's slowed repeats again {retries} times, its most"
+
+
+RETRY_SPENT = retry_spent(CampaignConfig.retry_slowed)   # the quickstart's
 
 
 class StageExit(Exception):
@@ -73,21 +80,37 @@ class Campaign:
         return result
 
     def run(self) -> Headline:
-        c, out = self.c, self.c.out
-        check_output(out, staged=False)   # before minutes of profiling, not after
+        return self.model(self.measure_all())
+
+    def measure_all(self) -> dict:
+        """The stages on the device: the profile's two halves around the capacity and load runs.
+        Returns each scheduler's capacity (req/s)."""
+        c = self.c
+        check_output(c.out, staged=False)   # before minutes of profiling, not after
         self.history_used = self.read_history()
         early_rounds, late_rounds = self.profile_rounds()
         self.stage(f"profile kernels ({c.grid} grid)", "profile", lambda: self.profile("profile", early_rounds))
-        capacity = {}
+        capacity = self.measure_capacity()
+        self.measure_interleaved(capacity)
+        if late_rounds:
+            self.stage(f"profile kernels again ({late_rounds} more rounds)", "profile",
+                       lambda: self.profile("profile_late", late_rounds))
+        return capacity
+
+    def measure_capacity(self) -> dict:
+        """Each scheduler's saturation run (every request at once): its throughput, in req/s."""
+        c, capacity = self.c, {}
         for s in c.schedulers:
             workload = c.workload(10_000.0, max(60, c.num_requests // 2))
             summary = self.stage(f"measure {s} capacity (saturation run)", "measure",
                                  lambda s=s, w=workload: self.measure(s, w, c.measured_dir(s)))
             capacity[s] = summary["throughput_rps"]
-        self.measure_interleaved(capacity)
-        if late_rounds:
-            self.stage(f"profile kernels again ({late_rounds} more rounds)", "profile",
-                       lambda: self.profile("profile_late", late_rounds))
+        return capacity
+
+    def model(self, capacity: dict) -> Headline:
+        """The stages after the measurements (fit, calibrate, validate, reproduce, report), which need
+        no device: a campaign measured elsewhere (gpu/gpu_campaign.py) is modelled here."""
+        c, out = self.c, self.c.out
         calibration_logs = training_logs(out / "measured", c.schedulers, c.loads[0])
         self.stage("fit T_step tables (tuned)", "fit", lambda: self.fit(calibration_logs, None, out / "tables"))
         models = {s: {"tables": out / "tables"} for s in c.schedulers}
@@ -273,7 +296,7 @@ class Campaign:
                        lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
                            str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o,
                            scatter_profiles=halves, history=[e.pairs() for e in self.history_used],
-                           step_log=False, retry_hint=RETRY_SPENT))
+                           step_log=False, retry_hint=retry_spent(c.retry_slowed)))
             models[s][name] = target
 
     def measure_interleaved(self, capacity: dict) -> None:
@@ -298,7 +321,7 @@ class Campaign:
 
     def serve_slowed_again(self, scheduler: str, load: float, capacity_rps: float, parts: Path) -> tuple[int, ...]:
         """A repeat the machine slowed (a stretch of its steps far slower than the run's other steps of
-        that size: profiler.engine.slowdown) is served again, up to RETRY_SLOWED times per run
+        that size: profiler.engine.slowdown) is served again, up to config.retry_slowed times per run
         (profiler.engine.measure.serve_slowed_again, the rule of `stepcal measure --retry-slowed`). On
         this project's VMs another process takes the cores for a second or two now and then; a run
         lasts a few seconds, and one such stretch moved a bursty run's TTFT P50 from 128 to 365 ms, a
@@ -322,7 +345,7 @@ class Campaign:
             self.stage(f"measure {scheduler} at {load:.0%} load again (repeat {k + 1} of {c.repeats}: the machine "
                        f"slowed it, {why})", "measure",
                        lambda: self.measure(scheduler, c.workload(load * capacity_rps), dirs[k]))
-        slowed = serve_slowed_again(current, again, RETRY_SLOWED)
+        slowed = serve_slowed_again(current, again, c.retry_slowed)
         kept = tuple(k for k in slowed if repeats[k].summary.get(SAME_PLACE))
         for k in kept:
             why = SlowestWindow.from_dict(repeats[k].summary["slowest_window"]).describe()

@@ -29,6 +29,7 @@ class CampaignConfig:
     workers: int = 1                                # processes for those replications
     scatter_runs: tuple[str, ...] = ()              # earlier runs or campaigns of this device: run_cv's history
     history_file: Path | None = None                # the device's ledger of run pairs, read and added to (None: off)
+    retry_slowed: int = 2                           # times a run's slowed repeats are served again, in all
     seed: int = 0
     timings: dict = field(default_factory=dict)
 

@@ -419,6 +419,20 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
     assert "b at 60% load, repeat 1" not in err
 
 
+def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, monkeypatch):
+    # gpu/gpu_campaign.py: a device lent for minutes has no time for repeats served again
+    import profiler.engine.slowdown as slowdown
+    import simulator.measured_run as measured_run
+    from profiler.engine.slowdown import SlowestWindow
+    served = []
+    monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append(out))
+    monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
+    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: [SlowestWindow(1.6, 1.25, 2.5), SlowestWindow(1.05, 0.0, 0.1)])
+    campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a",), loads=(0.6,), repeats=2, retry_slowed=0))
+    assert campaign.serve_slowed_again("a", 0.6, 10.0, tmp_path / "parts") == () and served == []
+    assert campaign.served_again == []
+
+
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
     import experiments.validation.calibration as calibration
     calls = []

@@ -1,0 +1,208 @@
+"""The quickstart's campaign split across two machines: `measure` on a lent GPU (profile, capacity
+and load runs, inside a fixed time budget), `model` here (fit, calibrate, validate, report: the GPU
+machine has no MLflow or Optuna, and that work needs no device).
+
+On the device machine, from the repo root (its python3 holds torch; $OUT comes back):
+
+    python3 gpu/gpu_campaign.py measure --work /tmp/gc --results $OUT --budget-s 480
+
+writes $OUT/campaign.tar.gz (the campaign directory: profiles, measured runs, capacity.json; each
+stage's line goes to stderr). Then here:
+
+    .venv/bin/python gpu/gpu_campaign.py model --archive FILES_AT/campaign.tar.gz --work /tmp/gc
+
+prints the quickstart's headline table for the GPU campaign (OUT/headline.json, report/).
+
+The device's minutes are few, so `measure` sizes the load runs from a pilot run's pace: requests
+per run are what the time left holds (at most --num-requests), a repeat that would end past the
+budget is not started, and whatever was measured is packed even when a stage fails. (The first
+try, sized from the saturation runs' pace, ran out of time: on an H200 with llama-3-8b a request
+cost 0.55 s in a saturation run and 1.5-2.4 s at 30-90% load.) The profile takes one pass of the
+quick grid before the runs and, if time is left, one after (the reproducibility arm).
+Dry run on the CPU: --device cpu --model-spec tiny --prompt lognormal:128:0.8 --output
+lognormal:32:0.8 --chunk-size 64 --budget-s 240.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PILOT_REQUESTS = 8      # the pilot run that sizes the load runs
+PILOT_MARGIN = 1.25     # its pace, padded: its model build is shared by fewer requests, but prompts vary
+OPS = "gemm,attn_prefill,attn_decode,elementwise,overhead,step,host,serve"
+
+
+def config_of(args):
+    from experiments.campaign import CampaignConfig
+    return CampaignConfig(out=Path(args.work), model_spec=args.model_spec, device=args.device,
+                          schedulers=tuple(args.schedulers.split(",")), num_requests=args.num_requests,
+                          prompt=args.prompt, output=args.output, chunk_size=args.chunk_size, repeats=2,
+                          trials=args.trials, profile_ops=OPS, history_file=None, retry_slowed=0,
+                          seed=args.seed)
+
+
+def profile_pass(campaign, name: str, minutes: float, *, whole: bool = False) -> None:
+    """One pass of the quick grid into WORK/name, stopped after `minutes` (what is measured stays).
+    `whole`: the profile joins the campaign only if the pass finished (the late pass: the
+    reproducibility stage fits each profile alone, and a part of the grid may hold too few steps)."""
+    from experiments.profiling import describe_sweep, profile_kernels
+    c = campaign.c
+    result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops, grid=c.grid,
+                             progress=False, rounds=1, max_minutes=minutes)
+    print(describe_sweep(result), file=sys.stderr, flush=True)
+    if result.complete or not whole:
+        campaign.profiled.append(name)
+    else:
+        print(f"{name}: cut short, left out of the campaign", file=sys.stderr, flush=True)
+
+
+def measure(args) -> None:
+    from experiments.campaign import Campaign
+    from experiments.commands.output_paths import check_output
+    deadline = time.monotonic() + args.budget_s
+    campaign = Campaign(config_of(args))
+    c = campaign.c
+    check_output(c.out, staged=False)
+    c.out.mkdir(parents=True, exist_ok=True)
+    record = {"profiled": campaign.profiled, "timings_s": c.timings}
+    try:
+        campaign.stage("warm up (throwaway runs)", "measure", lambda: warm_up(campaign, args.warm_up_s))
+        campaign.stage("profile, one pass", "profile", lambda: profile_pass(campaign, "profile", args.profile_minutes))
+        c.num_requests = 120          # the saturation runs: 60 requests each
+        record["capacity_rps"] = campaign.measure_capacity()
+        c.num_requests = args.num_requests
+        record["runs"] = measure_loads(campaign, record["capacity_rps"], deadline - args.reserve_s)
+        record["num_requests"] = c.num_requests
+        late_minutes = (deadline - time.monotonic() - 20) / 60
+        if late_minutes > 0.5:
+            campaign.stage("profile again, one pass", "profile",
+                           lambda: profile_pass(campaign, "profile_late", min(late_minutes, args.profile_minutes),
+                                                whole=True))
+    finally:    # whatever was measured comes back, also when a stage failed
+        (c.out / "capacity.json").write_text(json.dumps(record, indent=2))
+        pack(c.out, Path(args.results) / "campaign.tar.gz")
+
+
+def warm_up(campaign, seconds: float) -> None:
+    """Throwaway saturation runs of the first scheduler for `seconds`. On the lent H200 the engine's
+    steps ran 2.5 times slower for 45-90 s stretches early in a process (the first try's profile, which
+    then priced every step 2-4 times too high, and the first run of a fresh process), while the speed
+    probe before and after was normal; each run's pace is printed to show when it settles."""
+    import shutil
+    c, scratch = campaign.c, campaign.c.out / "warm_up"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        campaign.measure(c.schedulers[0], c.workload(10_000.0, PILOT_REQUESTS), scratch)
+        shutil.rmtree(scratch)
+        print(f"warm-up run: {(time.monotonic() - started) * 1000 / PILOT_REQUESTS:.0f} ms/request",
+              file=sys.stderr, flush=True)
+
+
+def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
+    """The load runs, interleaved as the quickstart's (every run's first repeat, then every run's
+    second in reverse), with as many requests each as the time left holds, from a pilot run's pace:
+    PILOT_REQUESTS at the lowest load, the slowest per request (on a GPU a request at 30% load costs
+    several times what it does in a saturation run, whose big batches share each step's weight
+    reads). A repeat that would end past the deadline is not started. Returns the repeats each run
+    kept."""
+    import shutil
+
+    from experiments.campaign.config import load_name
+    from profiler.engine.measure import combine_repeats
+    c, parts = campaign.c, campaign.c.out / "measured" / ".repeats"
+    runs = [(s, load) for s in c.schedulers for load in c.loads]
+    order = [(k, s, load) for k in range(c.repeats) for s, load in (runs if k % 2 == 0 else runs[::-1])]
+    pace_s = pilot_pace_s(campaign, capacity)
+    left_s = deadline - time.monotonic()
+    c.num_requests = max(8, min(c.num_requests, int(left_s / (len(order) * pace_s))))
+    print(f"pilot: {pace_s * 1000:.0f} ms/request, {left_s:.0f} s left: {c.num_requests} requests per run",
+          file=sys.stderr, flush=True)
+    done = {run: [] for run in runs}
+    for k, s, load in order:
+        if pace_s * c.num_requests > deadline - time.monotonic():
+            print(f"out of time: {s} at {load:.0%} repeat {k + 1} and later not served", file=sys.stderr)
+            break
+        part = parts / s / load_name(load) / str(k)
+        campaign.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", "measure",
+                       lambda s=s, load=load, part=part: campaign.measure(s, c.workload(load * capacity[s]), part))
+        done[(s, load)].append(k)
+    for (s, load), kept in done.items():
+        if kept:
+            combine_repeats([parts / s / load_name(load) / str(k) for k in kept], c.measured_dir(s, load), ())
+    shutil.rmtree(parts, ignore_errors=True)
+    return {f"{s}/{load_name(load)}": kept for (s, load), kept in done.items()}
+
+
+def pilot_pace_s(campaign, capacity: dict) -> float:
+    """Seconds per request of a short run of the first scheduler at the lowest load (discarded)."""
+    import shutil
+    c = campaign.c
+    scheduler, pilot = c.schedulers[0], c.out / "pilot"
+    started = time.monotonic()
+    campaign.stage("pilot run (discarded)", "measure", lambda: campaign.measure(
+        scheduler, c.workload(c.loads[0] * capacity[scheduler], PILOT_REQUESTS), pilot))
+    shutil.rmtree(pilot)
+    return PILOT_MARGIN * (time.monotonic() - started) / PILOT_REQUESTS
+
+
+def pack(work: Path, archive: Path) -> None:
+    """The campaign directory, less the sweep's locks and parts (the parquet files hold every row)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            if path.is_file() and "parts" not in path.relative_to(work).parts and not path.name.endswith(".lock"):
+                tar.add(path, arcname=str(path.relative_to(work)))
+    print(f"{archive}: {archive.stat().st_size / 1e6:.1f} MB", file=sys.stderr)
+
+
+def model(args) -> None:
+    from experiments.campaign import Campaign, format_headline
+    work = Path(args.work)
+    if args.archive:
+        work.mkdir(parents=True, exist_ok=False)
+        with tarfile.open(args.archive) as tar:
+            tar.extractall(work, filter="data")
+    record = json.loads((work / "capacity.json").read_text())
+    config = config_of(args)
+    config.num_requests = record["num_requests"]
+    campaign = Campaign(config)
+    campaign.profiled = list(record["profiled"])
+    headline = campaign.model(record["capacity_rps"])
+    print(format_headline(headline))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=["measure", "model"])
+    parser.add_argument("--work", required=True, help="the campaign directory")
+    parser.add_argument("--results", default=os.environ.get("OUT", "runs/gpu-campaign"),
+                        help="measure: where campaign.tar.gz goes (default $OUT)")
+    parser.add_argument("--archive", help="model: campaign.tar.gz from the device (unpacked into --work)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model-spec", default="llama-3-8b")
+    parser.add_argument("--schedulers", default="continuous,sarathi")
+    parser.add_argument("--prompt", default="lognormal:512:0.8")
+    parser.add_argument("--output", default="lognormal:64:0.8")
+    parser.add_argument("--chunk-size", type=int, default=512)
+    parser.add_argument("--num-requests", type=int, default=200, help="at most this many per load run")
+    parser.add_argument("--budget-s", type=float, default=480, help="measure: wall-clock budget")
+    parser.add_argument("--reserve-s", type=float, default=40, help="measure: kept back for packing and slack")
+    parser.add_argument("--profile-minutes", type=float, default=2.5, help="measure: cap on each profile pass")
+    parser.add_argument("--warm-up-s", type=float, default=60,
+                        help="measure: seconds of throwaway runs before the profile (default 60)")
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    measure(args) if args.phase == "measure" else model(args)
+
+
+if __name__ == "__main__":
+    main()
