@@ -19,6 +19,9 @@ budget is not started, and whatever was measured is packed even when a stage fai
 try, sized from the saturation runs' pace, ran out of time: on an H200 with llama-3-8b a request
 cost 0.55 s in a saturation run and 1.5-2.4 s at 30-90% load.) The profile takes one pass of the
 quick grid before the runs and, if time is left, one after (the reproducibility arm).
+On that H200 a llama-3-8b step of our engine is launch-bound (20-25 ms for one decode, the same
+for a 512-token prefill), so a request served alone costs ~1.6-2 s: with the profile's 2 minutes,
+an 8-minute budget leaves room for one scheduler's six runs of ~20 requests each.
 Dry run on the CPU: --device cpu --model-spec tiny --prompt lognormal:128:0.8 --output
 lognormal:32:0.8 --chunk-size 64 --budget-s 240.
 """
@@ -71,7 +74,8 @@ def measure(args) -> None:
     c = campaign.c
     check_output(c.out, staged=False)
     c.out.mkdir(parents=True, exist_ok=True)
-    record = {"profiled": campaign.profiled, "timings_s": c.timings}
+    record = {"model_spec": c.model_spec, "schedulers": list(c.schedulers), "profiled": campaign.profiled,
+              "timings_s": c.timings}
     try:
         campaign.stage("warm up (throwaway runs)", "measure", lambda: warm_up(campaign, args.warm_up_s))
         campaign.stage("profile, one pass", "profile", lambda: profile_pass(campaign, "profile", args.profile_minutes))
@@ -171,7 +175,13 @@ def model(args) -> None:
         with tarfile.open(args.archive) as tar:
             tar.extractall(work, filter="data")
     record = json.loads((work / "capacity.json").read_text())
-    config = config_of(args)
+    missing = [run for run, kept in record.get("runs", {}).items() if not kept]
+    if "num_requests" not in record or missing:
+        print(f"error: {work}: the device measured no {', '.join(missing) or 'load runs'} (its timings: "
+              f"{record.get('timings_s')}); nothing to model", file=sys.stderr)
+        sys.exit(2)
+    config = config_of(args)   # the model and schedulers are the measured ones, whatever the flags say
+    config.model_spec, config.schedulers = record["model_spec"], tuple(record["schedulers"])
     config.num_requests = record["num_requests"]
     campaign = Campaign(config)
     campaign.profiled = list(record["profiled"])
@@ -188,16 +198,17 @@ def main() -> None:
     parser.add_argument("--archive", help="model: campaign.tar.gz from the device (unpacked into --work)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model-spec", default="llama-3-8b")
-    parser.add_argument("--schedulers", default="continuous,sarathi")
+    parser.add_argument("--schedulers", default="sarathi",
+                        help="comma-separated (default sarathi: one scheduler's six runs are what 8 minutes hold)")
     parser.add_argument("--prompt", default="lognormal:512:0.8")
     parser.add_argument("--output", default="lognormal:64:0.8")
     parser.add_argument("--chunk-size", type=int, default=512)
     parser.add_argument("--num-requests", type=int, default=200, help="at most this many per load run")
     parser.add_argument("--budget-s", type=float, default=480, help="measure: wall-clock budget")
     parser.add_argument("--reserve-s", type=float, default=40, help="measure: kept back for packing and slack")
-    parser.add_argument("--profile-minutes", type=float, default=2.5, help="measure: cap on each profile pass")
-    parser.add_argument("--warm-up-s", type=float, default=60,
-                        help="measure: seconds of throwaway runs before the profile (default 60)")
+    parser.add_argument("--profile-minutes", type=float, default=2.0, help="measure: cap on each profile pass")
+    parser.add_argument("--warm-up-s", type=float, default=30,
+                        help="measure: seconds of throwaway runs before the profile (default 30)")
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
