@@ -134,10 +134,11 @@ def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
         if pace_s * c.num_requests > deadline - time.monotonic():
             print(f"out of time: {s} at {load:.0%} repeat {k + 1} and later not served", file=sys.stderr)
             break
-        part = parts / s / load_name(load) / str(k)
+        part, started = parts / s / load_name(load) / str(k), time.monotonic()
         campaign.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", "measure",
                        lambda s=s, load=load, part=part: campaign.measure(s, c.workload(load * capacity[s]), part))
         done[(s, load)].append(k)
+        pace_s = max(pace_s, (time.monotonic() - started) / c.num_requests)   # the machine may have slowed
     for (s, load), kept in done.items():
         if kept:
             combine_repeats([parts / s / load_name(load) / str(k) for k in kept], c.measured_dir(s, load), ())
