@@ -97,7 +97,7 @@ def measure(args) -> None:
 def warm_up(campaign, seconds: float) -> None:
     """Throwaway saturation runs of the first scheduler for `seconds`. On the lent H200 the engine's
     steps ran 2.5 times slower for 45-90 s stretches early in a process (the first try's profile, which
-    then priced every step 2-4 times too high, and the first run of a fresh process), while the speed
+    then priced the runs' steps 2-6 times too high, and the first run of a fresh process), while the speed
     probe before and after was normal; each run's pace is printed to show when it settles."""
     import shutil
     c, scratch = campaign.c, campaign.c.out / "warm_up"
