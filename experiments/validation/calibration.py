@@ -54,7 +54,6 @@ from experiments.validation.request_stats import (
     SLOPE_KEY,
     STREAM_SLOPE_KEY,
     TPOT_SLOPE_KEY,
-    active_at_arrival,
     decoding_alongside_in,
     measured_group_stats,
     pooled_bootstrap_log_covariance,
@@ -532,17 +531,19 @@ def _search_all_four(search, two_term: np.ndarray, x_start: np.ndarray, budget: 
     return min((found, search(found[0] + nudge, names, budget)), key=lambda candidate: candidate[1])
 
 
-def _shape_scale(run: MeasuredRun) -> np.ndarray:
+def _shape_scale(fit: _Fit) -> np.ndarray:
     """Units of the shape search: a typical TTFT for the median, 1 for sigma, and that TTFT per typical
     number of active streams for the per-stream term."""
+    run = fit.run
     ttft_ms = run.stats.stat("ttft_ms", "p50") or run.stats.stat("tpot_ms", "p50") or 1.0
-    active = np.concatenate([_active(requests) for requests in run.request_logs])
-    return np.array([ttft_ms, 1.0, ttft_ms / max(float(np.mean(active)), 1.0)])
+    return np.array([ttft_ms, 1.0, ttft_ms / max(float(np.mean(_active(fit))), 1.0)])
 
 
-def _active(requests) -> np.ndarray:
-    """The streams active at each request's arrival, in its own repeat."""
-    return active_at_arrival(requests["arrival_s"].to_numpy(), requests["finish_s"].to_numpy())
+def _active(fit: _Fit) -> np.ndarray:
+    """The streams active at each request's arrival in its own repeat, every repeat's log in its order
+    (the load groups hold them, by request id)."""
+    return np.concatenate([groups.of_ids(log["request_id"].to_numpy(dtype=np.int64))[1]
+                           for log, groups in zip(fit.logs, fit.groups)])
 
 
 def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dict]:
@@ -552,7 +553,7 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
     on this loss before the comparison)."""
     from scipy.optimize import minimize_scalar
     keys = OBJECTIVE + FRONT_OBJECTIVE
-    scale = _shape_scale(fit.run)
+    scale = _shape_scale(fit)
 
     def shaped(z: np.ndarray) -> HostTerms:
         return replace(terms, **{name: float(v) for name, v in zip(SHAPE_TERMS, np.maximum(z, 0.0) * scale)})
@@ -602,7 +603,7 @@ def _shape_start(fit: _Fit, terms: HostTerms) -> np.ndarray:
     # every repeat's requests, each against the same simulation and with its own repeat's active streams
     diff_ms = np.concatenate([measured["ttft_ms"].to_numpy() - simulated.reindex(measured["request_id"]).to_numpy()
                               for measured in fit.logs])
-    active = np.concatenate([_active(measured) for measured in fit.logs]).astype(float)
+    active = _active(fit)
     ok = np.isfinite(diff_ms)
     per_stream = 0.0
     if ok.sum() > 2 and np.var(active[ok]) > 0:
@@ -629,7 +630,7 @@ def _std_errors(fit: _Fit, terms: HostTerms, fitted: list[str], with_front: bool
         stats = fit.stats(t, seed, scattered)
         return np.array([math.log(stats[k]) if stats.get(k) and stats[k] > 0 else math.nan for k in keys])
     # per_request_ms is in both: the shape's scale (a typical TTFT) wins, as it is the front end's median
-    scales = (dict(zip(TERM_NAMES, _step_scale_ms(fit.run))) | dict(zip(SHAPE_TERMS, _shape_scale(fit.run)))
+    scales = (dict(zip(TERM_NAMES, _step_scale_ms(fit.run))) | dict(zip(SHAPE_TERMS, _shape_scale(fit)))
               | {"base_scale": 1.0})
     center = log_stats(terms)
     jac = np.zeros((len(keys), len(fitted)))
