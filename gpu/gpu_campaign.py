@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tarfile
 import time
@@ -99,7 +100,6 @@ def warm_up(campaign, seconds: float) -> None:
     steps ran 2.5 times slower for 45-90 s stretches early in a process (the first try's profile, which
     then priced the runs' steps 2-6 times too high, and the first run of a fresh process), while the speed
     probe before and after was normal; each run's pace is printed to show when it settles."""
-    import shutil
     c, scratch = campaign.c, campaign.c.out / "warm_up"
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -117,19 +117,16 @@ def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
     several times what it does in a saturation run, whose big batches share each step's weight
     reads). A repeat that would end past the deadline is not started. Returns the repeats each run
     kept."""
-    import shutil
-
     from experiments.campaign.config import load_name
     from profiler.engine.measure import combine_repeats
     c, parts = campaign.c, campaign.c.out / "measured" / ".repeats"
-    runs = [(s, load) for s in c.schedulers for load in c.loads]
-    order = [(k, s, load) for k in range(c.repeats) for s, load in (runs if k % 2 == 0 else runs[::-1])]
+    order = c.interleaved()
     pace_s = pilot_pace_s(campaign, capacity)
     left_s = deadline - time.monotonic()
     c.num_requests = max(8, min(c.num_requests, int(left_s / (len(order) * pace_s))))
     print(f"pilot: {pace_s * 1000:.0f} ms/request, {left_s:.0f} s left: {c.num_requests} requests per run",
           file=sys.stderr, flush=True)
-    done = {run: [] for run in runs}
+    done = {(s, load): [] for s in c.schedulers for load in c.loads}
     for k, s, load in order:
         if pace_s * c.num_requests > deadline - time.monotonic():
             print(f"out of time: {s} at {load:.0%} repeat {k + 1} and later not served", file=sys.stderr)
@@ -148,7 +145,6 @@ def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
 
 def pilot_pace_s(campaign, capacity: dict) -> float:
     """Seconds per request of a short run of the first scheduler at the lowest load (discarded)."""
-    import shutil
     c = campaign.c
     scheduler, pilot = c.schedulers[0], c.out / "pilot"
     started = time.monotonic()

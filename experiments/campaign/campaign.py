@@ -307,16 +307,15 @@ class Campaign:
         other pass runs in reverse order, so that a trend within a pass does not favour a load."""
         from profiler.engine.measure import combine_repeats
         c, parts = self.c, self.c.out / "measured" / ".repeats"
-        runs = [(s, load) for s in c.schedulers for load in c.loads]
-        for k in range(c.repeats):
-            for s, load in (runs if k % 2 == 0 else runs[::-1]):
-                workload, part = c.workload(load * capacity[s]), parts / s / load_name(load) / str(k)
-                self.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", "measure",
-                           lambda s=s, w=workload, p=part: self.measure(s, w, p))
-        for s, load in runs:
-            kept = self.serve_slowed_again(s, load, capacity[s], parts)
-            combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)], c.measured_dir(s, load),
-                            kept)
+        for k, s, load in c.interleaved():
+            workload, part = c.workload(load * capacity[s]), parts / s / load_name(load) / str(k)
+            self.stage(f"measure {s} at {load:.0%} load (repeat {k + 1} of {c.repeats})", "measure",
+                       lambda s=s, w=workload, p=part: self.measure(s, w, p))
+        for s in c.schedulers:
+            for load in c.loads:
+                kept = self.serve_slowed_again(s, load, capacity[s], parts)
+                combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)],
+                                c.measured_dir(s, load), kept)
         shutil.rmtree(parts)
 
     def serve_slowed_again(self, scheduler: str, load: float, capacity_rps: float, parts: Path) -> tuple[int, ...]:

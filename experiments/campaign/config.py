@@ -50,6 +50,12 @@ class CampaignConfig:
         ops = [op for op in KERNEL_OPS if op in profiled]
         return ops if "gemm" in ops else []
 
+    def interleaved(self) -> list[tuple[int, str, float]]:
+        """(repeat, scheduler, load) of every load run in the order they are served: every run's first
+        repeat, then every run's second in reverse, ... (so a trend within a pass favours no load)."""
+        runs = [(s, load) for s in self.schedulers for load in self.loads]
+        return [(k, s, load) for k in range(self.repeats) for s, load in (runs if k % 2 == 0 else runs[::-1])]
+
     def measured_dir(self, scheduler: str, load: float | None = None) -> Path:
         """OUT/measured/<scheduler>/load_<percent>, or .../saturation without a load."""
         return self.out / "measured" / scheduler / ("saturation" if load is None else load_name(load))
