@@ -80,9 +80,7 @@ def measure(args) -> None:
     try:
         campaign.stage("warm up (throwaway runs)", "measure", lambda: warm_up(campaign, args.warm_up_s))
         campaign.stage("profile, one pass", "profile", lambda: profile_pass(campaign, "profile", args.profile_minutes))
-        c.num_requests = 120          # the saturation runs: 60 requests each
-        record["capacity_rps"] = campaign.measure_capacity()
-        c.num_requests = args.num_requests
+        record["capacity_rps"] = campaign.measure_capacity(60)
         record["runs"] = measure_loads(campaign, record["capacity_rps"], deadline - args.reserve_s)
         record["num_requests"] = c.num_requests
         late_minutes = (deadline - time.monotonic() - 20) / 60

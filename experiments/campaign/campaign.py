@@ -97,11 +97,12 @@ class Campaign:
                        lambda: self.profile("profile_late", late_rounds))
         return capacity
 
-    def measure_capacity(self) -> dict:
-        """Each scheduler's saturation run (every request at once): its throughput, in req/s."""
+    def measure_capacity(self, num_requests: int | None = None) -> dict:
+        """Each scheduler's saturation run (every request at once) of `num_requests` (default: half a
+        load run's, at least 60): its throughput, in req/s."""
         c, capacity = self.c, {}
         for s in c.schedulers:
-            workload = c.workload(10_000.0, max(60, c.num_requests // 2))
+            workload = c.workload(10_000.0, num_requests or max(60, c.num_requests // 2))
             summary = self.stage(f"measure {s} capacity (saturation run)", "measure",
                                  lambda s=s, w=workload: self.measure(s, w, c.measured_dir(s)))
             capacity[s] = summary["throughput_rps"]
