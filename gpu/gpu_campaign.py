@@ -110,7 +110,7 @@ def warm_up(campaign, seconds: float) -> None:
 
 def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
     """The load runs, interleaved as the quickstart's (every run's first repeat, then every run's
-    second in reverse), with as many requests each as the time left holds, from a pilot run's pace:
+    second, the pass rotated by half), with as many requests each as the time left holds, from a pilot run's pace:
     PILOT_REQUESTS at the lowest load, the slowest per request (on a GPU a request at 30% load costs
     several times what it does in a saturation run, whose big batches share each step's weight
     reads). A repeat that would end past the deadline is not started. Returns the repeats each run

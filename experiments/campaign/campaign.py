@@ -305,7 +305,8 @@ class Campaign:
         minutes (the same batches cost up to 20-30% more a few minutes later on a shared CPU), and
         back-to-back repeats would hand each run one moment's speed. Interleaved, every run's
         repeats (and the calibration logs the tables train on) span the whole measurement; every
-        other pass runs in reverse order, so that a trend within a pass does not favour a load."""
+        other pass is rotated by half its length (CampaignConfig.interleaved), so that each run's
+        repeats lie at least half a pass apart."""
         from profiler.engine.measure import combine_repeats
         c, parts = self.c, self.c.out / "measured" / ".repeats"
         for k, s, load in c.interleaved():

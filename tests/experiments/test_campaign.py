@@ -369,7 +369,7 @@ def test_a_failing_stage_says_which_stage_and_command(tmp_path, monkeypatch, cap
         Campaign(CampaignConfig(out=tmp_path)).run()
 
 
-def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monkeypatch):
+def test_repeats_interleave_and_every_other_pass_is_rotated_by_half(tmp_path, monkeypatch):
     import profiler.engine.measure as measure
     outs = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: outs.append((str(out), workload)))
@@ -381,10 +381,24 @@ def test_repeats_interleave_and_every_other_pass_runs_in_reverse(tmp_path, monke
     Campaign(config).measure_interleaved({"a": 10.0, "b": 20.0})
     parts = [o[0].split(".repeats/")[1] for o in outs[:8]]
     assert parts == ["a/load_30/0", "a/load_90/0", "b/load_30/0", "b/load_90/0",
-                     "b/load_90/1", "b/load_30/1", "a/load_90/1", "a/load_30/1"]
+                     "b/load_30/1", "b/load_90/1", "a/load_30/1", "a/load_90/1"]
     assert outs[0][1] == config.workload(3.0) and outs[3][1] == config.workload(18.0)   # load x capacity
     assert outs[8:] == [("combine", 2, str(tmp_path / "measured" / s / n), ()) for s in "ab" for n in ("load_30", "load_90")]
     assert not (tmp_path / "measured" / ".repeats").exists()
+
+
+@pytest.mark.parametrize("schedulers, loads", [(("a", "b"), (0.3, 0.6, 0.9)), (("a",), (0.3, 0.6, 0.9)),
+                                                 (("a", "b"), (0.3, 0.6, 0.75, 0.9))])
+def test_every_runs_repeats_lie_half_a_pass_apart_and_centred(tmp_path, schedulers, loads):
+    order = CampaignConfig(out=tmp_path, schedulers=schedulers, loads=loads, repeats=2).interleaved()
+    n = len(schedulers) * len(loads)
+    places = {}
+    for i, (k, s, load) in enumerate(order):
+        places.setdefault((s, load), []).append(i)
+    assert len(order) == 2 * n and all(len(p) == 2 for p in places.values())
+    assert min(b - a for a, b in places.values()) >= n // 2 and max(b - a for a, b in places.values()) < 2 * n
+    middle = (2 * n - 1) / 2
+    assert max(abs((a + b) / 2 - middle) for a, b in places.values()) <= n / 4   # same order each pass: (n - 1) / 2
 
 
 def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp_path, monkeypatch, capsys):

@@ -51,7 +51,7 @@ def test_the_pilot_run_sizes_every_load_run_to_the_time_left(script, monkeypatch
     # pilot: 8 requests in 16 s, padded to 2.5 s a request; 284 s left over six runs: 18 requests each
     assert served[0] == ("pilot", 8) and campaign.c.num_requests == 18
     assert served[1:] == [(f"measured/.repeats/sarathi/{load}/{k}", 18)
-                          for k, loads in ((0, ("load_30", "load_60", "load_90")), (1, ("load_90", "load_60", "load_30")))
+                          for k, loads in ((0, ("load_30", "load_60", "load_90")), (1, ("load_60", "load_90", "load_30")))
                           for load in loads]
     assert kept == {"sarathi/load_30": [0, 1], "sarathi/load_60": [0, 1], "sarathi/load_90": [0, 1]}
     assert not (tmp_path / "pilot").exists() and not (tmp_path / "measured" / ".repeats").exists()
@@ -62,7 +62,7 @@ def test_a_repeat_that_would_end_past_the_deadline_is_not_started(script, monkey
     campaign, served, kept = served_runs(script, monkeypatch, tmp_path, pilot_s=2.0, run_s=4.0)
     assert [name.rsplit("/", 2)[-2:] for name, _ in served[1:]] == [["load_30", "0"], ["load_60", "0"], ["load_90", "0"]]
     assert kept == {"sarathi/load_30": [0], "sarathi/load_60": [0], "sarathi/load_90": [0]}   # 232 s + 72 > 300
-    assert "out of time: sarathi at 90% repeat 2 and later not served" in capsys.readouterr().err
+    assert "out of time: sarathi at 60% repeat 2 and later not served" in capsys.readouterr().err
 
 
 def test_pack_leaves_out_the_sweeps_parts_and_locks(script, tmp_path):
