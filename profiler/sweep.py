@@ -18,6 +18,8 @@ import pandas as pd
 
 from profiler.allocator import configure_allocator
 from profiler.grid import Grid, Point
+from profiler.speed_guard import GUARD_STEPS, SpeedGuard
+from profiler.speed_guard import every_s as guard_every_s
 from profiler.store import ProfileDir
 from profiler.timing import Measurement, TimingPolicy, torch_threads
 from simulator.batch import batch_row
@@ -113,12 +115,15 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
             "schema_version": SCHEMA_VERSION, "fingerprint_id": fingerprint_id(fingerprint)}
         measurer = PointMeasurer(config, timer_factory)
         start_probe_ms = engine_speed_probe_ms(tasks, measurer.ctx)
-        measured = _measure_all(tasks, previous, measurer, pdir, provenance,
-                                sum(min(n, wanted[k]) for k, n in done.items()), sum(wanted.values()), started,
-                                max_minutes, progress, clock)
+        guard = speed_guard(measurer, start_probe_ms, clock)
+        measured, measured_again = _measure_all(tasks, previous, measurer, pdir, provenance,
+                                                sum(min(n, wanted[k]) for k, n in done.items()),
+                                                sum(wanted.values()), started, max_minutes, progress, clock, guard)
         if start_probe_ms is not None:   # each sweep's pair, a resumed one's after the earlier ones
             meta["speed_probe_ms"] = [*meta.get("speed_probe_ms", []), start_probe_ms,
                                       engine_speed_probe_ms(tasks, measurer.ctx)]
+        if guard is not None and guard.probes_ms:
+            meta["speed_guard"] = [*meta.get("speed_guard", []), guard.record(measured_again)]
         frame = pdir.compact([p.key for p in config.grid.points])
         in_shard = frame[frame["point_key"].isin(done)]
         finished = in_shard["rounds"].fillna(0).ge(in_shard["point_key"].map(wanted)) | in_shard["status"].eq("failed")
@@ -152,6 +157,22 @@ def engine_speed_probe_ms(tasks, ctx) -> float | None:
     return speed_probe_ms(model)
 
 
+def speed_guard(measurer, start_probe_ms: float | None, clock) -> SpeedGuard | None:
+    """The sweep's guard against slow stretches (profiler.speed_guard), where it times the engine."""
+    if start_probe_ms is None:
+        return None
+    from profiler.engine.measure import speed_probe_ms
+    return SpeedGuard(lambda: speed_probe_ms(measurer.ctx.model(), num_steps=GUARD_STEPS), clock, start_probe_ms,
+                      every_s=guard_every_s(start_probe_ms))
+
+
+def _faster(row: dict, other: dict) -> bool:
+    """Whether `row` is an ok row timed faster than `other` (or `other` failed)."""
+    if row.get("status") != "ok":
+        return False
+    return other.get("status") != "ok" or float(row["time_ms"]) < float(other["time_ms"])
+
+
 def _previous_rows(frame, retry_failed: bool) -> dict[str, dict]:
     if retry_failed:
         frame = frame[frame["status"] == "ok"]
@@ -174,34 +195,60 @@ def _rounds_of(row: dict) -> int:
 
 
 def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, started,
-                 max_minutes, progress, clock) -> int:
+                 max_minutes, progress, clock, guard=None) -> tuple[int, list[str]]:
+    """Every task, then the engine points `guard` (profiler.speed_guard) found a slow stretch in,
+    once more each; returns the points measured and the keys measured again."""
     from tqdm import tqdm
     budget_s = None if max_minutes is None else max_minutes * 60.0
     pending: list[dict] = []
-    last_flush, measured = clock(), 0
+    last_flush, measured, again, measured_again = clock(), 0, [], []
     bar = tqdm(total=total, initial=num_done, unit="pt", desc="profile", disable=not progress,
                dynamic_ncols=True, mininterval=0.5)
+
+    def out_of_time() -> bool:
+        if budget_s is not None and clock() - started >= budget_s:
+            bar.write(f"stepcal profile: --max-minutes {max_minutes:g} reached; run the same command again to resume")
+            return True
+        return False
+
+    def measure(point, earlier: dict) -> None:
+        nonlocal last_flush
+        bar.set_postfix_str(f"{point.op}/{point.name}", refresh=False)
+        stamp = {**provenance, "measured_at": _now()}
+        rows = [{**row, **stamp} for row in measurer.measure_rows(point, earlier)]
+        previous.update((row["point_key"], row) for row in rows)
+        pending.extend(rows)
+        if len(pending) >= FLUSH_POINTS or clock() - last_flush >= FLUSH_S:
+            pdir.append(pending)
+            pending.clear()
+            last_flush = clock()
     try:
         for point in tasks:
-            if budget_s is not None and clock() - started >= budget_s:
-                bar.write(f"stepcal profile: --max-minutes {max_minutes:g} reached; "
-                          "run the same command again to resume")
+            if out_of_time():
                 break
-            bar.set_postfix_str(f"{point.op}/{point.name}", refresh=False)
-            stamp = {**provenance, "measured_at": _now()}
-            rows = [{**row, **stamp} for row in measurer.measure_rows(point, previous)]
-            previous.update((row["point_key"], row) for row in rows)
-            pending.extend(rows)
+            before = previous.get(point.key)
+            measure(point, previous)
             measured += 1
             bar.update(1)
-            if len(pending) >= FLUSH_POINTS or clock() - last_flush >= FLUSH_S:
-                pdir.append(pending)
-                pending, last_flush = [], clock()
+            again += guard.after(point, before) if guard is not None else []
+        else:
+            again += guard.finish() if guard is not None else []
+        if again and not out_of_time():
+            guard.wait_recovered()
+        for point, before in again:   # timed again, pooled with the rows they had before the slowed round
+            if out_of_time():
+                break
+            slowed = previous[point.key]
+            measure(point, {} if before is None else {point.key: before})
+            if _faster(slowed, previous[point.key]):   # the machine was no faster the second time
+                previous[point.key] = slowed
+                pending.append(slowed)
+            measured_again.append(point.key)
     finally:
         # Also on Ctrl-C: what was measured is kept.
         pdir.append(pending)
         bar.close()
-    return measured
+    return measured, measured_again
 
 
 class PointMeasurer:
