@@ -16,9 +16,10 @@ shape over a grid of batch sizes and KV lengths, and write DIR/profile.parquet (
 point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/meta.json
 (configuration and hardware fingerprint; with engine ops, the measured runs' speed probe, one
 fixed decode step timed before and after the sweep, which `validate` sets each run against).
-Between whole-step and host points a shorter probe runs every 15 s or more; where it finds the
-machine over 1.5x slower than the sweep's fastest probe, the points timed since the previous probe
-are timed again at the end, their slowed round dropped (meta.json: speed_guard).
+Between whole-step and host points a shorter probe runs every 5 s or more (about 3% of the sweep);
+where one finds the machine over 1.5x slower than the median of the sweep's normal probes, the
+points timed on either side of it are timed again at the end, after waiting up to 30 s for the
+machine to recover, each keeping the faster of its two rounds (meta.json: speed_guard).
 
 The `serve` op times whole steps while the engine serves: closed-loop workloads (every request
 waiting at time zero, at most C in flight, prompts and outputs log-uniform) under continuous
