@@ -1,7 +1,7 @@
 """Measure again the engine points a slow stretch of the machine took.
 
-The quickstart's profile times every point in three rounds and pools them, so a stretch of a minute
-in which the machine runs slower moves one round of the points inside it. A sweep of one round (the
+The quickstart's profile times every point in three rounds per half and pools them, so a stretch of
+a minute in which the machine runs slower moves one round of the points inside it. A sweep of one round (the
 budgeted pass of gpu/gpu_campaign.py) has nothing to outvote it: on an H200 the profile's engine
 points timed from 14:34:53 to 14:35:55 ran 2.5x slower than the same batches served a minute later,
 while the probes at the sweep's two ends were normal, and the tables fitted on them priced the
@@ -12,7 +12,8 @@ steps) at most every `every_s` (so that probing costs about 3% of the sweep). Wh
 the machine more than `slow_factor` slower than its normal speed (the median of the sweep's other
 probes), the engine points timed since the previous probe, and those timed until the next, are
 timed again at the end of the sweep, once, after waiting up to WAIT_MAX_S for the machine to
-recover; each keeps the faster of its two rounds.
+recover; each keeps the faster of its two rounds. A point timed in a later round since is left as
+it is: its rounds pooled outvote the slowed one (and timing it again would drop them).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 GUARDED_OPS = frozenset({"step", "host"})   # one row per point; a `serve` point's served-step rows are not guarded
-GUARD_EVERY_S = 15.0    # seconds between probes, at least: ~1% of a CPU sweep's time, ~5% of a GPU's
 GUARD_STEPS = 20        # decode steps of a guard probe (the runs' probe times 200)
 SLOW_FACTOR = 1.5       # a probe this much slower than the machine's normal speed is a slow stretch
 PROBE_SHARE = 0.03      # of the sweep's time spent probing, at most: the probes' spacing
@@ -43,11 +43,11 @@ class SpeedGuard:
     probe_ms: Callable[[], float]       # the fixed decode step's time now
     clock: Callable[[], float]
     start_ms: float                     # the sweep's start probe
-    every_s: float = GUARD_EVERY_S
+    every_s: float = 5.0                # seconds between probes, at least (every_s() sets it)
     slow_factor: float = SLOW_FACTOR
     probes_ms: list[float] = field(default_factory=list)
     _normal_ms: list[float] = field(init=False)     # the probes not in a slow stretch, the start's first
-    _since: list = field(default_factory=list)      # (point, its row before this round) since the last probe
+    _since: list = field(default_factory=list)      # (point, its rows) since the last probe
     _last_s: float = field(init=False)
     _was_slow: bool = False
 
@@ -61,13 +61,13 @@ class SpeedGuard:
         the fastest: a probe of 20 steps scatters by a third on a shared 2-core VM)."""
         return float(np.median(self._normal_ms))
 
-    def after(self, point, before: dict | None) -> list:
-        """Note an engine point just timed (`before`: its row before this round, None if it had
-        none); returns the points to time again, with their earlier rows: those timed since the
-        previous probe where this one found the machine slow, else none."""
+    def after(self, point, rows) -> list:
+        """Note an engine point just timed (`rows`: the sweep's record of it, kept as given);
+        returns the points to time again, with their rows: those timed since the previous probe
+        where this one or that one found the machine slow, else none."""
         if point.op not in GUARDED_OPS:
             return []
-        self._since.append((point, before))
+        self._since.append((point, rows))
         return self.check() if self.clock() - self._last_s >= self.every_s else []
 
     def check(self) -> list:

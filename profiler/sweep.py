@@ -230,15 +230,16 @@ def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, s
             measure(point, previous)
             measured += 1
             bar.update(1)
-            again += guard.after(point, before) if guard is not None else []
+            again += guard.after(point, (before, previous[point.key])) if guard is not None else []
         else:
             again += guard.finish() if guard is not None else []
         if again and not out_of_time():
             guard.wait_recovered()
-        for point, before in again:   # timed again, pooled with the rows they had before the slowed round
+        for point, (before, slowed) in again:   # timed again, pooled with the row before the slowed round
+            if previous[point.key] is not slowed:   # timed in a later round since: pooled, outvoted
+                continue
             if out_of_time():
                 break
-            slowed = previous[point.key]
             measure(point, {} if before is None else {point.key: before})
             if _faster(slowed, previous[point.key]):   # the machine was no faster the second time
                 previous[point.key] = slowed

@@ -47,20 +47,25 @@ def test_the_end_is_checked_against_the_median_of_the_normal_probes():
     assert guard.finish() == []                                             # nothing left since
 
 
-def test_a_sweep_times_again_the_engine_points_of_a_slow_stretch(tmp_path, monkeypatch):
+def guarded_sweep(tmp_path, monkeypatch, rounds: int):
+    """A sweep of three whole steps and two GEMMs whose first guard probe finds the machine slow."""
     import profiler.engine.measure as measure
     # start probe 1 ms; guard probes: slow after the first engine point, normal after the rest (the
     # second point, timed before the next probe, may have been in the stretch too)
     guard_probes = iter([3.0] + [1.0] * 50)
     monkeypatch.setattr(measure, "speed_probe_ms",
                         lambda model, num_steps=200, **kw: next(guard_probes) if num_steps == GUARD_STEPS else 1.0)
-    source = {"timing": {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05},
-              "step": {"batches": [{"num_prefill": 1, "q": 8, "s": 4, "num_decode": d, "decode_s": 16} for d in (1, 2, 3)]},
-              "gemm": {"m": [1, 16], "names": ["o_proj"]}}
+    timing = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05, "rounds": rounds}
+    source = {"timing": timing, "gemm": {"m": [1, 16], "names": ["o_proj"]},
+              "step": {"batches": [{"num_prefill": 1, "q": 8, "s": 4, "num_decode": d, "decode_s": 16} for d in (1, 2, 3)]}}
     ops = ("gemm", "step")
     grid = expand_grid("guard", source, PRESETS["tiny"]).for_ops(ops)
     config = SweepConfig(spec=PRESETS["tiny"], device="cpu", dtype="float32", ops=ops, grid=grid)
-    result = run_sweep(config, tmp_path, progress=False, clock=Clock(20.0))
+    return config, run_sweep(config, tmp_path, progress=False, clock=Clock(20.0))
+
+
+def test_a_sweep_times_again_the_engine_points_of_a_slow_stretch(tmp_path, monkeypatch):
+    config, result = guarded_sweep(tmp_path, monkeypatch, rounds=1)
     meta = json.loads((tmp_path / "meta.json").read_text())
     steps = [p.key for p in config.points() if p.op == "step"]
     (record,) = meta["speed_guard"]
@@ -83,3 +88,11 @@ def test_a_point_measured_again_keeps_its_faster_round():
     ok = {"status": "ok", "time_ms": 2.0}
     assert _faster(ok, {"status": "ok", "time_ms": 3.0}) and not _faster(ok, {"status": "ok", "time_ms": 1.0})
     assert _faster(ok, {"status": "failed"}) and not _faster({"status": "failed"}, ok)
+
+
+def test_a_point_timed_in_a_later_round_is_not_timed_again(tmp_path, monkeypatch):
+    config, result = guarded_sweep(tmp_path, monkeypatch, rounds=2)
+    (record,) = json.loads((tmp_path / "meta.json").read_text())["speed_guard"]
+    assert record["probes_ms"][0] == 3.0 and record["measured_again"] == []   # round 2 outvotes round 1
+    frame = pd.read_parquet(tmp_path / "profile.parquet")
+    assert result.complete and frame["rounds"].tolist() == [2] * len(config.points())   # no round dropped
