@@ -393,7 +393,7 @@ def test_every_runs_repeats_lie_half_a_pass_apart_and_centred(tmp_path, schedule
     order = CampaignConfig(out=tmp_path, schedulers=schedulers, loads=loads, repeats=2).interleaved()
     n = len(schedulers) * len(loads)
     places = {}
-    for i, (k, s, load) in enumerate(order):
+    for i, (_k, s, load) in enumerate(order):
         places.setdefault((s, load), []).append(i)
     assert len(order) == 2 * n and all(len(p) == 2 for p in places.values())
     assert min(b - a for a, b in places.values()) >= n // 2 and max(b - a for a, b in places.values()) < 2 * n
