@@ -87,10 +87,10 @@ class SpeedGuard:
         self.probes_ms.append(probe)
         return probe > self.slow_factor * self.reference_ms
 
-    def wait_recovered(self, sleep: Callable[[float], None] = time.sleep) -> bool:
-        """Probe every WAIT_STEP_S until the machine is out of its slow stretch, WAIT_MAX_S at most;
-        whether it is out."""
-        deadline = self.clock() + WAIT_MAX_S
+    def wait_recovered(self, sleep: Callable[[float], None] = time.sleep, max_s: float = WAIT_MAX_S) -> bool:
+        """Probe every WAIT_STEP_S until the machine is out of its slow stretch, for max_s at most
+        (WAIT_MAX_S, or what the sweep's budget has left); whether it is out."""
+        deadline = self.clock() + min(max_s, WAIT_MAX_S)
         while self.slow():
             if self.clock() >= deadline:
                 return False

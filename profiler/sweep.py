@@ -233,8 +233,8 @@ def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, s
             again += guard.after(point, (before, previous[point.key])) if guard is not None else []
         else:
             again += guard.finish() if guard is not None else []
-        if again and not out_of_time():
-            guard.wait_recovered()
+        if again and not out_of_time():   # the wait stays within --max-minutes
+            guard.wait_recovered(max_s=float("inf") if budget_s is None else budget_s - (clock() - started))
         for point, (before, slowed) in again:   # timed again, pooled with the row before the slowed round
             if previous[point.key] is not slowed:   # timed in a later round since: pooled, outvoted
                 continue

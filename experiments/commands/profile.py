@@ -18,8 +18,9 @@ point: op, shape, median / p10 / p90 time in ms, repeats, provenance) and DIR/me
 fixed decode step timed before and after the sweep, which `validate` sets each run against).
 Between whole-step and host points a shorter probe runs every 5 s or more (about 3% of the sweep);
 where one finds the machine over 1.5x slower than the median of the sweep's normal probes, the
-points timed on either side of it are timed again at the end, after waiting up to 30 s for the
-machine to recover, each keeping the faster of its two rounds (meta.json: speed_guard).
+points timed on either side of it are timed again at the end, after waiting up to 30 s (within
+--max-minutes) for the machine to recover, each keeping the faster of its two rounds (meta.json:
+speed_guard).
 
 The `serve` op times whole steps while the engine serves: closed-loop workloads (every request
 waiting at time zero, at most C in flight, prompts and outputs log-uniform) under continuous

@@ -81,6 +81,8 @@ def test_the_guard_waits_for_the_machine_to_recover_for_a_while_at_most():
     assert guard.wait_recovered(slept.append) and slept == [3.0, 3.0]
     stuck = SpeedGuard(lambda: 3.0, Clock(10.0), start_ms=1.0)
     assert not stuck.wait_recovered(slept.append) and len(stuck.probes_ms) == 3   # 30 s at most
+    budgeted = SpeedGuard(lambda: 3.0, Clock(10.0), start_ms=1.0)
+    assert not budgeted.wait_recovered(slept.append, max_s=5.0) and len(budgeted.probes_ms) == 1   # the budget's 5 s
 
 
 def test_a_point_measured_again_keeps_its_faster_round():
