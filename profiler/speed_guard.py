@@ -1,11 +1,11 @@
 """Measure again the engine points a slow stretch of the machine took.
 
 The quickstart's profile times every point in three rounds per half and pools them, so a stretch of
-a minute in which the machine runs slower moves one round of the points inside it. A sweep of one round (the
-budgeted pass of gpu/gpu_campaign.py) has nothing to outvote it: on an H200 the profile's engine
-points timed from 14:34:53 to 14:35:55 ran 2.5x slower than the same batches served a minute later,
-while the probes at the sweep's two ends were normal, and the tables fitted on them priced the
-measured runs 300-550% slow.
+a minute in which the machine runs slower moves one round of the points inside it. A sweep of one
+round (the budgeted pass of gpu/gpu_campaign.py) has nothing to outvote it: on an H200 the
+profile's engine points timed from 14:34:53 to 14:35:55 ran 2.5x slower than the same batches served
+a minute later, while the probes at the sweep's two ends were normal, and the tables fitted on them
+priced the measured runs 300-550% slow.
 
 Between engine points the guard times a short fixed decode step (the runs' speed probe, fewer
 steps) at most every `every_s` (so that probing costs about 3% of the sweep). Where a probe finds
@@ -43,13 +43,13 @@ class SpeedGuard:
     probe_ms: Callable[[], float]       # the fixed decode step's time now
     clock: Callable[[], float]
     start_ms: float                     # the sweep's start probe
-    every_s: float = 5.0                # seconds between probes, at least (every_s() sets it)
+    every_s: float = MIN_EVERY_S        # seconds between probes, at least (every_s() sets it)
     slow_factor: float = SLOW_FACTOR
     probes_ms: list[float] = field(default_factory=list)
     _normal_ms: list[float] = field(init=False)     # the probes not in a slow stretch, the start's first
-    _since: list = field(default_factory=list)      # (point, its rows) since the last probe
+    _since: list = field(default_factory=list, init=False)   # (point, its rows) since the last probe
     _last_s: float = field(init=False)
-    _was_slow: bool = False
+    _was_slow: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self._normal_ms = [self.start_ms]
