@@ -73,6 +73,10 @@ def fit_tables(args: FitOptions) -> None:
     ops = args.ops or (composed_ops(spec, parallelism) if spec else None)
     records = select_records(load_profiles(args.profile, args.format), device=args.device,
                              dtype=dtype, tp=args.tp, ops=ops)
+    records, slowed = without_slowed_servings(records)
+    if slowed:
+        from profiler.slowed_servings import describe
+        print(describe(slowed), flush=True)
     roofline_device(records, args.device_spec)  # --device-spec against the profiles' own device, before fitting
     holdout = None
     if args.holdout:
@@ -88,11 +92,31 @@ def fit_tables(args: FitOptions) -> None:
         meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
                             axes=Axes.default() if args.axes == "fixed" else None,
                             extra_meta={"inputs": [str(p) for p in args.profile], "holdout": args.holdout,
-                                        **({"scatter": scatter} if scatter else {})})
+                                        **({"scatter": scatter} if scatter else {}),
+                                        **({"slowed_servings": [s.to_dict() for s in slowed]} if slowed else {})})
         plot = _plot(result, staging)
     if not args.no_mlflow:
         meta = _track(args, result, out, meta, plot and out / plot.name)
     _report(result, meta, out, time.perf_counter() - started)
+
+
+def without_slowed_servings(records):
+    """The records less the served steps of servings the machine slowed (profiler.slowed_servings),
+    where two or more input profiles served the same workloads (the campaign's profile halves, or a
+    device profiled twice); and those servings."""
+    from profiler.serve import SERVED
+    from profiler.slowed_servings import find_slowed, read_served
+    served = records["source"].eq("profile") & records["name"].eq(SERVED)
+    files = [f for f in records.loc[served, "file"].unique() if str(f).endswith(".parquet")]
+    if len(files) < 2:
+        return records, []
+    slowed = find_slowed({f: read_served(f) for f in files})
+    if not slowed:
+        return records, []
+    drop = served & False
+    for s in slowed:
+        drop |= served & records["file"].eq(s.file) & records["row"].isin(s.rows)
+    return records[~drop].reset_index(drop=True), slowed
 
 
 def logged_scatter(paths, scatter_runs=()) -> dict | None:

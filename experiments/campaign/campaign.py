@@ -19,7 +19,9 @@ models are validated on every run:
               without the element-wise op, and terms fitted at a low load, where batches hold few
               sequences, cannot learn the rest).
 The profile is taken in two halves, before and after the measurements; the profiled tables fitted
-on each half alone say how far that path's prediction moves when the device is profiled again.
+on each half alone say how far that path's prediction moves when the device is profiled again. Fitted
+on both, a workload's serving that the machine slowed in one half is left out, as a slowed measured
+repeat is served again (profiler.slowed_servings).
 """
 from __future__ import annotations
 

@@ -1,0 +1,108 @@
+"""Servings the machine slowed: a workload served in two profiles, one serving far slower step for
+step once the profiles' common drift is taken out, is left out of the fit (as measured runs serve
+such a repeat again)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.cli import main
+from experiments.fitting import without_slowed_servings
+from profiler.slowed_servings import MIN_STEPS, SLOWED_RATIO, describe, find_slowed, served_steps
+from simulator.batch import batch_row
+from tests.costmodel.conftest import _row
+
+WORKLOADS = [f"serve/continuous/c{c}/n{2 * c}/p16-1024/o4-128/m{c}/h{c}" for c in (1, 2, 4, 8, 16)]
+
+
+def served(slow: dict | None = None, drift: float = 1.0, num_steps: int = 20, seed: int = 0) -> pd.DataFrame:
+    """One profile's served rows (a step and a host row per step) of every workload: step i of
+    workload c holds c decodes at KV 100 + i; `slow` multiplies a workload's times, `drift` all."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for w, key in enumerate(WORKLOADS):
+        c = 2 ** w
+        for i in range(num_steps):
+            q, kv = [1] * c, [100 + i] * c
+            f = batch_row(q, kv)
+            factor = drift * (slow or {}).get(key, 1.0) * float(np.exp(rng.normal(0, 0.03)))
+            for op, ms in (("step", 1.0 + 0.05 * c + 0.001 * i), ("host", 0.2 + 0.01 * c)):
+                row = _row(op, "served", ms * factor, q_lens=q, kv_lens=kv, **f)
+                row["point_key"] = f"{key}/{i:05d}/{op}"
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_a_slowed_serving_is_named_and_the_profiles_drift_is_not():
+    """The late profile ran 1.3x slower as a whole (kept: the halves' average is the point) and one
+    of its servings 1.5x slower again: that serving alone, with its step and host rows."""
+    early, late = served(seed=0), served({WORKLOADS[2]: 1.5}, drift=1.3, seed=1)
+    slowed = find_slowed({"early": early, "late": late})
+    assert [(s.file, s.workload) for s in slowed] == [("late", WORKLOADS[2])]
+    assert slowed[0].ratio == pytest.approx(1.5, rel=0.05)
+    rows = late.loc[list(slowed[0].rows)]
+    assert set(rows["op"]) == {"step", "host"} and len(rows) == 2 * 20
+    assert rows["point_key"].str.startswith(WORKLOADS[2] + "/").all()
+    assert "continuous/c4/n8/p16-1024/o4-128 in" in describe(slowed)
+
+
+def test_the_slower_serving_is_the_one_left_out_whichever_profile_holds_it():
+    slowed = find_slowed({"a": served({WORKLOADS[0]: 1.4}), "b": served(seed=1)})
+    assert [(s.file, s.workload) for s in slowed] == [("a", WORKLOADS[0])]
+
+
+def test_servings_within_the_threshold_and_single_profiles_are_kept():
+    below = SLOWED_RATIO * 0.9
+    assert find_slowed({"a": served(), "b": served({WORKLOADS[1]: below}, seed=1)}) == []
+    assert find_slowed({"a": served({WORKLOADS[1]: 2.0})}) == []
+
+
+def test_only_steps_of_the_same_batch_are_compared():
+    """A serving whose batches differ (another seed, another engine) is not compared step for step:
+    with fewer than MIN_STEPS steps in common, no decision."""
+    early, late = served(), served({WORKLOADS[3]: 2.0}, seed=1)
+    moved = late["point_key"].str.startswith(WORKLOADS[3] + "/")
+    late.loc[moved, "kv_lens"] = pd.Series([[7] * 8] * int(moved.sum()), index=late.index[moved])
+    assert find_slowed({"early": early, "late": late}) == []
+    short = {"a": served(num_steps=MIN_STEPS - 1), "b": served({WORKLOADS[3]: 2.0}, num_steps=MIN_STEPS - 1)}
+    assert find_slowed(short) == []
+
+
+def test_a_profile_without_served_rows_has_none():
+    frame = pd.DataFrame([_row("gemm", "qkv", 0.1, m=1, n=8, k=8)])
+    assert served_steps(frame).empty
+    assert find_slowed({"a": frame, "b": frame}) == []
+
+
+def test_the_threshold_is_the_measured_runs_one():
+    from profiler.engine.slowdown import SLOWED_RATIO as RUNS
+    assert SLOWED_RATIO == RUNS
+
+
+def _write(tmp_path, name, frame):
+    (tmp_path / name).mkdir()
+    path = tmp_path / name / "profile.parquet"
+    frame.to_parquet(path, index=False)
+    return path
+
+
+def test_fit_leaves_the_slowed_serving_out_and_says_so(tmp_path, capsys):
+    early = _write(tmp_path, "profile", served())
+    late = _write(tmp_path, "profile_late", served({WORKLOADS[4]: 1.6}, drift=0.9, seed=1))
+    from costmodel.importers import load_profiles
+    records = load_profiles([str(early), str(late)])
+    kept, slowed = without_slowed_servings(records)
+    assert [s.workload for s in slowed] == [WORKLOADS[4]]
+    assert len(records) - len(kept) == 2 * 20
+    assert without_slowed_servings(load_profiles([str(early)]))[1] == []
+
+    out = tmp_path / "tables"
+    assert main(["fit", "--model-spec", "tiny", "--regressor", "rf", "--trials", "1", "--no-mlflow",
+                 "--ops", "step,host", "--out", str(out), "--profile", str(early), str(late)]) == 0
+    assert "left out 1 serving(s) the machine slowed" in capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["slowed_servings"] == [{"file": str(late), "workload": WORKLOADS[4],
+                                        "ratio": pytest.approx(1.6, rel=0.06), "num_rows": 40}]
