@@ -94,16 +94,15 @@ def read_served(path: str) -> pd.DataFrame:
 
 def describe(slowed: list[SlowedServing], limit: int = 3) -> str:
     """One line for `stepcal fit`'s output."""
-    shown = ", ".join(f"{_short(s.workload)} in {Path(s.file).parent.name or s.file} ({s.ratio:.2f}x)"
-                      for s in slowed[:limit])
+    shown = ", ".join(label(s.workload, s.file, s.ratio) for s in slowed[:limit])
     more = f" and {len(slowed) - limit} more (meta.json: slowed_servings)" if len(slowed) > limit else ""
     return (f"left out {len(slowed)} serving(s) the machine slowed (over {SLOWED_RATIO}x another serving of the "
             f"same workload, step for step, each profile's drift taken out): {shown}{more}")
 
 
-def _short(workload: str) -> str:
-    """serve/continuous/c2/n8/p16-1024/o4-128/m2/HASH -> continuous/c2/n8/p16-1024/o4-128"""
-    return "/".join(workload.split("/")[1:6])
+def label(workload: str, file: str, ratio: float) -> str:
+    """A slowed serving in a line: continuous/c2/n8/p16-1024/o4-128 in profile_late (1.52x)."""
+    return f"{'/'.join(workload.split('/')[1:6])} in {Path(file).parent.name or file} ({ratio:.2f}x)"
 
 
-__all__ = ["SlowedServing", "describe", "find_slowed", "read_served", "served_steps"]
+__all__ = ["SlowedServing", "describe", "find_slowed", "label", "read_served", "served_steps"]

@@ -365,9 +365,18 @@ class Campaign:
                                read_record(path / "validation.json"))
                 for scheduler, load, model_name, path in validations]
         headline = Headline(capacity, rows, self.c.timings, round(time.perf_counter() - self.t0, 1), reproducibility,
-                            self.served_again)
+                            self.served_again, self.slowed_servings())
         atomic_write_bytes(self.c.out / "headline.json", json.dumps(headline.to_dict(), indent=2).encode())
         return headline
+
+    def slowed_servings(self) -> list[str]:
+        """The profile's servings the profiled tables' fit left out (their meta.json), named for the
+        headline as the repeats served again are: workload, profile half, how much slower."""
+        from profiler.slowed_servings import label
+        meta = self.c.out / "tables_profiled" / "meta.json"
+        if not meta.exists():
+            return []
+        return [label(s["workload"], s["file"], s["ratio"]) for s in json.loads(meta.read_text()).get("slowed_servings", [])]
 
 
 def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:

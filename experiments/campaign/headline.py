@@ -84,6 +84,8 @@ class Headline:
     wall_s: float
     reproducibility: dict | None = None   # profile_reproducibility's, when the profile has two halves
     served_again: list = field(default_factory=list)   # repeats the machine slowed, served again (why)
+    # the profile's servings the machine slowed, left out of the profiled tables' fit (profiler.slowed_servings)
+    slowed_servings: list = field(default_factory=list)
 
     @property
     def targets(self) -> str:
@@ -95,6 +97,7 @@ class Headline:
         if self.reproducibility is not None:
             out["reproducibility"] = self.reproducibility
         out["served_again"] = self.served_again
+        out["slowed_servings"] = self.slowed_servings
         return out
 
 
@@ -256,6 +259,9 @@ def format_headline(headline: Headline) -> str:
         lines.append(reproducibility_line(headline.reproducibility))
     if headline.served_again:
         lines.append(f"served again, the machine having slowed them: {'; '.join(headline.served_again)}")
+    if headline.slowed_servings:
+        lines.append("profile servings the machine slowed, left out of the profiled tables' fit: "
+                     + "; ".join(headline.slowed_servings))
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",
               f"{'scheduler':<11}{'load':>5}  " + "".join(f"{names[m] + ' ' + s:>10}" for m, s in shown)]

@@ -253,6 +253,21 @@ def test_headline_table_lines():
     again = Headline({"sarathi": 12.345}, rows, {}, 1.0, served_again=["sarathi 30% repeat 1: why"])
     assert "served again, the machine having slowed them: sarathi 30% repeat 1: why" in format_headline(again)
     assert again.to_dict()["served_again"] == ["sarathi 30% repeat 1: why"]
+    assert not any(line.startswith("profile servings") for line in lines)
+    slowed = Headline({"sarathi": 12.345}, rows, {}, 1.0, slowed_servings=["vllm/c4/n8/p16-1024/o4-128 in profile (1.38x)"])
+    assert ("profile servings the machine slowed, left out of the profiled tables' fit: "
+            "vllm/c4/n8/p16-1024/o4-128 in profile (1.38x)") in format_headline(slowed)
+    assert slowed.to_dict()["slowed_servings"] == ["vllm/c4/n8/p16-1024/o4-128 in profile (1.38x)"]
+
+
+def test_the_campaign_names_the_servings_its_profiled_fit_left_out(tmp_path):
+    campaign = Campaign(CampaignConfig(out=tmp_path))
+    assert campaign.slowed_servings() == []           # no profiled tables (yet, or no step and host ops)
+    (tmp_path / "tables_profiled").mkdir()
+    servings = [{"file": str(tmp_path / "profile_late" / "profile.parquet"), "num_rows": 40, "ratio": 1.523,
+                 "workload": "serve/sarathi64/c2/n8/p16-1024/o4-128/m2/67ef6aa645ec"}]
+    (tmp_path / "tables_profiled" / "meta.json").write_text(json.dumps({"slowed_servings": servings}))
+    assert campaign.slowed_servings() == ["sarathi64/c2/n8/p16-1024/o4-128 in profile_late (1.52x)"]
 
 
 def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):
