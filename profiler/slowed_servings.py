@@ -2,10 +2,12 @@
 serving's steps far slower than another serving's, once the profiles' common drift is taken out.
 
 A workload forms the same batches in every serving, so two servings compare step by step. On this
-project's shared 2-core VM, a few seconds of another process's work slowed whole servings 1.3-1.75x:
-in five quickstarts, 7 to 16 of the 23 workloads served in both profile halves. The halves as a whole
-drifted 0.87-1.32x apart. Measured runs serve a slowed repeat again (profiler.engine.slowdown); the
-profile kept its slowed servings, and tables fitted on it priced those campaigns' runs up to 35% high.
+project's shared 2-core VM the machine slowed stretches of several seconds, and with them whole
+servings: in five quickstarts, 6 to 13 of the 23 workloads served in both profile halves were slowed
+1.25-1.85x by the rule below, while the halves as a whole drifted 0.87-1.32x apart. Measured runs serve
+a slowed repeat again (profiler.engine.slowdown); the profile kept its slowed servings, and the tables
+fitted on both halves priced those campaigns' runs 7% slow on average, up to 35%; without them, 4% and
+25%.
 
 Per workload W and profile i, x_i(W) is the median over W's steps of t_i / m, where m is the step's
 median time over the profiles that served it; x_i(W) is then divided by profile i's drift, the median
