@@ -102,20 +102,25 @@ def fit_tables(args: FitOptions) -> None:
 
 def without_slowed_servings(records):
     """The records less the served steps of servings the machine slowed (profiler.slowed_servings),
-    where two or more input profiles served the same workloads (the campaign's profile halves, or a
-    device profiled twice); and those servings."""
+    where a workload was served more than once (two profiles: the campaign's halves, a device profiled
+    twice; or a grid's [serve] rounds): a pooled row's time from its other passes, a row with none
+    left out. Returns them and the slowed servings."""
     from profiler.serve import SERVED
-    from profiler.slowed_servings import find_slowed, read_served
+    from profiler.slowed_servings import find_slowed, kept_times, read_served
     served = records["source"].eq("profile") & records["name"].eq(SERVED)
     files = [f for f in records.loc[served, "file"].unique() if str(f).endswith(".parquet")]
-    if len(files) < 2:
-        return records, []
-    slowed = find_slowed({f: read_served(f) for f in files})
+    frames = {f: read_served(f) for f in files}
+    slowed = find_slowed(frames) if frames else []
     if not slowed:
         return records, []
+    records = records.copy()
     drop = served & False
-    for s in slowed:
-        drop |= served & records["file"].eq(s.file) & records["row"].isin(s.rows)
+    for file, times in kept_times(frames, slowed).items():
+        rows = served & records["file"].eq(file)
+        new = records.loc[rows, "row"].map(times)
+        drop |= rows & records["row"].isin([r for r, t in times.items() if t is None])
+        keep = new.notna()
+        records.loc[keep[keep].index, "time_ms"] = new[keep].astype(float)
     return records[~drop].reset_index(drop=True), slowed
 
 

@@ -376,7 +376,8 @@ class Campaign:
         meta = self.c.out / "tables_profiled" / "meta.json"
         if not meta.exists():
             return []
-        return [label(s["workload"], s["file"], s["ratio"]) for s in json.loads(meta.read_text()).get("slowed_servings", [])]
+        return [label(s["workload"], s["file"], s["ratio"], s.get("round", 0), s.get("num_rounds", 1))
+                for s in json.loads(meta.read_text()).get("slowed_servings", [])]
 
 
 def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:

@@ -15,11 +15,11 @@ def register(subparsers) -> None:
         "measures every target on held-out rows (a random split, and an extrapolation split that holds out "
         "the larger half of the size axis: of its rows for ops, of its distinct token counts for whole steps, "
         "whose rows are mostly decodes); logs an MLflow "
-        "run (tracking store OUT/mlflow.db unless --tracking-uri). Where two or more profiles served the same "
-        "workload (the profiler's serve op; e.g. a device profiled before and after measurements), a serving "
-        "the machine slowed, over 1.25x another serving of it step for step once each profile's overall "
-        "drift is taken out, is left out, as a measured run's slowed repeat is served again; meta.json lists "
-        "them (slowed_servings).",
+        "run (tracking store OUT/mlflow.db unless --tracking-uri). Where a workload was served more than once "
+        "(the profiler's serve op: two profiles, e.g. a device profiled before and after measurements, or a "
+        "grid's [serve] rounds), a serving the machine slowed, over 1.25x another serving of it step for step "
+        "once each pass's overall drift is taken out, is left out (a pooled row keeps its other passes), as a "
+        "measured run's slowed repeat is served again; meta.json lists them (slowed_servings).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--profile", nargs="+", required=True, metavar="PATH",
                    help="profile files or directories (several are combined)")

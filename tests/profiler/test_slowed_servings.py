@@ -4,6 +4,7 @@ such a repeat again)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 
 from experiments.cli import main
 from experiments.fitting import without_slowed_servings
-from profiler.slowed_servings import MIN_STEPS, SLOWED_RATIO, describe, find_slowed, served_steps
+from profiler.slowed_servings import MIN_STEPS, SLOWED_RATIO, describe, find_slowed, kept_times, served_steps
 from simulator.batch import batch_row
 from tests.costmodel.conftest import _row
 
@@ -104,5 +105,40 @@ def test_fit_leaves_the_slowed_serving_out_and_says_so(tmp_path, capsys):
                  "--ops", "step,host", "--out", str(out), "--profile", str(early), str(late)]) == 0
     assert "left out 1 serving(s) the machine slowed" in capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["slowed_servings"] == [{"file": str(late), "workload": WORKLOADS[4],
+    assert meta["slowed_servings"] == [{"file": str(late), "workload": WORKLOADS[4], "round": 0, "num_rounds": 1,
                                         "ratio": pytest.approx(1.6, rel=0.06), "num_rows": 40}]
+
+
+def two_passes(slow_second: dict, drift_second: float = 1.0) -> pd.DataFrame:
+    """One profile that served every workload twice (a grid's [serve] rounds = 2): each served row
+    holds both passes' samples, in order, and their median as time_ms."""
+    first, second = served(seed=0), served(slow_second, drift=drift_second, seed=1)
+    frame = first.copy()
+    frame["samples_ms"] = [[a, b] for a, b in zip(first["time_ms"], second["time_ms"])]
+    frame["time_ms"] = [float(np.median(v)) for v in frame["samples_ms"]]
+    return frame
+
+
+def test_a_slowed_pass_of_one_profile_is_named_and_its_rows_keep_the_other_pass():
+    frame = two_passes({WORKLOADS[1]: 1.5}, drift_second=1.2)
+    slowed = find_slowed({"p": frame})
+    assert [(s.file, s.workload, s.round, s.num_rounds) for s in slowed] == [("p", WORKLOADS[1], 1, 2)]
+    assert "in p, pass 2 of 2 (1.5" in describe([replace(s, file="/x/p/profile.parquet") for s in slowed])
+    times = kept_times({"p": frame}, slowed)["p"]
+    rows = frame[frame["point_key"].str.startswith(WORKLOADS[1] + "/")]
+    assert sorted(times) == sorted(rows.index)                       # every row of that workload, no other
+    assert [times[i] for i in rows.index] == [v[0] for v in rows["samples_ms"]]   # the first pass's time
+
+
+def test_fit_prices_a_slowed_pass_by_the_other_pass_and_keeps_its_rows(tmp_path):
+    from costmodel.importers import load_profiles
+    frame = two_passes({WORKLOADS[3]: 1.7})
+    path = _write(tmp_path, "profile", frame)
+    records = load_profiles([str(path)])
+    kept, slowed = without_slowed_servings(records)
+    assert [(s.workload, s.round) for s in slowed] == [(WORKLOADS[3], 1)]
+    assert len(kept) == len(records)
+    mine = frame["point_key"].str.startswith(WORKLOADS[3] + "/").to_numpy()
+    by_row = kept.set_index("row")["time_ms"]
+    np.testing.assert_allclose(by_row[np.flatnonzero(mine)], [v[0] for v in frame.loc[mine, "samples_ms"]])
+    np.testing.assert_allclose(by_row[np.flatnonzero(~mine)], frame.loc[~mine, "time_ms"])
