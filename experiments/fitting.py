@@ -114,7 +114,7 @@ def without_slowed_servings(records):
     if not slowed:
         return records, []
     records = records.copy()
-    drop = served & False
+    drop = served & False          # no row yet, aligned with records
     for file, times in kept_times(frames, slowed).items():
         rows = served & records["file"].eq(file)
         new = records.loc[rows, "row"].map(times)
