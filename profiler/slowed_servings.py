@@ -117,15 +117,16 @@ def kept_times(frames: dict[str, pd.DataFrame], slowed: list[SlowedServing]) -> 
     every workload with a slowed serving: the median of its other passes' samples, or None where the
     profile has no other pass (or the row was pooled over fewer passes than its workload)."""
     out: dict[str, dict[int, float | None]] = {}
-    groups = pd.DataFrame([vars(s) for s in slowed]).groupby("file")
-    for file, group in groups:
-        steps = served_steps(frames[file])
-        for workload, passes in group.groupby("workload"):
-            mine = steps[steps["workload"].eq(workload)]
-            left = set(range(int(passes["num_rounds"].iloc[0]))) - set(passes["round"])
-            times = mine[mine["round"].isin(left)].groupby("row")["time_ms"].median()
-            times = times.reindex(np.unique(mine["row"]))
-            out.setdefault(file, {}).update({int(r): (None if pd.isna(t) else float(t)) for r, t in times.items()})
+    by_workload: dict[tuple[str, str], list[SlowedServing]] = {}
+    for s in slowed:
+        by_workload.setdefault((s.file, s.workload), []).append(s)
+    for (file, _), passes in by_workload.items():
+        num_rounds, rows = passes[0].num_rounds, list(passes[0].rows)
+        left = sorted(set(range(num_rounds)) - {s.round for s in passes})
+        for row in frames[file].loc[rows].itertuples():
+            samples = _samples(row)
+            kept = [samples[k] for k in left] if len(samples) == num_rounds else []
+            out.setdefault(file, {})[int(row.Index)] = float(np.median(kept)) if kept else None
     return out
 
 
