@@ -101,7 +101,7 @@ def fit_tables(args: FitOptions) -> None:
 
 
 def without_slowed_servings(records):
-    """The records less the served steps of servings the machine slowed (profiler.slowed_servings),
+    """The records less the served steps the machine slowed (stretches of a serving: profiler.slowed_servings),
     where a workload was served more than once (two profiles: the campaign's halves, a device profiled
     twice; or a grid's [serve] rounds): a pooled row's time from its other passes, a row with none
     left out. Returns them and the slowed servings."""

@@ -20,8 +20,8 @@ models are validated on every run:
               sequences, cannot learn the rest).
 The profile is taken in two halves, before and after the measurements; the profiled tables fitted
 on each half alone say how far that path's prediction moves when the device is profiled again. Fitted
-on both, a workload's serving that the machine slowed in one half is left out, as a slowed measured
-repeat is served again (profiler.slowed_servings).
+on both, the stretches of a workload's serving that the machine slowed in one half are left out, as a
+slowed measured repeat is served again (profiler.slowed_servings).
 """
 from __future__ import annotations
 
@@ -370,14 +370,16 @@ class Campaign:
         return headline
 
     def slowed_servings(self) -> list[str]:
-        """The profile's servings the profiled tables' fit left out (their meta.json), named for the
-        headline as the repeats served again are: workload, profile half, how much slower."""
+        """The profile's servings with stretches the profiled tables' fit left out (their meta.json), the
+        most slowed first, named for the headline as the repeats served again are: workload, profile
+        half, how much slower, how many of its steps."""
         from profiler.slowed_servings import label
         meta = self.c.out / "tables_profiled" / "meta.json"
         if not meta.exists():
             return []
-        return [label(s["workload"], s["file"], s["ratio"], s.get("round", 0), s.get("num_rounds", 1))
-                for s in json.loads(meta.read_text()).get("slowed_servings", [])]
+        servings = sorted(json.loads(meta.read_text()).get("slowed_servings", []), key=lambda s: -s["ratio"])
+        return [label(s["workload"], s["file"], s["ratio"], s.get("round", 0), s.get("num_rounds", 1),
+                      s.get("num_steps", 0), s.get("of_steps", 0)) for s in servings]
 
 
 def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:

@@ -260,8 +260,7 @@ def format_headline(headline: Headline) -> str:
     if headline.served_again:
         lines.append(f"served again, the machine having slowed them: {'; '.join(headline.served_again)}")
     if headline.slowed_servings:
-        lines.append("profile servings the machine slowed, left out of the profiled tables' fit: "
-                     + "; ".join(headline.slowed_servings))
+        lines.append(slowed_servings_line(headline.slowed_servings))
     lines += ["", "the same, with the tables' step time rescaled to match each run's measured total (what is left "
                   "is queueing, scheduling and KV capacity):",
               f"{'scheduler':<11}{'load':>5}  " + "".join(f"{names[m] + ' ' + s:>10}" for m, s in shown)]
@@ -270,3 +269,11 @@ def format_headline(headline: Headline) -> str:
             lines.append(f"{r.scheduler:<11}{r.load:>5.0%}  "
                          + "".join(f"{pct(r.cell(m, s).step_matched):>10}" for m, s in shown))
     return "\n".join(lines)
+
+
+def slowed_servings_line(servings: list, limit: int = 3) -> str:
+    """The profile's slowed stretches in a line: the most slowed servings (the list's first), and how
+    many more tables_profiled/meta.json names."""
+    more = f"; and {len(servings) - limit} more (tables_profiled/meta.json)" if len(servings) > limit else ""
+    return ("profile stretches the machine slowed, left out of the profiled tables' fit: "
+            + "; ".join(servings[:limit]) + more)

@@ -17,9 +17,10 @@ def register(subparsers) -> None:
         "whose rows are mostly decodes); logs an MLflow "
         "run (tracking store OUT/mlflow.db unless --tracking-uri). Where a workload was served more than once "
         "(the profiler's serve op: two profiles, e.g. a device profiled before and after measurements, or a "
-        "grid's [serve] rounds), a serving the machine slowed, over 1.25x another serving of it step for step "
-        "once each pass's overall drift is taken out, is left out (a pooled row keeps its other passes), as a "
-        "measured run's slowed repeat is served again; meta.json lists them (slowed_servings).",
+        "grid's [serve] rounds), the stretches the machine slowed are left out: 32 steps whose median is over "
+        "1.25x another serving's over the same steps, once each pass's overall drift is taken out (a pooled row "
+        "keeps its other passes), as a measured run's slowed repeat is served again; meta.json lists the "
+        "servings and their steps (slowed_servings).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--profile", nargs="+", required=True, metavar="PATH",
                    help="profile files or directories (several are combined)")

@@ -253,11 +253,12 @@ def test_headline_table_lines():
     again = Headline({"sarathi": 12.345}, rows, {}, 1.0, served_again=["sarathi 30% repeat 1: why"])
     assert "served again, the machine having slowed them: sarathi 30% repeat 1: why" in format_headline(again)
     assert again.to_dict()["served_again"] == ["sarathi 30% repeat 1: why"]
-    assert not any(line.startswith("profile servings") for line in lines)
-    slowed = Headline({"sarathi": 12.345}, rows, {}, 1.0, slowed_servings=["vllm/c4/n8/p16-1024/o4-128 in profile (1.38x)"])
-    assert ("profile servings the machine slowed, left out of the profiled tables' fit: "
-            "vllm/c4/n8/p16-1024/o4-128 in profile (1.38x)") in format_headline(slowed)
-    assert slowed.to_dict()["slowed_servings"] == ["vllm/c4/n8/p16-1024/o4-128 in profile (1.38x)"]
+    assert not any(line.startswith("profile stretches") for line in lines)
+    names = [f"vllm/c{c}/n8/p16-1024/o4-128 in profile (1.38x, 40 of 96 steps)" for c in (1, 2, 4, 8)]
+    slowed = Headline({"sarathi": 12.345}, rows, {}, 1.0, slowed_servings=names)
+    assert ("profile stretches the machine slowed, left out of the profiled tables' fit: "
+            + "; ".join(names[:3]) + "; and 1 more (tables_profiled/meta.json)") in format_headline(slowed)
+    assert slowed.to_dict()["slowed_servings"] == names
 
 
 def test_the_campaign_names_the_servings_its_profiled_fit_left_out(tmp_path):
@@ -265,9 +266,12 @@ def test_the_campaign_names_the_servings_its_profiled_fit_left_out(tmp_path):
     assert campaign.slowed_servings() == []           # no profiled tables (yet, or no step and host ops)
     (tmp_path / "tables_profiled").mkdir()
     servings = [{"file": str(tmp_path / "profile_late" / "profile.parquet"), "num_rows": 40, "ratio": 1.523,
-                 "workload": "serve/sarathi64/c2/n8/p16-1024/o4-128/m2/67ef6aa645ec"}]
+                 "workload": "serve/sarathi64/c2/n8/p16-1024/o4-128/m2/67ef6aa645ec"},    # written before stretches
+                {"file": str(tmp_path / "profile" / "profile.parquet"), "num_rows": 80, "ratio": 1.61,
+                 "workload": "serve/vllm/c4/n8/p16-1024/o4-128/m4/0a1b2c3d4e5f", "num_steps": 40, "of_steps": 96}]
     (tmp_path / "tables_profiled" / "meta.json").write_text(json.dumps({"slowed_servings": servings}))
-    assert campaign.slowed_servings() == ["sarathi64/c2/n8/p16-1024/o4-128 in profile_late (1.52x)"]
+    assert campaign.slowed_servings() == ["vllm/c4/n8/p16-1024/o4-128 in profile (1.61x, 40 of 96 steps)",
+                                          "sarathi64/c2/n8/p16-1024/o4-128 in profile_late (1.52x)"]
 
 
 def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):

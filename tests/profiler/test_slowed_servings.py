@@ -1,6 +1,6 @@
 """Servings the machine slowed: a workload served in two profiles, one serving far slower step for
-step once the profiles' common drift is taken out, is left out of the fit (as measured runs serve
-such a repeat again)."""
+step over a stretch once the profiles' common drift is taken out, has that stretch left out of the fit
+(as measured runs serve such a repeat again)."""
 from __future__ import annotations
 
 import json
@@ -12,16 +12,26 @@ import pytest
 
 from experiments.cli import main
 from experiments.fitting import without_slowed_servings
-from profiler.slowed_servings import MIN_STEPS, SLOWED_RATIO, describe, find_slowed, kept_times, served_steps
+from profiler.slowed_servings import (
+    MIN_STEPS,
+    SLOWED_RATIO,
+    WINDOW_STEPS,
+    describe,
+    find_slowed,
+    kept_times,
+    served_steps,
+)
 from simulator.batch import batch_row
 from tests.costmodel.conftest import _row
 
 WORKLOADS = [f"serve/continuous/c{c}/n{2 * c}/p16-1024/o4-128/m{c}/h{c}" for c in (1, 2, 4, 8, 16)]
 
 
-def served(slow: dict | None = None, drift: float = 1.0, num_steps: int = 20, seed: int = 0) -> pd.DataFrame:
+def served(slow: dict | None = None, drift: float = 1.0, num_steps: int = 20, seed: int = 0,
+           stretch: range | None = None) -> pd.DataFrame:
     """One profile's served rows (a step and a host row per step) of every workload: step i of
-    workload c holds c decodes at KV 100 + i; `slow` multiplies a workload's times, `drift` all."""
+    workload c holds c decodes at KV 100 + i; `slow` multiplies a workload's times (only its steps in
+    `stretch`, where given), `drift` all."""
     rng = np.random.default_rng(seed)
     rows = []
     for w, key in enumerate(WORKLOADS):
@@ -29,7 +39,8 @@ def served(slow: dict | None = None, drift: float = 1.0, num_steps: int = 20, se
         for i in range(num_steps):
             q, kv = [1] * c, [100 + i] * c
             f = batch_row(q, kv)
-            factor = drift * (slow or {}).get(key, 1.0) * float(np.exp(rng.normal(0, 0.03)))
+            slowed = stretch is None or i in stretch
+            factor = drift * ((slow or {}).get(key, 1.0) if slowed else 1.0) * float(np.exp(rng.normal(0, 0.03)))
             for op, ms in (("step", 1.0 + 0.05 * c + 0.001 * i), ("host", 0.2 + 0.01 * c)):
                 row = _row(op, "served", ms * factor, q_lens=q, kv_lens=kv, **f)
                 row["point_key"] = f"{key}/{i:05d}/{op}"
@@ -78,9 +89,30 @@ def test_a_profile_without_served_rows_has_none():
     assert find_slowed({"a": frame, "b": frame}) == []
 
 
-def test_the_threshold_is_the_measured_runs_one():
-    from profiler.engine.slowdown import SLOWED_RATIO as RUNS
-    assert SLOWED_RATIO == RUNS
+def test_the_threshold_and_stretch_are_the_measured_runs_ones():
+    from profiler.engine import slowdown
+    assert (SLOWED_RATIO, WINDOW_STEPS) == (slowdown.SLOWED_RATIO, slowdown.WINDOW_STEPS)
+
+
+def test_a_slowed_stretch_of_a_long_serving_is_left_out_and_the_rest_kept():
+    """Steps 60-99 of 160 slowed 1.5x: those steps, and at most half a stretch on either side (a
+    stretch is slowed by its median), not the serving's other steps."""
+    stretch = range(60, 100)
+    early, late = served(num_steps=160), served({WORKLOADS[2]: 1.5}, num_steps=160, seed=1, stretch=stretch)
+    [slowed] = find_slowed({"early": early, "late": late})
+    assert (slowed.file, slowed.workload, slowed.of_steps) == ("late", WORKLOADS[2], 160)
+    assert slowed.ratio == pytest.approx(1.5, rel=0.05)
+    steps = late.loc[list(slowed.rows), "point_key"].str.split("/").str[-2].astype(int)
+    assert set(stretch) <= set(steps) <= set(range(60 - WINDOW_STEPS // 2, 100 + WINDOW_STEPS // 2))
+    assert slowed.num_steps == steps.nunique() and len(slowed.rows) == 2 * slowed.num_steps
+    assert "(1.5" in describe([slowed]) and f"{slowed.num_steps} of 160 steps" in describe([slowed])
+
+
+def test_a_slow_spike_shorter_than_half_a_stretch_is_kept():
+    """A few slow steps are the step-to-step scatter a stretch's median is there to ignore."""
+    spike = range(70, 70 + WINDOW_STEPS // 2 - 4)
+    early, late = served(num_steps=160), served({WORKLOADS[3]: 2.0}, num_steps=160, seed=1, stretch=spike)
+    assert find_slowed({"early": early, "late": late}) == []
 
 
 def _write(tmp_path, name, frame):
@@ -103,10 +135,11 @@ def test_fit_leaves_the_slowed_serving_out_and_says_so(tmp_path, capsys):
     out = tmp_path / "tables"
     assert main(["fit", "--model-spec", "tiny", "--regressor", "rf", "--trials", "1", "--no-mlflow",
                  "--ops", "step,host", "--out", str(out), "--profile", str(early), str(late)]) == 0
-    assert "left out 1 serving(s) the machine slowed" in capsys.readouterr().out
+    assert "left out 20 served steps the machine slowed, in 1 serving(s)" in capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
     assert meta["slowed_servings"] == [{"file": str(late), "workload": WORKLOADS[4], "round": 0, "num_rounds": 1,
-                                        "ratio": pytest.approx(1.6, rel=0.06), "num_rows": 40}]
+                                        "ratio": pytest.approx(1.6, rel=0.06), "num_rows": 40, "num_steps": 20,
+                                        "of_steps": 20}]
 
 
 def two_passes(slow_second: dict, drift_second: float = 1.0) -> pd.DataFrame:
