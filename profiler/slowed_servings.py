@@ -15,11 +15,12 @@ servings, t_i / m, is divided by pass i's drift: the median over every workload 
 the serving's median t_i / m. A serving's steps are then compared the way measured repeats are, in
 stretches of WINDOW_STEPS consecutive steps (all its steps where it has fewer): a stretch is slowed
 where its median exceeds SLOWED_RATIO (both the runs' values) times the smallest median any serving of
-W has over the same steps. The steps of its slowed stretches are left out of that serving. Stretches,
-not whole servings, because the machine slowed seconds of a serving as often as all of it: over seven
-quickstarts, the stretch rule took the profiled tables' mean step-total error over the runs from 8.9%
-to 7.8% where the whole-serving rule (a serving's median alone) had taken it from 11.2% to 8.9%.
-Dividing by the drift keeps a profile taken while the whole machine ran slower: averaging such
+W has over the same steps. The steps of its slowed stretches are left out of that serving (a stretch
+is slowed once more than half its steps are, so up to half a stretch on either side goes too).
+Stretches, not whole servings, because the machine slowed seconds of a serving as often as all of it:
+over seven quickstarts, the stretch rule took the profiled tables' mean step-total error over the runs
+from 8.9% to 7.8% where the whole-serving rule (a serving's median alone) had taken it from 11.2% to
+8.9%. Dividing by the drift keeps a profile taken while the whole machine ran slower: averaging such
 profiles is what profiling before and after the measurements is for (experiments.campaign).
 """
 from __future__ import annotations
@@ -178,22 +179,23 @@ def read_served(path: str) -> pd.DataFrame:
 
 def describe(slowed: list[SlowedServing], limit: int = 3) -> str:
     """One line for `stepcal fit`'s output: how many steps, and the most slowed servings."""
-    shown = ", ".join(label(s.workload, s.file, s.ratio, s.round, s.num_rounds, s.num_steps, s.of_steps)
-                      for s in sorted(slowed, key=lambda s: -s.ratio)[:limit])
+    shown = ", ".join(label(s.to_dict()) for s in sorted(slowed, key=lambda s: -s.ratio)[:limit])
     more = f" and {len(slowed) - limit} more (meta.json: slowed_servings)" if len(slowed) > limit else ""
     return (f"left out {sum(s.num_steps for s in slowed)} served steps the machine slowed, in {len(slowed)} "
             f"serving(s) (a stretch of {WINDOW_STEPS} steps over {SLOWED_RATIO}x another serving's same steps, "
             f"each profile's drift taken out): {shown}{more}")
 
 
-def label(workload: str, file: str, ratio: float, round_: int = 0, num_rounds: int = 1, num_steps: int = 0,
-          of_steps: int = 0) -> str:
-    """A slowed serving in a line: continuous/c2/n8/p16-1024/o4-128 in profile_late (1.52x, 40 of 96 steps),
-    with its pass where the profile served the workload more than once (pass 2 of 2)."""
-    where = Path(file).parent.name or file
-    passes = f", pass {round_ + 1} of {num_rounds}" if num_rounds > 1 else ""
-    count = f", {num_steps} of {of_steps} steps" if of_steps else ""
-    return f"{'/'.join(workload.split('/')[1:6])} in {where}{passes} ({ratio:.2f}x{count})"
+def label(record: dict) -> str:
+    """A slowed serving (SlowedServing.to_dict's record, as meta.json keeps it) in a line:
+    continuous/c2/n8/p16-1024/o4-128 in profile_late (1.52x, 40 of 96 steps), with its pass where the
+    profile served the workload more than once (pass 2 of 2). Records written before stretches were
+    compared have no step counts."""
+    where = Path(record["file"]).parent.name or record["file"]
+    num_rounds = record.get("num_rounds", 1)
+    passes = f", pass {record.get('round', 0) + 1} of {num_rounds}" if num_rounds > 1 else ""
+    count = f", {record['num_steps']} of {record['of_steps']} steps" if record.get("of_steps") else ""
+    return f"{'/'.join(record['workload'].split('/')[1:6])} in {where}{passes} ({record['ratio']:.2f}x{count})"
 
 
 __all__ = ["SlowedServing", "describe", "find_slowed", "kept_times", "label", "read_served", "served_steps"]

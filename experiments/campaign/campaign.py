@@ -378,8 +378,7 @@ class Campaign:
         if not meta.exists():
             return []
         servings = sorted(json.loads(meta.read_text()).get("slowed_servings", []), key=lambda s: -s["ratio"])
-        return [label(s["workload"], s["file"], s["ratio"], s.get("round", 0), s.get("num_rounds", 1),
-                      s.get("num_steps", 0), s.get("of_steps", 0)) for s in servings]
+        return [label(s) for s in servings]
 
 
 def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:
