@@ -113,7 +113,7 @@ def find_slowed(frames: dict[str, pd.DataFrame], ratio: float = SLOWED_RATIO) ->
             file, round_ = serving.rsplit("#", 1)
             mine = steps[file]
             rows = mine.loc[mine["step"].isin(table.index[hit]), "row"].to_numpy()
-            num_rounds = int(mine.loc[mine["workload"].eq(workload), "num_rounds"].max())
+            num_rounds = int(group.loc[group["serving"].eq(serving), "num_rounds"].iat[0])
             out.append(SlowedServing(file, workload, int(round_), num_rounds, float(excess[hit, j].max()),
                                      tuple(int(i) for i in np.unique(rows)), int(hit.sum()), len(table)))
     return sorted(out, key=lambda s: (s.file, s.workload, s.round))
@@ -179,11 +179,17 @@ def read_served(path: str) -> pd.DataFrame:
 
 def describe(slowed: list[SlowedServing], limit: int = 3) -> str:
     """One line for `stepcal fit`'s output: how many steps, and the most slowed servings."""
-    shown = ", ".join(label(s.to_dict()) for s in sorted(slowed, key=lambda s: -s.ratio)[:limit])
+    shown = ", ".join(labels([s.to_dict() for s in slowed])[:limit])
     more = f" and {len(slowed) - limit} more (meta.json: slowed_servings)" if len(slowed) > limit else ""
     return (f"left out {sum(s.num_steps for s in slowed)} served steps the machine slowed, in {len(slowed)} "
             f"serving(s) (a stretch of {WINDOW_STEPS} steps over {SLOWED_RATIO}x another serving's same steps, "
             f"each profile's drift taken out): {shown}{more}")
+
+
+def labels(records: list[dict]) -> list[str]:
+    """The slowed servings' records (SlowedServing.to_dict's, as meta.json keeps them) in lines, the
+    most slowed first."""
+    return [label(r) for r in sorted(records, key=lambda r: -r["ratio"])]
 
 
 def label(record: dict) -> str:
@@ -198,4 +204,5 @@ def label(record: dict) -> str:
     return f"{'/'.join(record['workload'].split('/')[1:6])} in {where}{passes} ({record['ratio']:.2f}x{count})"
 
 
-__all__ = ["SlowedServing", "describe", "find_slowed", "kept_times", "label", "read_served", "served_steps"]
+__all__ = ["SlowedServing", "describe", "find_slowed", "kept_times", "label", "labels", "read_served",
+           "served_steps"]

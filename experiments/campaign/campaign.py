@@ -373,12 +373,11 @@ class Campaign:
         """The profile's servings with stretches the profiled tables' fit left out (their meta.json), the
         most slowed first, named for the headline as the repeats served again are: workload, profile
         half, how much slower, how many of its steps."""
-        from profiler.slowed_servings import label
+        from profiler.slowed_servings import labels
         meta = self.c.out / "tables_profiled" / "meta.json"
         if not meta.exists():
             return []
-        servings = sorted(json.loads(meta.read_text()).get("slowed_servings", []), key=lambda s: -s["ratio"])
-        return [label(s) for s in servings]
+        return labels(json.loads(meta.read_text()).get("slowed_servings", []))
 
 
 def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:
