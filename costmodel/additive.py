@@ -172,11 +172,16 @@ def bootstrap_relative_spread(estimator: AdditiveGridRegressor, X, y, num_fits: 
     simulator.ranges). One number for the whole term: the features' curves trade off against each
     other between refits (num_seqs, num_decode and num_tokens move together), so their knots'
     spreads, summed, would overstate the spread of the sum many times."""
+    from threadpoolctl import threadpool_limits
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     rng = np.random.default_rng(seed)
     fitted = estimator._predict_raw(X)
-    draws = [_refit_on_knots(estimator, X[rows], y[rows])._predict_raw(X)
-             for rows in (rng.integers(0, len(y), len(y)) for _ in range(num_fits))]
+    # One BLAS thread, as in costmodel.fitting.fit_all: the refits' QR solves are small, and a second
+    # thread gains nothing on them alone but thrashes when another process holds a core (a profiled
+    # fit on a 2-core VM: 7.5 s with two threads, 7.9 s with one; beside one busy core, 12 s and 8 s).
+    with threadpool_limits(limits=1, user_api="blas"):
+        draws = [_refit_on_knots(estimator, X[rows], y[rows])._predict_raw(X)
+                 for rows in (rng.integers(0, len(y), len(y)) for _ in range(num_fits))]
     return float(np.median(np.std(draws, axis=0) / fitted))
 
 

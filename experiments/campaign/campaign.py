@@ -30,6 +30,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,6 +50,37 @@ def retry_spent(retries: int) -> str:
 
 
 RETRY_SPENT = retry_spent(CampaignConfig.retry_slowed)   # the quickstart's
+
+
+@dataclass(frozen=True)
+class CalibrationJob:
+    """One `stepcal calibrate` of the campaign: its stage title, the scheduler and model name it
+    makes, where it writes, and calibrate_step_model's arguments."""
+    title: str
+    scheduler: str
+    name: str
+    target: Path
+    args: tuple
+    kwargs: dict
+
+
+def calibrate_captured(task: tuple, shared=None) -> tuple:
+    """One calibration in a pool worker: calibrate_step_model(*args, **kwargs) with what it prints
+    held back (printed by the campaign in the jobs' order, not interleaved with another's). Returns
+    (stdout, stderr, wall seconds, an InputError's message or None)."""
+    import contextlib
+    import io
+
+    from experiments.validation.calibration import calibrate_step_model
+    args, kwargs = task
+    printed, warned, error = io.StringIO(), io.StringIO(), None
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(warned):
+        try:
+            calibrate_step_model(*args, **kwargs)
+        except InputError as exc:
+            error = str(exc)
+    return printed.getvalue(), warned.getvalue(), round(time.perf_counter() - started, 1), error
 
 
 class StageExit(Exception):
@@ -127,9 +159,9 @@ class Campaign:
                        lambda: self.fit([], ",".join(c.kernel_ops()), out / "tables_kernels"))
             for s in c.schedulers:
                 models[s]["kernels"] = out / "tables_kernels"
-            self.calibrate_tables(models, "kernels", "calibrated")
-        if c.profiled_ops():
-            self.calibrate_tables(models, "profiled", "profiled_cal")
+        calibrations = [(base, name) for base, name in (("kernels", "calibrated"), ("profiled", "profiled_cal"))
+                        if base in models[c.schedulers[0]]]
+        self.calibrate_all(models, calibrations)
         validations = []
         for s in c.schedulers:
             for load in c.loads:
@@ -285,22 +317,67 @@ class Campaign:
         on the whole-step tables ("profiled_cal") for what the profile's host path misses and the
         front end. Request log only: the 30% runs' step logs, which `stepcal calibrate` would read the
         step terms off, stay out of it (they train the `tables` model)."""
-        from experiments.validation.calibration import calibrate_step_model
+        self.calibrate_all(models, [(base, name)])
+
+    def calibrate_all(self, models: dict, bases: list[tuple[str, str]]) -> None:
+        """calibrate_tables for each (base, name), every scheduler's: one after the other, or on
+        config.workers processes at once. They are independent, and a third of a Poisson
+        quickstart's time on two cores (four, about a minute each: 247 s one at a time, 127 s two
+        at a time, same terms); each one's printed lines come out whole, in the order the one-process
+        campaign prints them."""
+        jobs = [job for base, name in bases for job in self.calibration_jobs(models, base, name)]
+        if self.c.workers > 1 and len(jobs) > 1:
+            self.calibrate_in_pool(jobs)
+        else:
+            from experiments.validation.calibration import calibrate_step_model
+            for job in jobs:
+                self.stage(job.title, "calibrate", lambda j=job: calibrate_step_model(*j.args, **j.kwargs))
+        for job in jobs:
+            models[job.scheduler][job.name] = job.target
+
+    def calibration_jobs(self, models: dict, base: str, name: str) -> list[CalibrationJob]:
         c = self.c
         # the device's run-to-run spread from every calibration run's repeats, not one pair's, from
         # the profile's two halves, timed before and after the measurements, and from the device's
         # history (--scatter-runs: earlier runs and campaigns; the ledger: earlier quickstarts)
         halves = self.profile_files() if len(self.profiled) == 2 and c.repeats > 1 else []
+        jobs = []
         for s in c.schedulers:
             others = [str(c.measured_dir(o, c.loads[0])) for o in c.schedulers if o != s and c.repeats > 1]
             others += list(c.scatter_runs) if c.repeats > 1 else []
             tables, target = models[s][base], c.out / name / s
-            self.stage(f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", "calibrate",
-                       lambda s=s, o=others, t=tables, d=target: calibrate_step_model(
-                           str(c.measured_dir(s, c.loads[0])), str(t), str(d), scatter_runs=o,
-                           scatter_profiles=halves, history=[e.pairs() for e in self.history_used],
-                           step_log=False, retry_hint=retry_spent(c.retry_slowed)))
-            models[s][name] = target
+            jobs.append(CalibrationJob(
+                f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", s, name, target,
+                (str(c.measured_dir(s, c.loads[0])), str(tables), str(target)),
+                {"scatter_runs": others, "scatter_profiles": halves, "history": [e.pairs() for e in self.history_used],
+                 "step_log": False, "retry_hint": retry_spent(c.retry_slowed)}))
+        return jobs
+
+    def calibrate_in_pool(self, jobs: list[CalibrationJob]) -> None:
+        """The jobs on config.workers spawned processes; each job's stage line and printed lines as
+        soon as it and the jobs before it are done; each stage's time is its own calibration's."""
+        from experiments.backends import open_runner
+        workers = min(self.c.workers, len(jobs))
+        print(f"[{time.perf_counter() - self.t0:6.1f} s] calibrate {len(jobs)} tables, {workers} at a time",
+              file=sys.stderr, flush=True)
+        done, next_job = {}, 0
+        with open_runner(calibrate_captured, None, workers=workers) as runner:
+            for index, outcome in runner.as_completed([(job.args, job.kwargs) for job in jobs]):
+                done[index] = outcome
+                while next_job in done:
+                    self.replay_calibration(jobs[next_job], done.pop(next_job))
+                    next_job += 1
+
+    def replay_calibration(self, job: CalibrationJob, outcome: tuple) -> None:
+        printed, warned, wall_s, error = outcome
+
+        def replay() -> None:
+            sys.stdout.write(printed)
+            sys.stderr.write(warned)
+            if error is not None:
+                raise InputError(error)
+        self.stage(job.title, "calibrate", replay)
+        self.c.timings[job.title] = wall_s
 
     def measure_interleaved(self, capacity: dict) -> None:
         """Every run's repeat 0, then every run's repeat 1, ...: the machine's speed drifts over

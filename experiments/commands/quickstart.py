@@ -1,9 +1,14 @@
 """`stepcal quickstart`: the whole pipeline on the CPU with the tiny model, in a few minutes."""
 from __future__ import annotations
 
+import os
+
 from experiments.commands import argtypes
 from experiments.commands.flags import SCHEDULER_NAMES, add_command
 from simulator import bounds
+
+# processes for the calibrations and replications: two, where the machine has two cores
+DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
 
 HELP = """Run the whole pipeline on a small built-in default, on this machine's CPU with the `tiny` model:
 
@@ -20,7 +25,7 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
             path of a user without step logs; it saw no run, so every load is held out for it),
             and from the kernel profile alone ("kernels": no engine host work in them)
   calibrate host terms of the kernel tables from the 30%-load request logs ("calibrated"), and of
-            the profiled tables ("profiled_cal")
+            the profiled tables ("profiled_cal"), on --workers processes at once
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
             TPOT, ITL, E2E (the mean of the repeats' statistics; mean, P50-P99), throughput and
             step time; 60% and 90% are held out
@@ -51,8 +56,10 @@ def register(subparsers) -> None:
                    help="also validate the calibrated models' held-out runs with N replications each "
                         "(`stepcal validate --ranges`) and report how often the measured values fall inside the "
                         "90%% intervals (coverage, each repeat on its own) and their width (default 0: none)")
-    p.add_argument("--workers", type=argtypes.count(1, 1024), default=1,
-                   help="processes for those replications (default 1)")
+    p.add_argument("--workers", type=argtypes.count(1, 1024), default=DEFAULT_WORKERS,
+                   help="processes for the four calibrations (after the measurements, which run alone) and for "
+                        "those replications (default 2, or 1 on a one-core machine: on two cores the "
+                        "calibrations take about half their minutes)")
     p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
                    help="earlier campaigns (their directories) or measured runs of this machine: their repeats' "
                         "speed differences join this campaign's three pairs in run_cv, the run-to-run speed "

@@ -98,3 +98,24 @@ def test_knots_a_rounding_error_apart_are_merged():
     for monotone in (True, False):
         model = AdditiveGridRegressor(n_knots=9, smoothing=0.02, monotone=monotone).fit(X, y)
         assert np.abs(model.predict(X) / y - 1).max() < 0.05
+
+
+def test_bootstrap_refits_run_on_one_blas_thread(monkeypatch):
+    """The spread's refits are small QR solves in a loop: one BLAS thread each, so that a busy
+    second core does not stall them (they ran 1.5x slower on two threads beside one busy core)."""
+    from threadpoolctl import threadpool_info
+
+    import costmodel.additive as additive
+    X, _, y = skewed_steps(2, n=400)
+    model = AdditiveGridRegressor(n_knots=4).fit(X, y)
+    seen = []
+    refit = additive._refit_on_knots
+
+    def recording(estimator, X_rows, y_rows):
+        seen.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+        return refit(estimator, X_rows, y_rows)
+
+    monkeypatch.setattr(additive, "_refit_on_knots", recording)
+    spread = additive.bootstrap_relative_spread(model, X, y, num_fits=3)
+    assert seen == [{1}] * 3
+    assert 0 < spread < 0.5

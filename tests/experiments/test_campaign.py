@@ -497,3 +497,41 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     calls.clear()
     Campaign(history).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
     assert [c[3] for c in calls] == [[run["b"], "/old/campaign", "/old/run"], [run["a"], "/old/campaign", "/old/run"]]
+
+
+def _campaign_of_runs(root, runs, workers):
+    """A campaign directory whose calibration runs (schedulers a and b at 30%) are the given measured runs."""
+    import shutil
+    config = CampaignConfig(out=root, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2, workers=workers)
+    for s, run in zip(config.schedulers, runs):
+        shutil.copytree(run, config.measured_dir(s, 0.3))
+    return Campaign(config)
+
+
+@pytest.mark.slow
+def test_calibrations_on_two_processes_write_and_print_what_one_process_does(paired_runs, tmp_path, capsys):
+    made = {}
+    for workers in (1, 2):
+        campaign = _campaign_of_runs(tmp_path / str(workers), [paired_runs["a"], paired_runs["b"]], workers)
+        models = {s: {"kernels": "const:1"} for s in "ab"}
+        campaign.calibrate_all(models, [("kernels", "calibrated")])
+        assert models["b"] == {"kernels": "const:1", "calibrated": tmp_path / str(workers) / "calibrated/b"}
+        made[workers] = {s: json.loads((tmp_path / str(workers) / "calibrated" / s / "meta.json").read_text())
+                         for s in "ab"}
+        stages = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+        assert [stage for stage in stages if stage.startswith("calibrate host")] == list(campaign.c.timings) == [
+            f"calibrate host terms of the kernels tables on {s} at 30% load" for s in "ab"]
+        assert all(seconds > 0 for seconds in campaign.c.timings.values())   # each its own calibration's time
+    assert stages[0] == "calibrate 2 tables, 2 at a time"
+    for s, meta in made[1].items():
+        assert made[2][s]["host_terms"] == meta["host_terms"], s
+        assert made[2][s]["calibration"]["loss_after"] == meta["calibration"]["loss_after"], s
+
+
+def test_a_calibration_failing_in_a_worker_names_its_stage_in_one_line(paired_runs, tmp_path):
+    campaign = _campaign_of_runs(tmp_path, [paired_runs["a"], paired_runs["b"]], workers=2)
+    models = {s: {"kernels": str(tmp_path / "no_tables")} for s in "ab"}
+    with pytest.raises(InputError, match=r"^quickstart: stage 'calibrate host terms of the kernels tables on a at "
+                                         r"30% load' failed \(stepcal calibrate\): .*no_tables"):
+        campaign.calibrate_all(models, [("kernels", "calibrated")])
+    assert not (tmp_path / "calibrated").exists()
