@@ -310,21 +310,18 @@ class Campaign:
         files = build_report([str(d) for d in dirs], str(out))
         print(describe_report(str(out), files))
 
-    def calibrate_tables(self, models: dict, base: str, name: str) -> None:
-        """Host terms fitted to each scheduler's calibration-load request log on top of the `base`
-        tables: the path of a user who has profiles and a deployment's request log only. On the kernel
-        tables ("calibrated") they stand for the engine's host work and everything the kernels miss;
-        on the whole-step tables ("profiled_cal") for what the profile's host path misses and the
-        front end. Request log only: the 30% runs' step logs, which `stepcal calibrate` would read the
-        step terms off, stay out of it (they train the `tables` model)."""
-        self.calibrate_all(models, [(base, name)])
-
     def calibrate_all(self, models: dict, bases: list[tuple[str, str]]) -> None:
-        """calibrate_tables for each (base, name), every scheduler's: one after the other, or on
-        config.workers processes at once. They are independent, and a third of a Poisson
-        quickstart's time on two cores (four, about a minute each: 247 s one at a time, 127 s two
-        at a time, same terms); each one's printed lines come out whole, in the order the one-process
-        campaign prints them."""
+        """Host terms fitted to each scheduler's calibration-load request log on top of each (base,
+        name)'s `base` tables, into models[s][name]: the path of a user who has profiles and a
+        deployment's request log only. On the kernel tables ("calibrated") they stand for the engine's
+        host work and everything the kernels miss; on the whole-step tables ("profiled_cal") for what
+        the profile's host path misses and the front end. Request log only: the 30% runs' step logs,
+        which `stepcal calibrate` would read the step terms off, stay out of it (they train the
+        `tables` model).
+        One after the other, or on config.workers processes at once: they are independent, and a
+        third of a Poisson quickstart's time on two cores (four, about a minute each: 247 s one at a
+        time, 127 s two at a time, same terms); each one's printed lines come out whole, in the order
+        the one-process campaign prints them."""
         jobs = [job for base, name in bases for job in self.calibration_jobs(models, base, name)]
         if self.c.workers > 1 and len(jobs) > 1:
             self.calibrate_in_pool(jobs)

@@ -478,7 +478,7 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     models = {s: {"profiled": f"P{s}"} for s in config.schedulers}
     campaign = Campaign(config)
     campaign.profiled = ["profile", "profile_late"]   # profiled before and after the measurements
-    campaign.calibrate_tables(models, "profiled", "profiled_cal")
+    campaign.calibrate_all(models, [("profiled", "profiled_cal")])
     run = {s: str(config.measured_dir(s, 0.3)) for s in "abc"}
     halves = [str(tmp_path / "profile/profile.parquet"), str(tmp_path / "profile_late/profile.parquet")]
     # request logs only (step_log=False): the campaign's calibrated models stand for a deployment's user
@@ -490,12 +490,12 @@ def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_p
     assert hints == [RETRY_SPENT] * 3 and "again 2 times, its most" in RETRY_SPENT
     single = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=1)
     calls.clear()
-    Campaign(single).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
+    Campaign(single).calibrate_all({s: {"kernels": "K"} for s in "ab"}, [("kernels", "calibrated")])
     assert [c[3:5] for c in calls] == [([], []), ([], [])]   # one repeat: no pair to pool
     history = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2,
                              scatter_runs=("/old/campaign", "/old/run"))
     calls.clear()
-    Campaign(history).calibrate_tables({s: {"kernels": "K"} for s in "ab"}, "kernels", "calibrated")
+    Campaign(history).calibrate_all({s: {"kernels": "K"} for s in "ab"}, [("kernels", "calibrated")])
     assert [c[3] for c in calls] == [[run["b"], "/old/campaign", "/old/run"], [run["a"], "/old/campaign", "/old/run"]]
 
 

@@ -107,7 +107,7 @@ def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(
     campaign = Campaign(config)
     assert campaign.read_history() == [earlier]
     campaign.history_used = campaign.read_history()
-    campaign.calibrate_tables({"a": {"kernels": "K"}}, "kernels", "calibrated")
+    campaign.calibrate_all({"a": {"kernels": "K"}}, [("kernels", "calibrated")])
     assert calls == [[earlier.pairs()]]
     assert Campaign(CampaignConfig(out=tmp_path / "qs", repeats=2)).read_history() == []          # off
     assert Campaign(CampaignConfig(out=tmp_path / "qs", repeats=1, history_file=ledger)).read_history() == []
