@@ -33,7 +33,7 @@ VIDUR_GRID = {"n_estimators": [100], "max_depth": [8, 16, 32], "min_samples_spli
 
 def vidur_splits(records: pd.DataFrame, seed: int) -> dict[str, np.ndarray]:
     """Test masks over source rows (all operators of one mlp.csv row stay together)."""
-    from costmodel.evaluation import extrapolation_split, random_split
+    from stepcal.costmodel.evaluation import extrapolation_split, random_split
     rows = records["row"].to_numpy()
     return {"random": random_split(rows, 0.2, seed),
             "extrapolation": extrapolation_split(records["num_tokens"].to_numpy())}
@@ -41,9 +41,9 @@ def vidur_splits(records: pd.DataFrame, seed: int) -> dict[str, np.ndarray]:
 
 def ours(records, test, trials, seed) -> np.ndarray:
     """Predictions for the test records: per target, tuned on the training records only."""
-    from costmodel.features import assign_targets, design, kind_of
-    from costmodel.fitting import build_estimator
-    from costmodel.tuning import tune
+    from stepcal.costmodel.features import assign_targets, design, kind_of
+    from stepcal.costmodel.fitting import build_estimator
+    from stepcal.costmodel.tuning import tune
     targets = assign_targets(records).to_numpy()
     y = records["time_ms"].to_numpy()
     pred = np.full(len(records), np.nan)
@@ -82,7 +82,7 @@ def vidur_forest(records, test, seed) -> np.ndarray:
 
 def layer_mape(records, test, pred) -> tuple[float, float]:
     """MAPE of per-layer time (sum over the per-layer operators of a row) and of the operators."""
-    from costmodel.evaluation import ape_percent
+    from stepcal.costmodel.evaluation import ape_percent
     per_layer = records["name"] != "emb"
     held = test & per_layer.to_numpy()
     frame = pd.DataFrame({"row": records["row"][held], "y": records["time_ms"][held], "p": pred[held]})
@@ -94,7 +94,7 @@ def layer_mape(records, test, pred) -> tuple[float, float]:
 def bench_vidur(trials: int, seed: int, everything: bool) -> None:
     from threadpoolctl import threadpool_limits
 
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.importers import load_profiles
     print("\n== Vidur mlp.csv: held-out MAPE of per-layer time (and of single operators) ==")
     print(f"{'device/model':<34}{'split':<15}{'ours layer':>11}{'ours ops':>10}"
           f"{'Vidur RF layer':>16}{'Vidur RF ops':>14}")
@@ -109,8 +109,8 @@ def bench_vidur(trials: int, seed: int, everything: bool) -> None:
 
 
 def bench_attention(trials: int, seed: int) -> None:
-    from costmodel.fitting import FitConfig, fit_all, select_records
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.fitting import FitConfig, fit_all, select_records
+    from stepcal.costmodel.importers import load_profiles
     print("\n== AIConfigurator H100 attention (bf16 KV): held-out error, tuned ==")
     records = select_records(load_profiles([PROFILES / "aiconfigurator/h100_sxm/attention"]),
                              dtype="bfloat16")
@@ -122,8 +122,8 @@ def bench_attention(trials: int, seed: int) -> None:
 
 
 def bench_all_reduce(trials: int, seed: int) -> None:
-    from costmodel.fitting import FitConfig, fit_all, select_records
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.fitting import FitConfig, fit_all, select_records
+    from stepcal.costmodel.importers import load_profiles
     print("\n== all-reduce on H100, 2/4/8 GPUs (AIConfigurator custom_allreduce_perf bf16; Vidur "
           "network/all_reduce.csv): held-out error ==")
     for path in (PROFILES / "aiconfigurator/h100_sxm/comm", PROFILES / "vidur/network/h100_dgx/all_reduce.csv"):
@@ -146,15 +146,15 @@ def bench_fit_wall_time() -> Path:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     for label, args, dest in cases:
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "experiments.cli", "fit", *args, "--out", str(dest)],
+        subprocess.run([sys.executable, "-m", "stepcal.experiments.cli", "fit", *args, "--out", str(dest)],
                        env=env, check=True, capture_output=True)
         print(f"{label:<36} {time.perf_counter() - started:6.1f} s wall")
     return out
 
 
 def bench_composed(table_dir: Path) -> None:
-    from costmodel.tables import load_step_model
-    from simulator.batch import StepBatch, feature_row
+    from stepcal.costmodel.tables import load_step_model
+    from stepcal.simulator.batch import StepBatch, feature_row
     model = load_step_model(table_dir)
     print(f"\n== T_step of Qwen3-14B on H100, bf16, from AIConfigurator tables ({table_dir}) ==")
     cases = {

@@ -27,14 +27,14 @@ KERNELS = "gemm,attn_prefill,attn_decode,overhead"
 
 def stepcal(*args: str) -> None:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    subprocess.run([sys.executable, "-m", "experiments.cli", *args], check=True, cwd=REPO, env=env,
+    subprocess.run([sys.executable, "-m", "stepcal.experiments.cli", *args], check=True, cwd=REPO, env=env,
                    stdout=subprocess.DEVNULL)
 
 
 def ratios(profile: Path, tables: Path) -> tuple[pd.DataFrame, np.ndarray]:
     """The whole-step points and composed / measured for each."""
-    from experiments.step_models import resolve_step_model
-    from simulator.batch import StepFeatures, batch_row
+    from stepcal.experiments.step_models import resolve_step_model
+    from stepcal.simulator.batch import StepFeatures, batch_row
     frame = pd.read_parquet(profile)
     steps = frame[(frame["op"] == "step") & (frame["status"] == "ok")].groupby("point_key").agg(
         time_ms=("time_ms", "median"), q_lens=("q_lens", "first"), kv_lens=("kv_lens", "first"))

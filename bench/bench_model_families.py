@@ -39,7 +39,7 @@ def fit(case, system: str, regressor: str, work: Path) -> Path:
     out = work / label.replace(" ", "_")
     if (out / "meta.json").exists():
         return out
-    cmd = [sys.executable, "-m", "experiments.cli", "fit", "--profile", str(SHARED / "profiles/aiconfigurator" / system),
+    cmd = [sys.executable, "-m", "stepcal.experiments.cli", "fit", "--profile", str(SHARED / "profiles/aiconfigurator" / system),
            "--model-spec", preset, "--tp", str(tp), "--ep", str(ep), "--ops", ops, "--regressor", regressor,
            "--trials", "8", "--no-mlflow", "--out", str(out)]
     started = time.perf_counter()
@@ -50,8 +50,8 @@ def fit(case, system: str, regressor: str, work: Path) -> Path:
 
 
 def breakdown(tables: Path, seqs: int, q: int, kv: int) -> tuple[float, dict[str, float]]:
-    from costmodel.tables import load_step_model
-    from simulator.batch import StepBatch
+    from stepcal.costmodel.tables import load_step_model
+    from stepcal.simulator.batch import StepBatch
     model = load_step_model(tables)
     batch = StepBatch.of(list(range(seqs)), [q] * seqs, [kv] * seqs)
     parts = {name: float(v[0]) for name, v in model.term_ms(batch.features()).items()}
@@ -74,7 +74,7 @@ def linear_split(tables: Path, num_tokens: int) -> dict[str, float]:
 def roofline_decode_ms(preset: str, tp: int, ep: int, seqs: int, kv: int, system: str) -> float:
     """Bytes one GPU must read per decode step (its dense weights, the experts the batch's tokens
     hit under balanced routing, its KV cache) over HBM bandwidth: a floor, not a prediction."""
-    from simulator.model_spec import PRESETS, Parallelism
+    from stepcal.simulator.model_spec import PRESETS, Parallelism
     spec, p = PRESETS[preset], Parallelism(tp, ep)
     experts = spec.num_experts / p.ep
     hit = experts * (1 - (1 - spec.experts_per_token / spec.num_experts) ** seqs)
@@ -86,9 +86,9 @@ def roofline_decode_ms(preset: str, tp: int, ep: int, seqs: int, kv: int, system
 
 
 def kv_blocks(preset: str, tp: int, ep: int, memory_gb: float) -> str:
-    from simulator.errors import InputError
-    from simulator.kv_cache import kv_blocks_from_memory
-    from simulator.model_spec import PRESETS, Parallelism
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.kv_cache import kv_blocks_from_memory
+    from stepcal.simulator.model_spec import PRESETS, Parallelism
     spec, p = PRESETS[preset], Parallelism(tp, ep)
     try:
         blocks = kv_blocks_from_memory(spec, 16, memory_gb, parallelism=p)
@@ -100,7 +100,7 @@ def kv_blocks(preset: str, tp: int, ep: int, memory_gb: float) -> str:
 def simulate_azure(tables: Path, memory_gb: float) -> None:
     trace = SHARED / "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "experiments.cli", "simulate", "--trace", str(trace), "--step-model", str(tables),
+        cmd = [sys.executable, "-m", "stepcal.experiments.cli", "simulate", "--trace", str(trace), "--step-model", str(tables),
                "--scheduler", "vllm", "--model-spec", "mixtral-8x7b", "--tp", "2", "--device-memory-gb",
                str(memory_gb), "--out", str(Path(tmp) / "sim")]
         started = time.perf_counter()

@@ -39,9 +39,9 @@ DTYPE = "bfloat16"
 
 def target_rows(device_dir: Path) -> dict[str, pd.DataFrame]:
     """The bf16 records of every MoE and MLA target of one device, by target name."""
-    from costmodel.features import assign_targets
-    from costmodel.fitting import select_records
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.features import assign_targets
+    from stepcal.costmodel.fitting import select_records
+    from stepcal.costmodel.importers import load_profiles
     out = {}
     for table in TABLES.values():
         records = select_records(load_profiles([device_dir / table]), dtype=DTYPE)
@@ -53,8 +53,8 @@ def target_rows(device_dir: Path) -> dict[str, pd.DataFrame]:
 
 def splits(target: str, rows: pd.DataFrame, seed: int) -> dict[str, np.ndarray]:
     """The test masks fit_target scores on, rebuilt the same way for the plain forest."""
-    from costmodel.evaluation import extrapolation_split, group_ids, random_split
-    from costmodel.features import design
+    from stepcal.costmodel.evaluation import extrapolation_split, group_ids, random_split
+    from stepcal.costmodel.features import design
     return {"random": random_split(group_ids(rows), 0.2, seed),
             "extrapolation": extrapolation_split(design(target, rows).size)}
 
@@ -63,7 +63,7 @@ def plain_forest(target: str, rows: pd.DataFrame, test: np.ndarray, seed: int) -
     """A default random forest on the raw record columns of the target (no derived features)."""
     from sklearn.ensemble import RandomForestRegressor
 
-    from costmodel.features import kind_for
+    from stepcal.costmodel.features import kind_for
     columns = list(kind_for(target, rows).columns)
     X = rows[columns].fillna(1.0).to_numpy(dtype=np.float64)
     y = rows["time_ms"].to_numpy(dtype=np.float64)
@@ -73,8 +73,8 @@ def plain_forest(target: str, rows: pd.DataFrame, test: np.ndarray, seed: int) -
 
 def repeat_mape(target: str, rows: pd.DataFrame) -> float | None:
     """MAPE of each repeated measurement against the mean of its repeats (None: no repeats)."""
-    from costmodel.evaluation import ape_percent
-    from costmodel.features import kind_for
+    from stepcal.costmodel.evaluation import ape_percent
+    from stepcal.costmodel.features import kind_for
     groups = rows.groupby(list(kind_for(target, rows).columns), dropna=False)["time_ms"]
     count, total = groups.transform("size"), groups.transform("sum")
     repeated = (count >= 2).to_numpy()
@@ -87,7 +87,7 @@ def repeat_mape(target: str, rows: pd.DataFrame) -> float | None:
 def mape_optimal_per_shape(target: str, rows: pd.DataFrame) -> np.ndarray:
     """Per row: the 1/y-weighted median of its shape's times (the target's record columns), the one
     value that minimises the shape's sum of absolute percentage errors."""
-    from costmodel.features import kind_for
+    from stepcal.costmodel.features import kind_for
     y = rows["time_ms"].to_numpy(dtype=np.float64)
     best = y.copy()
     for idx in rows.groupby(list(kind_for(target, rows).columns), dropna=False).indices.values():
@@ -100,15 +100,15 @@ def mape_optimal_per_shape(target: str, rows: pd.DataFrame) -> np.ndarray:
 
 def floor_mape(target: str, rows: pd.DataFrame, test: np.ndarray) -> float:
     """MAPE on the held-out rows of the best prediction a model of shape alone can make."""
-    from costmodel.evaluation import ape_percent
+    from stepcal.costmodel.evaluation import ape_percent
     y = rows["time_ms"].to_numpy(dtype=np.float64)
     return float(ape_percent(y[test], mape_optimal_per_shape(target, rows)[test]).mean())
 
 
 def bench_target(target: str, rows: pd.DataFrame, trials: int, seed: int) -> list[tuple]:
     """(split, n held out, ours stats, forest stats, family, floor MAPE) per split of one target."""
-    from costmodel.evaluation import error_stats
-    from costmodel.fitting import FitConfig, fit_target
+    from stepcal.costmodel.evaluation import error_stats
+    from stepcal.costmodel.fitting import FitConfig, fit_target
     fit = fit_target(target, rows, FitConfig(regressor="tuned", trials=trials, seed=seed))
     y = rows["time_ms"].to_numpy(dtype=np.float64)
     out = []

@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
 AZURE = SHARED / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
-STEPCAL = [sys.executable, "-m", "experiments.cli"]
+STEPCAL = [sys.executable, "-m", "stepcal.experiments.cli"]
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 # One simulation, timed inside the process (the trace read and the table load are not timed).
 TIMED_RUN = """
 import json, sys, time
-from experiments.step_models import resolve_step_model
-from simulator.simulation import SimConfig, Simulation
-from simulator.workload import load_workload
+from stepcal.experiments.step_models import resolve_step_model
+from stepcal.simulator.simulation import SimConfig, Simulation
+from stepcal.simulator.workload import load_workload
 trace_path, table, rate, caching, kv_blocks = sys.argv[1:6]
 trace = load_workload(trace_path, rate_rps=float(rate) if rate != "-" else None)
 model = resolve_step_model(table)
@@ -61,8 +61,8 @@ def fit_table(work: Path) -> Path:
 
 def kv_blocks_80gb() -> int:
     sys.path.insert(0, str(REPO))
-    from simulator.kv_cache import kv_blocks_from_memory
-    from simulator.model_spec import load_model_spec
+    from stepcal.simulator.kv_cache import kv_blocks_from_memory
+    from stepcal.simulator.model_spec import load_model_spec
     return kv_blocks_from_memory(load_model_spec("llama-3-8b"), 16, 80.0)
 
 

@@ -49,7 +49,7 @@ def fit(kind: str, tp: int, regressor: str, work: Path) -> Path:
     if (out / "meta.json").exists():
         return out
     profiles, ops = SOURCES[kind]
-    cmd = [sys.executable, "-m", "experiments.cli", "fit", "--profile", *map(str, profiles), "--model-spec",
+    cmd = [sys.executable, "-m", "stepcal.experiments.cli", "fit", "--profile", *map(str, profiles), "--model-spec",
            "llama-2-70b", "--tp", str(tp), "--ops", ops, "--regressor", regressor, "--trials", "4",
            "--no-mlflow", "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
@@ -59,7 +59,7 @@ def fit(kind: str, tp: int, regressor: str, work: Path) -> Path:
 
 def predictions(model, rows) -> tuple[np.ndarray, np.ndarray]:
     """(prefill ms, mean decode-iteration ms) of every Splitwise row."""
-    from simulator.batch import StepBatch
+    from stepcal.simulator.batch import StepBatch
     prefill, decode = [], []
     for b, p, t in zip(rows["batch_size"], rows["prompt_size"], rows["token_size"]):
         ids = list(range(int(b)))
@@ -80,10 +80,10 @@ def main() -> int:
     args = ap.parse_args()
     import pandas as pd
 
-    from costmodel.tables import load_step_model
-    from experiments.host_defaults import host_defaults
-    from simulator.batch import StepBatch
-    from simulator.step_model import HostTerms, HostTermsModel
+    from stepcal.costmodel.tables import load_step_model
+    from stepcal.experiments.host_defaults import host_defaults
+    from stepcal.simulator.batch import StepBatch
+    from stepcal.simulator.step_model import HostTerms, HostTermsModel
     measured = pd.read_csv(SPLITWISE)
     measured = measured[measured["hardware"] == "h100-80gb"]
     work = Path(args.work or tempfile.mkdtemp(prefix="splitwise_h100_"))

@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts (default 1 2)")
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
-    from experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
+    from stepcal.experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
 
     with tempfile.TemporaryDirectory(prefix="bench_sweep.") as tmp:
         config_path = Path(tmp) / "sweep.toml"

@@ -46,9 +46,9 @@ SHOWN_TOKENS = (256, 504, 512, 520, 1024)
 
 def fit(profile: Path, spec, parallelism):
     """Fit as `stepcal fit --regressor rf --model-spec` does (its record selection)."""
-    from costmodel.build import composed_ops
-    from costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.build import composed_ops
+    from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
+    from stepcal.costmodel.importers import load_profiles
     records = select_records(load_profiles([str(profile)], "auto"), dtype=dtypes_for(spec),
                              ops=composed_ops(spec, parallelism))
     return fit_all(records, FitConfig(regressor="rf"))
@@ -64,7 +64,7 @@ def data_linear_ms(profile: Path, spec) -> pd.Series:
 
 
 def linear_term(directory: Path):
-    from costmodel.tables import load_step_model
+    from stepcal.costmodel.tables import load_step_model
     return next(t for t in load_step_model(directory).terms if t.name == "linear")
 
 
@@ -72,13 +72,13 @@ def layer_table_ms(directory: Path, x: np.ndarray) -> np.ndarray:
     """The tables' GEMMs and measured small operators at x tokens: the linear and elementwise terms
     (the small operators have had a term of their own since the elementwise term; the profile's sum
     holds both)."""
-    from costmodel.tables import load_step_model
+    from stepcal.costmodel.tables import load_step_model
     terms = [t for t in load_step_model(directory).terms if t.name in ("linear", "elementwise")]
     return sum(np.interp(x, t.knots, t.time_ms) for t in terms)
 
 
 def layer_regressor_ms(result, spec, parallelism, x: np.ndarray) -> np.ndarray:
-    from costmodel.compose import per_token_terms_ms
+    from stepcal.costmodel.compose import per_token_terms_ms
     terms = per_token_terms_ms(result, spec, parallelism, x)
     return terms["linear"] + terms.get("elementwise", 0.0)
 
@@ -98,8 +98,8 @@ def report_data_error(data: pd.Series, regressor: np.ndarray, tables: dict[str, 
 
 
 def report_regressor_error(result, spec, parallelism, tables: dict[str, Path]) -> None:
-    from costmodel.compose import per_token_terms_ms
-    from costmodel.resolution import resolution_of_directory, summary
+    from stepcal.costmodel.compose import per_token_terms_ms
+    from stepcal.costmodel.resolution import resolution_of_directory, summary
     every = np.arange(1.0, 8193.0)
     regressor = per_token_terms_ms(result, spec, parallelism, every)["linear"]
     print("\n2. table vs summed regressor predictions, |table / regressor - 1| (P50 / P99 / max, %):")
@@ -157,7 +157,7 @@ def _headline(summary: dict) -> str:
 def report_lookups(tables: dict[str, Path], n: int = 200_000, seed: int = 0) -> None:
     from bench_lookups import batches  # this folder: the same random batches as bench_lookups times
 
-    from costmodel.tables import load_step_model
+    from stepcal.costmodel.tables import load_step_model
     features, _, rows = batches(seed, n, 20_000)
     print(f"\n5. lookups alone ({n} random batches vectorised, {len(rows)} one at a time):")
     for name, directory in tables.items():
@@ -186,9 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=Path, help="write the two table directories here (else a temporary one)")
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from costmodel.build import build_tables
-    from costmodel.compose import Axes
-    from simulator.model_spec import Parallelism, load_model_spec
+    from stepcal.costmodel.build import build_tables
+    from stepcal.costmodel.compose import Axes
+    from stepcal.simulator.model_spec import Parallelism, load_model_spec
 
     spec, parallelism = load_model_spec(args.model_spec), Parallelism(tp=1)
     started = time.perf_counter()

@@ -76,7 +76,7 @@ def mlp_source(case: Case, vidur: Path | None) -> tuple[Path, str]:
 
 def cli(*argv: str) -> str:
     """Run a stepcal command in this process; its printed output (exit status 0 required)."""
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(list(argv))
@@ -103,7 +103,7 @@ def fit_and_export(key: str, case: Case, vidur: Path | None, work: Path, regress
 
 def contract(case: Case, done: dict) -> list[str]:
     """What would stop Vidur on the export, and how the export's layer compares with Vidur's profile."""
-    from costmodel.vidur_models import (
+    from stepcal.costmodel.vidur_models import (
         MLP_OPS,
         VIDUR_MODELS,
         contract_problems,
@@ -150,7 +150,7 @@ TRACE_READER = "vidur/request_generator/trace_replay_request_generator.py"
 
 def vidur_trace(work: Path, num_requests: int | None) -> Path:
     """The Azure conv trace at half its rate in Vidur's trace CSV (TRACE_COLUMNS)."""
-    from simulator.workload import read_trace
+    from stepcal.simulator.workload import read_trace
     trace = read_trace(CONV_TRACE)
     n = len(trace) if num_requests is None else min(num_requests, len(trace))
     frame = pd.DataFrame(dict(zip(TRACE_COLUMNS, (2.0 * trace.arrival_s[:n], trace.num_prompt_tokens[:n],

@@ -49,7 +49,7 @@ TARGETS = {("ttft_ms", "p90"): 0.10, ("ttft_ms", "p99"): 0.15, ("tpot_ms", "p50"
 
 
 def cli(*args: str) -> None:
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     code = main([*args, "--quiet"]) if args[0] != "fit" else main(list(args))
     if code != 0:
         raise SystemExit(f"stepcal {' '.join(args)} exited {code}")
@@ -65,11 +65,11 @@ def tables(work: Path) -> Path:
 
 def write_bench(path: Path, base_dir: Path, terms: dict, rate: float, prompt: str) -> None:
     """One load of the known deployment as a bench JSON."""
-    from experiments.step_models import resolve_step_model
-    from simulator.schedulers.base import SchedulerConfig
-    from simulator.simulation import SimConfig, simulate
-    from simulator.step_model import HostTerms, HostTermsModel
-    from simulator.workload import load_workload
+    from stepcal.experiments.step_models import resolve_step_model
+    from stepcal.simulator.schedulers.base import SchedulerConfig
+    from stepcal.simulator.simulation import SimConfig, simulate
+    from stepcal.simulator.step_model import HostTerms, HostTermsModel
+    from stepcal.simulator.workload import load_workload
     model = HostTermsModel(resolve_step_model(str(base_dir)), HostTerms(**terms))
     trace = load_workload(f"poisson:rate={rate:g},n={int(rate * DURATION_S)},prompt={prompt},"
                           f"output=uniform:128:128", seed=int(rate))

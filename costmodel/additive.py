@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from costmodel import grid
-from costmodel.regressors import TimeRegressor
+from stepcal.costmodel import grid
+from stepcal.costmodel.regressors import TimeRegressor
 
 
 class AdditiveGridRegressor(TimeRegressor):

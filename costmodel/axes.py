@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from costmodel import grid
+from stepcal.costmodel import grid
 
 DENSE_GAP = 64
 MAX_1D_KNOTS = 4096

@@ -4,18 +4,18 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from costmodel.axes import measured_values
-from costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
-from costmodel.compose_attention import attention_targets
-from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
-from costmodel.coverage import coverage_notes
-from costmodel.fitting import FitResult
-from costmodel.profile_speed import profile_speed_probes
-from costmodel.tables import write_meta
-from costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
-from simulator.errors import InputError
-from simulator.io import atomic_write_parquet
-from simulator.model_spec import ModelSpec, Parallelism
+from stepcal.costmodel.axes import measured_values
+from stepcal.costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
+from stepcal.costmodel.compose_attention import attention_targets
+from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
+from stepcal.costmodel.coverage import coverage_notes
+from stepcal.costmodel.fitting import FitResult
+from stepcal.costmodel.profile_speed import profile_speed_probes
+from stepcal.costmodel.tables import write_meta
+from stepcal.costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.io import atomic_write_parquet
+from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 
 def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
@@ -167,7 +167,7 @@ def fitted_ranges(result: FitResult) -> dict:
     """{target: {feature: [min, max]}} over the training rows of the whole-step targets (step, host):
     `validate` names the measured steps beyond them, whose prices the fit extrapolated
     (experiments.validation.extrapolated)."""
-    from costmodel.features import assign_targets
+    from stepcal.costmodel.features import assign_targets
     records = result.records
     targets = assign_targets(records).to_numpy()
     ranges = {}

@@ -17,9 +17,9 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from costmodel.axes import Axes, measured_values, refine_steps
-from costmodel.compose_attention import attention_terms
-from costmodel.compose_comm import (
+from stepcal.costmodel.axes import Axes, measured_values, refine_steps
+from stepcal.costmodel.compose_attention import attention_terms
+from stepcal.costmodel.compose_comm import (
     DEFAULT_COMPOSITION,
     Composition,
     all_reduce_ms,
@@ -27,7 +27,7 @@ from costmodel.compose_comm import (
     all_reduce_tokens,
     collective_terms,
 )
-from costmodel.compose_elementwise import (
+from stepcal.costmodel.compose_elementwise import (
     DATA_ELEMENTWISE,
     SEQ_TERMS,
     SMALL_OPS,
@@ -39,13 +39,13 @@ from costmodel.compose_elementwise import (
     sampling_term,
     seq_calls_per_step,
 )
-from costmodel.features import FEATURE_DTYPE_BYTES, gemm_target
-from costmodel.fitting import FitResult
-from costmodel.grid_predict import predict_grid
-from costmodel.records import normalise_dtype
-from costmodel.terms import AdditiveStep, FeatureCurve, Term
-from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism
+from stepcal.costmodel.features import FEATURE_DTYPE_BYTES, gemm_target
+from stepcal.costmodel.fitting import FitResult
+from stepcal.costmodel.grid_predict import predict_grid
+from stepcal.costmodel.records import normalise_dtype
+from stepcal.costmodel.terms import AdditiveStep, FeatureCurve, Term
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 OPS_COLUMNS = ["op", "num_tokens", "time_ms", "spread_ms", "layers"]
 EXPERTS_OP = "moe_experts"
@@ -252,8 +252,8 @@ def additive_term(result: FitResult, target: str, description: str | None = None
     """A target fitted by the additive regressor as its term, with the spread of its fit (a bootstrap
     of its rows, costmodel.additive.bootstrap_relative_spread) for --ranges to draw; zero for another
     regressor's fit."""
-    from costmodel.additive import AdditiveGridRegressor, bootstrap_relative_spread
-    from costmodel.features import assign_targets, design
+    from stepcal.costmodel.additive import AdditiveGridRegressor, bootstrap_relative_spread
+    from stepcal.costmodel.features import assign_targets, design
     fit = result.targets[target]
     spread = 0.0
     if isinstance(fit.estimator, AdditiveGridRegressor):

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.grid_predict import predict_grid
-from costmodel.terms import FeatureCurve, Term
-from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism
+from stepcal.costmodel.grid_predict import predict_grid
+from stepcal.costmodel.terms import FeatureCurve, Term
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ def all_reduce_tokens(result, spec: ModelSpec, parallelism: Parallelism) -> np.n
     """The message sizes the all-reduce regressor was measured at (at this TP degree), as the token
     counts whose hidden states make a message of as many bytes: the all_reduce term's measured values
     on its num_tokens axis. Empty without tensor parallelism or all-reduce data."""
-    from costmodel.features import assign_targets, design
-    from costmodel.records import make_records
+    from stepcal.costmodel.features import assign_targets, design
+    from stepcal.costmodel.records import make_records
     target = all_reduce_target(result) if parallelism.tp > 1 else None
     if target is None:
         return np.empty(0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from simulator.errors import InputError
+from stepcal.simulator.errors import InputError
 
 DATA_FILE = "devices.json"
 
@@ -37,7 +37,7 @@ def data_document() -> dict:
 
 @cache
 def _data_text() -> str:
-    return resources.files("costmodel").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
+    return resources.files("stepcal.costmodel").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
 
 
 @cache

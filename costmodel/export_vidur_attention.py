@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodel.saved_regressors import fitted, load_regressor
-from costmodel.tables import term_entry
-from costmodel.terms import GRID_COLUMNS, read_term
-from costmodel.vidur_models import (
+from stepcal.costmodel.saved_regressors import fitted, load_regressor
+from stepcal.costmodel.tables import term_entry
+from stepcal.costmodel.terms import GRID_COLUMNS, read_term
+from stepcal.costmodel.vidur_models import (
     ATTENTION_KEYS,
     MLP_KEYS,
     VIDUR_BLOCK_SIZE,
@@ -23,10 +23,10 @@ from costmodel.vidur_models import (
     attention_inputs,
     stat_columns,
 )
-from simulator.batch import StepFeatures
-from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism
-from simulator.readers import read_parquet
+from stepcal.simulator.batch import StepFeatures
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import ModelSpec, Parallelism
+from stepcal.simulator.readers import read_parquet
 
 # Device memory bandwidth of the KV-cache-save estimate: A100-SXM4-80GB's HBM2e, 2039 GB/s.
 DEFAULT_HBM_GBPS = 2039.0
@@ -92,7 +92,7 @@ def _kv_cache_save(table_dir: Path, meta: dict, spec: ModelSpec, p: Parallelism,
                    hbm_gbps: float) -> tuple[np.ndarray, np.ndarray, str]:
     """Per-layer KV-cache save at Vidur's points: from our profiler's kv_store regressor where the tables
     have one (priced by sequences: the batch's decodes, or the one prefill chunk), else the estimate."""
-    from costmodel.compose_elementwise import elementwise_ms
+    from stepcal.costmodel.compose_elementwise import elementwise_ms
     target = "elementwise:kv_store"
     model = load_regressor(table_dir, meta, target)
     if model is None:
@@ -111,7 +111,7 @@ def _attention_times(table_dir: Path, meta: dict, spec: ModelSpec, heads: tuple[
                      term: str, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, str] | None:
     """Per-layer time and spread of one attention kind at Vidur's points: from its regressor, else the
     tables' grid over the layers; None with neither."""
-    from costmodel.grid_predict import predict_grid
+    from stepcal.costmodel.grid_predict import predict_grid
     features = attention_features(part)
     model = load_regressor(table_dir, meta, target)
     if model is not None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.features import design
-from costmodel.records import make_records
-from costmodel.regressors import predict_with_spread
+from stepcal.costmodel.features import design
+from stepcal.costmodel.records import make_records
+from stepcal.costmodel.regressors import predict_with_spread
 
 
 def predict_grid(result, target: str, columns: dict, dtype: str, *, with_spread: bool = True):

@@ -12,13 +12,13 @@ class TStepPyfunc(mlflow.pyfunc.PythonModel):
     """Input: a DataFrame with the batch feature columns. Output: T_step and its spread, in ms."""
 
     def load_context(self, context):
-        from costmodel.tables import load_step_model
+        from stepcal.costmodel.tables import load_step_model
         self.model = load_step_model(context.artifacts["tables"])
 
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
-        from simulator.batch import StepFeatures
+        from stepcal.simulator.batch import StepFeatures
         features = StepFeatures.from_columns(model_input)
         return pd.DataFrame({"t_step_ms": self.model.features_ms(features),
                              "spread_ms": np.asarray(self.model.features_spread_ms(features))})

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.fitting import FitResult
+from stepcal.costmodel.fitting import FitResult
 
 
 def plot_held_out(result: FitResult, path: Path, split: str = "random") -> Path | None:

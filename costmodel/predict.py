@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodel.features import assign_targets, design
-from costmodel.regressors import predict_with_spread
-from costmodel.tables import load_step_model, read_meta
-from simulator.batch import StepFeatures
-from simulator.errors import InputError
-from simulator.readers import one_line
+from stepcal.costmodel.features import assign_targets, design
+from stepcal.costmodel.pickled import load_pickled
+from stepcal.costmodel.regressors import predict_with_spread
+from stepcal.costmodel.tables import load_step_model, read_meta
+from stepcal.simulator.batch import StepFeatures
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.readers import one_line
 
 OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_decode",
                         "decode_kv_sum", "decode_kv_max", "prefill_tokens", "prefill_attn_work",
@@ -58,7 +59,6 @@ def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFram
 
 
 def _load_regressor(table_dir: Path, meta: dict, target: str):
-    import joblib
     targets = meta.get("targets") or {}
     entry = targets.get(target) if isinstance(targets, dict) else None
     if entry is None:
@@ -70,7 +70,7 @@ def _load_regressor(table_dir: Path, meta: dict, target: str):
     if not path.is_file():
         raise InputError(f"{path}: regressor of target {target!r} is missing from the tables")
     try:
-        return joblib.load(path)
+        return load_pickled(path)
     except Exception as exc:   # unpickling a damaged file can raise almost anything; all mean "damaged"
         raise InputError(f"{path}: not a readable regressor of target {target!r} "
                          f"({type(exc).__name__}: {one_line(exc)})") from None

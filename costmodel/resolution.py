@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodel import grid
-from costmodel.compose import (
+from stepcal.costmodel import grid
+from stepcal.costmodel.compose import (
     Axes,
     compose_terms,
     data_axes,
@@ -25,10 +25,11 @@ from costmodel.compose import (
     per_seq_terms_ms,
     per_token_terms_ms,
 )
-from costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
-from costmodel.terms import FeatureCurve, Term
-from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism
+from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
+from stepcal.costmodel.pickled import load_pickled
+from stepcal.costmodel.terms import FeatureCurve, Term
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 CHUNK_SIZES = (256, 512, 1024, 2048, 4096)
 # Term -> the axis of its table (and of the measured values in meta.json's "axes").
@@ -106,9 +107,7 @@ class StoredFit:
 def resolution_of_directory(path: str | Path) -> pd.DataFrame:
     """compare() on a table directory from `stepcal fit`: its tables, its regressors (models/),
     its model spec and the measured values meta.json's "axes" lists."""
-    import joblib
-
-    from costmodel.tables import load_step_model
+    from stepcal.costmodel.tables import load_step_model
     path = Path(path)
     model = load_step_model(path)
     meta = model.meta
@@ -118,7 +117,7 @@ def resolution_of_directory(path: str | Path) -> pd.DataFrame:
     if not measured:
         raise InputError(f"{path}: meta.json's axes list no measured values (tables written before "
                          f"they were recorded): fit again to compare")
-    fit = StoredFit({t: StoredTarget(joblib.load(path / entry["model"])) for t, entry in meta["targets"].items()})
+    fit = StoredFit({t: StoredTarget(load_pickled(path / entry["model"])) for t, entry in meta["targets"].items()})
     composition = Composition(moe_distribution=(meta.get("composition") or {}).get("moe_distribution"))
     return compare(fit, model.terms, ModelSpec(**meta["model_spec"]),
                    Parallelism(tp=meta.get("tp") or 1, ep=meta.get("ep") or 1), measured, composition)

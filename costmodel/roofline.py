@@ -18,7 +18,7 @@ from functools import cache
 import numpy as np
 import pandas as pd
 
-from costmodel.devices import DeviceSpec, data_document
+from stepcal.costmodel.devices import DeviceSpec, data_document
 
 # The class of kernel each operator is timed as: its constants are shared within a class. The final
 # norm (and MLA's latent norms) are RMSNorms like the layers' own; greedy sampling reads each sequence's logits once and

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.errors import InputError
-from simulator.readers import one_line
+from stepcal.costmodel.pickled import load_pickled
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.readers import one_line
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,6 @@ class Fitted:
 def load_regressor(table_dir: Path, meta: dict, target: str):
     """The fitted regressor of `target`; None where the tables have none (not fitted, or its file is
     gone). A damaged file is an error: falling back would hide it."""
-    import joblib
     targets = meta.get("targets")
     entry = targets.get(target) if isinstance(targets, dict) else None
     if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
@@ -33,7 +33,7 @@ def load_regressor(table_dir: Path, meta: dict, target: str):
     if not path.is_file():
         return None
     try:
-        return joblib.load(path)
+        return load_pickled(path)
     except Exception as exc:   # unpickling a damaged file can raise almost anything; all mean "damaged"
         raise InputError(f"{path}: not a readable regressor of target {target!r} "
                          f"({type(exc).__name__}: {one_line(exc)})") from None

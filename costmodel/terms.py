@@ -16,11 +16,11 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
-from costmodel import grid
-from costmodel.grid import interp1_at, interp2_at
-from simulator.batch import FEATURE_NAMES, StepFeatures
-from simulator.errors import InputError
-from simulator.io import atomic_write_parquet
+from stepcal.costmodel import grid
+from stepcal.costmodel.grid import interp1_at, interp2_at
+from stepcal.simulator.batch import FEATURE_NAMES, StepFeatures
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.io import atomic_write_parquet
 
 GRID_COLUMNS = ("time_ms", "spread_ms")
 

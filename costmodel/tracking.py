@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from costmodel.fitting import FitResult
+from stepcal.costmodel.fitting import FitResult
 
 PIP_REQUIREMENTS = ["numpy", "pandas", "pyarrow", "scikit-learn", "mlflow"]
 
@@ -63,7 +63,7 @@ def track_fit(result: FitResult, table_dir: Path, meta: dict, *, tracking_uri: s
             mlflow.log_artifacts(str(tables), artifact_path="tables")
             if (table_dir / "models").is_dir():
                 mlflow.log_artifacts(str(table_dir / "models"), artifact_path="regressors")
-            from costmodel.mlflow_model import TStepPyfunc
+            from stepcal.costmodel.mlflow_model import TStepPyfunc
             info = mlflow.pyfunc.log_model(name="t_step", python_model=TStepPyfunc(),
                                            artifacts={"tables": str(tables)},
                                            pip_requirements=PIP_REQUIREMENTS)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.evaluation import ape_percent, extrapolation_split
+from stepcal.costmodel.evaluation import ape_percent, extrapolation_split
 
 TUNE_MAX_ROWS = 1500   # trials see at most this many rows: the ranking of configs survives it
 # The chosen physics model fits without training rows that out-of-fold predictions miss by over

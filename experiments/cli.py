@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from simulator.errors import InputError
+from stepcal.simulator.errors import InputError
 
 # Module names under experiments.commands; each defines register(subparsers).
 COMMAND_MODULES = ("quickstart", "simulate", "measure", "validate", "calibrate", "trace", "profile", "fit", "predict", "tables", "capacity", "sweep", "import_cmd", "report")
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="stepcal 0.1.0")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"experiments.commands.{name}").register(subparsers)
+        importlib.import_module(f"stepcal.experiments.commands.{name}").register(subparsers)
     return parser
 
 

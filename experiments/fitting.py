@@ -40,17 +40,17 @@ def fit_tables(args: FitOptions) -> None:
     """Fit every target, write the T_step table directory args.out, track it in MLflow, print the errors."""
     from pathlib import Path
 
-    from costmodel.axes import AXES_RULES, Axes
-    from costmodel.build import build_tables, composed_ops
-    from costmodel.compose_comm import Composition
-    from costmodel.compose_elementwise import roofline_device
-    from costmodel.devices import device_spec
-    from costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
-    from costmodel.importers import load_profiles
-    from costmodel.records import normalise_dtype
-    from simulator.errors import InputError
-    from simulator.io import atomic_output_dir
-    from simulator.model_spec import Parallelism, load_model_spec
+    from stepcal.costmodel.axes import AXES_RULES, Axes
+    from stepcal.costmodel.build import build_tables, composed_ops
+    from stepcal.costmodel.compose_comm import Composition
+    from stepcal.costmodel.compose_elementwise import roofline_device
+    from stepcal.costmodel.devices import device_spec
+    from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
+    from stepcal.costmodel.importers import load_profiles
+    from stepcal.costmodel.records import normalise_dtype
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.io import atomic_output_dir
+    from stepcal.simulator.model_spec import Parallelism, load_model_spec
 
     if args.axes not in AXES_RULES:
         raise InputError(f"--axes must be one of {', '.join(AXES_RULES)}, got {args.axes!r}")
@@ -75,7 +75,7 @@ def fit_tables(args: FitOptions) -> None:
                              dtype=dtype, tp=args.tp, ops=ops)
     records, slowed = without_slowed_servings(records)
     if slowed:
-        from profiler.slowed_servings import describe
+        from stepcal.profiler.slowed_servings import describe
         print(describe(slowed), flush=True)
     roofline_device(records, args.device_spec)  # --device-spec against the profiles' own device, before fitting
     holdout = None
@@ -105,8 +105,8 @@ def without_slowed_servings(records):
     where a workload was served more than once (two profiles: the campaign's halves, a device profiled
     twice; or a grid's [serve] rounds): a pooled row's time from its other passes, a row with none
     left out. Returns them and the slowed servings."""
-    from profiler.serve import SERVED
-    from profiler.slowed_servings import find_slowed, kept_times, read_served
+    from stepcal.profiler.serve import SERVED
+    from stepcal.profiler.slowed_servings import find_slowed, kept_times, read_served
     served = records["source"].eq("profile") & records["name"].eq(SERVED)
     files = [f for f in records.loc[served, "file"].unique() if str(f).endswith(".parquet")]
     frames = {f: read_served(f) for f in files}
@@ -135,8 +135,8 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
 
     import numpy as np
 
-    from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import (
+    from stepcal.experiments.validation.measured import load_measured_run
+    from stepcal.experiments.validation.scatter import (
         SOURCE,
         check_same_device,
         measured_scatter,
@@ -146,8 +146,8 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         run_pairs,
         scatter_run_dirs,
     )
-    from simulator.errors import InputError
-    from simulator.measured_run import STEPS, repeat_dirs
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.measured_run import STEPS, repeat_dirs
     runs = sorted({Path(p).parent.parent for p in paths
                    if Path(p).name == STEPS and Path(p).parent.name.startswith("repeat_")})
     found = {}
@@ -197,13 +197,13 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
 
 
 def _plot(result, directory):
-    from costmodel.plots import plot_held_out
+    from stepcal.costmodel.plots import plot_held_out
     return plot_held_out(result, directory / "held_out_random.png")
 
 
 def _track(args, result, out, meta, plot):
-    from costmodel.tables import write_meta
-    from costmodel.tracking import default_tracking_uri, track_fit
+    from stepcal.costmodel.tables import write_meta
+    from stepcal.costmodel.tracking import default_tracking_uri, track_fit
     uri = args.tracking_uri or default_tracking_uri(out)
     run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=args.experiment,
                        register=args.register, plot_path=plot,

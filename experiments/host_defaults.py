@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.errors import InputError
+from stepcal.simulator.errors import InputError
 
 DEFAULTS_PATH = Path(__file__).parent / "data" / "serving_defaults.json"
 # The engines of the data file, listed here so `--help` reads no file (a test checks they agree).
@@ -36,7 +36,7 @@ MAX_HOW_DERIVED_CHARS = 200   # `how_derived` is one line: the arithmetic, not t
 
 
 def read_serving_defaults(path: Path = DEFAULTS_PATH) -> dict:
-    from simulator.readers import read_json
+    from stepcal.simulator.readers import read_json
     data = read_json(path, "the serving-defaults data file")
     check_serving_defaults(data, path)
     return data
@@ -46,7 +46,7 @@ def check_serving_defaults(data: dict, path: Path = DEFAULTS_PATH) -> None:
     """Every default traceable: each source says what it is and where in it the figure is; each term
     of each engine has a number, a one-line derivation, and a source unless it is 0 for want of one.
     InputError naming the file and the entry otherwise."""
-    from simulator.step_model import HostTerms
+    from stepcal.simulator.step_model import HostTerms
     sources = data.get("sources")
     engines = data.get("engines")
     if not isinstance(sources, dict) or not isinstance(engines, dict) or not engines:
@@ -84,7 +84,7 @@ def _check_term(path: Path, where: str, term: dict, sources: dict) -> None:
 
 def host_defaults(engine: str, path: Path = DEFAULTS_PATH):
     """The HostTerms of `engine` in the data file."""
-    from simulator.step_model import HostTerms
+    from stepcal.simulator.step_model import HostTerms
     engines = read_serving_defaults(path).get("engines", {})
     if engine not in engines:
         raise InputError(f"--host-defaults {engine!r}: expected one of {sorted(engines)}")
@@ -96,7 +96,7 @@ def with_host_defaults(model, engine: str | None, step_model: str):
     """`model` with the engine's default host terms on top; unchanged without an engine."""
     if engine is None:
         return model
-    from simulator.step_model import HostTermsModel
+    from stepcal.simulator.step_model import HostTermsModel
     if isinstance(model, HostTermsModel):
         raise InputError(f"--host-defaults {engine}: --step-model {step_model} already has calibrated host terms; "
                          f"drop --host-defaults, or pass the uncalibrated tables")
@@ -109,7 +109,7 @@ def has_calibrated_terms(step_model: str) -> bool:
     meta = Path(step_model) / "meta.json"
     if not meta.is_file():
         return False
-    from simulator.readers import read_json
+    from stepcal.simulator.readers import read_json
     return bool(read_json(meta, "the meta.json of a step-model directory").get("host_terms"))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.ranges import run_replication
+from stepcal.simulator.ranges import run_replication
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
@@ -68,7 +68,7 @@ class Task:
 
 
 def run_task(task: Task, shared: Shared):
-    from simulator.workload import rescale_rate
+    from stepcal.simulator.workload import rescale_rate
     trace = shared.trace if task.rate_rps is None else rescale_rate(shared.trace, task.rate_rps)
     return task.keep(run_replication(trace, shared.model, shared.config, task.seed))
 
@@ -81,7 +81,7 @@ class ReplicaPool:
 
     def __init__(self, trace, model, config, workers: int = 1, *, backend: str = "local",
                  address: str | None = None) -> None:
-        from experiments.backends import open_runner
+        from stepcal.experiments.backends import open_runner
         self._runner = open_runner(run_task, Shared(trace, model, config), backend=backend, workers=workers,
                                    address=address)
         self.num_simulations = 0
@@ -97,7 +97,7 @@ class ReplicaPool:
             on_done: Callable[[], None] | None = None) -> list:
         """keep(replication) for each seed, at `rate_rps` (None: the trace as it is); `on_done()` as each
         replication finishes (a progress bar's step)."""
-        from experiments.backends import ordered
+        from stepcal.experiments.backends import ordered
         self.num_simulations += len(seeds)
         tasks = [Task(keep, seed, rate_rps) for seed in seeds]
         return ordered(self.runner.as_completed(tasks), len(tasks), on_done)

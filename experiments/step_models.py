@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.errors import InputError
-from simulator.frontend import FrontEnd
-from simulator.readers import read_json
-from simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.frontend import FrontEnd
+from stepcal.simulator.readers import read_json
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
 
 
 def resolve_step_model(spec: str, host_defaults: str | None = None):
@@ -15,7 +15,7 @@ def resolve_step_model(spec: str, host_defaults: str | None = None):
     Host terms in a directory's meta.json (`host_terms`) are added on top of its base model; with
     `host_defaults` (an engine of experiments/data/serving_defaults.json), that engine's published
     terms are added to a model that has none (experiments.host_defaults)."""
-    from experiments.host_defaults import with_host_defaults
+    from stepcal.experiments.host_defaults import with_host_defaults
     return with_host_defaults(_resolve(spec), host_defaults, spec)
 
 
@@ -32,7 +32,7 @@ def _resolve(spec: str):
         if base is None:
             raise InputError(f"{path / 'meta.json'}: step_model must be const:MS or linear:A,B,C")
     else:
-        from costmodel.tables import load_step_model  # sklearn-free, but only needed here
+        from stepcal.costmodel.tables import load_step_model  # sklearn-free, but only needed here
         base = load_step_model(path)
     terms = meta.get("host_terms")
     if not terms:

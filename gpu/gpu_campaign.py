@@ -44,7 +44,7 @@ OPS = "gemm,attn_prefill,attn_decode,elementwise,overhead,step,host,serve"
 
 
 def config_of(args):
-    from experiments.campaign import CampaignConfig
+    from stepcal.experiments.campaign import CampaignConfig
     return CampaignConfig(out=Path(args.work), model_spec=args.model_spec, device=args.device,
                           schedulers=tuple(args.schedulers.split(",")), num_requests=args.num_requests,
                           prompt=args.prompt, output=args.output, chunk_size=args.chunk_size, repeats=2,
@@ -56,7 +56,7 @@ def profile_pass(campaign, name: str, minutes: float, *, whole: bool = False) ->
     """One pass of the quick grid into WORK/name, stopped after `minutes` (what is measured stays).
     `whole`: the profile joins the campaign only if the pass finished (the late pass: the
     reproducibility stage fits each profile alone, and a part of the grid may hold too few steps)."""
-    from experiments.profiling import describe_sweep, profile_kernels
+    from stepcal.experiments.profiling import describe_sweep, profile_kernels
     c = campaign.c
     result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops, grid=c.grid,
                              progress=False, rounds=1, max_minutes=minutes)
@@ -68,8 +68,8 @@ def profile_pass(campaign, name: str, minutes: float, *, whole: bool = False) ->
 
 
 def measure(args) -> None:
-    from experiments.campaign import Campaign
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.campaign import Campaign
+    from stepcal.experiments.commands.output_paths import check_output
     deadline = time.monotonic() + args.budget_s
     campaign = Campaign(config_of(args))
     c = campaign.c
@@ -115,8 +115,8 @@ def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
     several times what it does in a saturation run, whose big batches share each step's weight
     reads). A repeat that would end past the deadline is not started. Returns the repeats each run
     kept."""
-    from experiments.campaign.config import load_name
-    from profiler.engine.measure import combine_repeats
+    from stepcal.experiments.campaign.config import load_name
+    from stepcal.profiler.engine.measure import combine_repeats
     c, parts = campaign.c, campaign.c.out / "measured" / ".repeats"
     order = c.interleaved()
     pace_s = pilot_pace_s(campaign, capacity)
@@ -163,7 +163,7 @@ def pack(work: Path, archive: Path) -> None:
 
 
 def model(args) -> None:
-    from experiments.campaign import Campaign, format_headline
+    from stepcal.experiments.campaign import Campaign, format_headline
     work = Path(args.work)
     if args.archive:
         work.mkdir(parents=True, exist_ok=False)

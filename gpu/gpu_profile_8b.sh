@@ -38,7 +38,7 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
 fi
 
 start=$(date +%s)
-timeout $(( MAX_MINUTES * 60 + 30 )) "$PY" -m experiments.cli profile \
+timeout $(( MAX_MINUTES * 60 + 30 )) "$PY" -m stepcal.experiments.cli profile \
     --model-spec "$MODEL_SPEC" --device "$DEVICE" --dtype "$DTYPE" --grid "$GRID" \
     --max-minutes "$MAX_MINUTES" --no-progress --out "$WORK" > "$RESULTS/profile.log" 2>&1
 status=$?
@@ -49,7 +49,7 @@ if [ -f "$WORK/profile.parquet" ] && [ -z "$(ls "$WORK/parts" 2>/dev/null)" ]; t
     cp "$WORK/profile.parquet" "$WORK/meta.json" "$RESULTS/"
 else
     # Cut short by the backstop: join what the parts hold (merge reads parts too).
-    "$PY" -m experiments.cli profile merge "$WORK" --out "$RESULTS" >> "$RESULTS/profile.log" 2>&1
+    "$PY" -m stepcal.experiments.cli profile merge "$WORK" --out "$RESULTS" >> "$RESULTS/profile.log" 2>&1
 fi
 "$PY" - "$RESULTS/profile.parquet" <<'EOF'
 import sys

@@ -35,7 +35,7 @@ nvidia-smi > "$RESULTS/nvidia-smi.txt" 2>&1
 start=$(date +%s)
 # Whole-step profile points only: the tables are whole-step tables fitted on them and on the step
 # logs of the calibration load; the per-operator sweep would spend the budget on 8B GEMMs.
-timeout "$LIMIT_S" "$PY" -m experiments.cli quickstart --device "$DEVICE" --model-spec "$MODEL_SPEC" \
+timeout "$LIMIT_S" "$PY" -m stepcal.experiments.cli quickstart --device "$DEVICE" --model-spec "$MODEL_SPEC" \
     --num-requests "$NUM_REQUESTS" --prompt "$PROMPT" --output "$OUTPUT" --chunk-size "$CHUNK" \
     --profile-ops step,overhead --out "$WORK" > "$RESULTS/quickstart.log" 2>&1
 status=$?

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profiler.serve import SERVED
+from stepcal.profiler.serve import SERVED
 
 KEY = "point_key"
 

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InputError
-from simulator.model_spec import HEAD_NORMS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
-from simulator.readers import read_config_file
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import HEAD_NORMS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
+from stepcal.simulator.readers import read_config_file
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
 MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has
@@ -491,7 +491,7 @@ def _expand_serve(section: dict, spec: ModelSpec, where: str) -> list[Point]:
 
 def serve_workloads(section: dict, where: str) -> list:
     """The profiler.serve.Workloads of a [serve] section: every scheduler at every concurrency."""
-    from profiler.serve import Workload
+    from stepcal.profiler.serve import Workload
     concurrency = _ints(section, "concurrency", where)
     per_seq = section.get("requests_per_seq", 2)
     min_requests = section.get("min_requests", 8)
@@ -512,7 +512,7 @@ def serve_workloads(section: dict, where: str) -> list:
 
 def _serve_scheduler(text, where: str) -> tuple[str, int]:
     """'continuous', 'vllm', or 'sarathi:CHUNK' (sarathi's default chunk without one)."""
-    from profiler.serve import SCHEDULERS
+    from stepcal.profiler.serve import SCHEDULERS
     name, _, chunk = str(text).partition(":")
     if name not in SCHEDULERS:
         raise InputError(f"{where}: unknown scheduler {text!r}; known: continuous, sarathi:CHUNK, vllm")
@@ -520,7 +520,7 @@ def _serve_scheduler(text, where: str) -> tuple[str, int]:
         if chunk:
             raise InputError(f"{where}: only sarathi takes a chunk size, got {text!r}")
         return name, 0
-    from simulator.schedulers import SchedulerConfig
+    from stepcal.simulator.schedulers import SchedulerConfig
     if not chunk:
         return name, SchedulerConfig().chunk_size
     if not chunk.isdigit() or int(chunk) < 1:

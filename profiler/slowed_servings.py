@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.serve import SERVED
+from stepcal.profiler.serve import SERVED
 
 # The measured runs' threshold and stretch (profiler.engine.slowdown's SLOWED_RATIO and WINDOW_STEPS,
 # which import the engine and torch with them; a test keeps them equal).

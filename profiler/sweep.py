@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiler.allocator import configure_allocator
-from profiler.grid import Grid, Point
-from profiler.speed_guard import GUARD_STEPS, SpeedGuard
-from profiler.speed_guard import every_s as guard_every_s
-from profiler.store import ProfileDir
-from profiler.timing import Measurement, TimingPolicy, torch_threads
-from simulator.batch import batch_row
-from simulator.errors import InputError
-from simulator.model_spec import ModelSpec
-from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
+from stepcal.profiler.allocator import configure_allocator
+from stepcal.profiler.grid import Grid, Point
+from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
+from stepcal.profiler.speed_guard import every_s as guard_every_s
+from stepcal.profiler.store import ProfileDir
+from stepcal.profiler.timing import Measurement, TimingPolicy, torch_threads
+from stepcal.simulator.batch import batch_row
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import ModelSpec
+from stepcal.simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
 
 FLUSH_POINTS = 8        # rows per part file at most
 FLUSH_S = 2.0           # and at least this often
@@ -90,7 +90,7 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
                timer_factory, clock, allocator: dict | None) -> SweepResult:
     import torch
 
-    from profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
+    from stepcal.profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
 
     points = config.points()
     rounds = config.policy.rounds
@@ -151,7 +151,7 @@ def engine_speed_probe_ms(tasks, ctx) -> float | None:
     probes with them, telling the machine's drift between profile and run from the model's error."""
     if not any(p.op in ENGINE_OPS for p in tasks):
         return None
-    from profiler.engine.measure import speed_probe_ms, warm_up
+    from stepcal.profiler.engine.measure import speed_probe_ms, warm_up
     model = ctx.model()
     warm_up(model)
     return speed_probe_ms(model)
@@ -161,7 +161,7 @@ def speed_guard(measurer, start_probe_ms: float | None, clock) -> SpeedGuard | N
     """The sweep's guard against slow stretches (profiler.speed_guard), where it times the engine."""
     if start_probe_ms is None:
         return None
-    from profiler.engine.measure import speed_probe_ms
+    from stepcal.profiler.engine.measure import speed_probe_ms
     return SpeedGuard(lambda: speed_probe_ms(measurer.ctx.model(), num_steps=GUARD_STEPS), clock, start_probe_ms,
                       every_s=guard_every_s(start_probe_ms))
 
@@ -256,7 +256,7 @@ class PointMeasurer:
     """Builds and times one point at a time; failures become rows with a reason."""
 
     def __init__(self, config: SweepConfig, timer_factory=None) -> None:
-        from profiler.ops import OpContext
+        from stepcal.profiler.ops import OpContext
         self.config = config
         self.policy = config.policy.for_round()
         self.ctx = OpContext(config.spec, config.device, config.dtype, seed=config.seed,
@@ -295,15 +295,15 @@ class PointMeasurer:
             return {**row, "status": "failed", "error": error[:MAX_ERROR_CHARS]}
         rounds = 1
         if earlier is not None and earlier.get("samples_ms") is not None:
-            from profiler.timing import summarize
+            from stepcal.profiler.timing import summarize
             samples = list(earlier["samples_ms"]) + list(measurement.samples_ms)
             measurement = summarize(samples, measurement.inner_repeats, measurement.stopped_by)
             rounds = _rounds_of(earlier) + 1
         return {**row, **timing_columns(measurement), "rounds": rounds, "status": "ok", "error": None}
 
     def _check_memory(self, point: Point) -> None:
-        from profiler.fingerprint import available_bytes
-        from profiler.ops import estimate_bytes
+        from stepcal.profiler.fingerprint import available_bytes
+        from stepcal.profiler.ops import estimate_bytes
         need, free = estimate_bytes(point, self.ctx), available_bytes(self.config.device)
         if free is not None and need > 0.9 * free:
             raise MemoryError(f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available")
@@ -311,16 +311,16 @@ class PointMeasurer:
     def _serve(self, point: Point, served: list) -> Measurement:
         """Serve the point's workload once; its step log goes into `served`, its mean step time is
         the point's sample."""
-        from profiler.serve import SERVED, Workload, serve
-        from profiler.timing import summarize
+        from stepcal.profiler.serve import SERVED, Workload, serve
+        from stepcal.profiler.timing import summarize
         self._check_memory(point)
         steps = serve(self.ctx.model(), Workload.parse(point.name), self.config.seed)
         served.append(steps)
         return summarize([float(steps["duration_ms"].mean())], 1, SERVED)
 
     def _measure(self, point: Point) -> Measurement:
-        from profiler.ops import build_kernel
-        from profiler.timing import measure
+        from stepcal.profiler.ops import build_kernel
+        from stepcal.profiler.timing import measure
         self._check_memory(point)
         kernel = build_kernel(point, self.ctx)
         timer = self.timer_factory(self.config.device, kernel)
@@ -329,7 +329,7 @@ class PointMeasurer:
 
 
 def default_timer(device: str, kernel):
-    from profiler.timing import CpuTimer, CudaTimer, HostTimer, SelfTimer
+    from stepcal.profiler.timing import CpuTimer, CudaTimer, HostTimer, SelfTimer
     if kernel.self_timed:
         return SelfTimer()
     if not device.startswith("cuda"):
@@ -342,7 +342,7 @@ def default_timer(device: str, kernel):
 
 def _graph_capture(run, num_calls: int):
     """A CUDA graph of num_calls calls, or the eager run when capture is not possible."""
-    from profiler.timing import cuda_graph_run
+    from stepcal.profiler.timing import cuda_graph_run
     try:
         return cuda_graph_run(run, num_calls)
     except Exception:   # some kernels cannot be captured: time them eagerly
@@ -391,8 +391,8 @@ def served_rows(point_key: str, steps, previous: dict, head: dict) -> list[dict]
     """Two rows per served step (profiler.serve): its device part as op `step`, its host part as op
     `host`, each pooled with the row of the same key from earlier rounds where that row holds the
     same batch (a workload forms the same batches every round)."""
-    from profiler.serve import SERVED
-    from profiler.timing import summarize
+    from stepcal.profiler.serve import SERVED
+    from stepcal.profiler.timing import summarize
     rows = []
     for i, step in enumerate(steps.itertuples(index=False)):
         q_lens, kv_lens = [int(q) for q in step.q_lens], [int(s) for s in step.kv_lens]
@@ -455,7 +455,7 @@ def _rotate_bytes(device: str) -> int:
     (2 MB L2 per core) a 768 x 256 fp32 GEMM at one row took 26 us from a warm L2, 46 us rotated
     past it, and 38 us inside the `tiny` model's step."""
     if not device.startswith("cuda"):
-        from profiler.fingerprint import cpu_l2_bytes
+        from stepcal.profiler.fingerprint import cpu_l2_bytes
         return 2 * (cpu_l2_bytes() or 0)
     import torch
     props = torch.cuda.get_device_properties(torch.device(device))

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simulator.request import Request, Status
-from simulator.trace import Trace, session_pairs
+from stepcal.simulator.request import Request, Status
+from stepcal.simulator.trace import Trace, session_pairs
 
 if TYPE_CHECKING:
-    from simulator.simulation import Simulation
+    from stepcal.simulator.simulation import Simulation
 
 
 def link_turns(trace: Trace, requests: list[Request]) -> list[Request]:

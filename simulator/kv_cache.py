@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.errors import InputError
-from simulator.model_spec import ModelSpec, Parallelism
-from simulator.request import Request
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import ModelSpec, Parallelism
+from stepcal.simulator.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -93,6 +93,6 @@ def uses_prefix_caching(scheduler: str, setting: bool | None) -> bool:
 def make_block_manager(num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
     """The counting manager, or the one with block ids, reference counts and keys."""
     if prefix_caching:
-        from simulator.prefix_cache import PrefixCachingBlockManager
+        from stepcal.simulator.prefix_cache import PrefixCachingBlockManager
         return PrefixCachingBlockManager(num_blocks, block_size)
     return BlockManager(num_blocks, block_size)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.metrics import request_metrics
-from simulator.request import Request
+from stepcal.simulator.metrics import request_metrics
+from stepcal.simulator.request import Request
 
 
 def request_log(requests: list[Request]):

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.errors import InputError, shown
-from simulator.metrics import PERCENTILES
-from simulator.readers import read_json, read_parquet
-from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from stepcal.simulator.errors import InputError, shown
+from stepcal.simulator.metrics import PERCENTILES
+from stepcal.simulator.readers import read_json, read_parquet
+from stepcal.simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 
 META = "meta.json"
 TRACE = "trace.parquet"
@@ -126,8 +126,8 @@ def noise_floor(summaries: list[dict]) -> dict:
 def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: dict) -> dict:
     """Write the layout above, atomically; `repeats` are objects with requests, steps and summary
     (an engine result or a Repeat). Returns OUT/summary.json's content."""
-    from simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
-    from simulator.metrics import clean_json
+    from stepcal.simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+    from stepcal.simulator.metrics import clean_json
     summaries = [clean_json(r.summary) for r in repeats]
     summary = dict(summaries[0])
     if len(repeats) > 1:
@@ -163,7 +163,7 @@ REPLAY = Needs(meta_keys=("kind", "scheduler", "scheduler_config", "block_size",
 def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: Needs = Needs()) -> MeasuredRunFiles:
     """Every file of the layout; InputError naming the file (and key or columns) when one that is
     required is missing, unreadable or lacks what `needs` asks for."""
-    from simulator.workload import read_trace
+    from stepcal.simulator.workload import read_trace
     path = Path(path)
     for name in REQUIRED:
         if not (path / name).exists():
@@ -182,7 +182,7 @@ def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: N
 
 def check_replay_meta(where: Path, meta: dict) -> None:
     """The settings a replay builds its SimConfig from, each of the type it needs."""
-    from simulator.schedulers import SCHEDULERS, SchedulerConfig
+    from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
     if meta["kind"] != "measured_run":
         raise InputError(f"{where}: kind is {meta['kind']!r}, expected 'measured_run'")
     if not isinstance(meta["scheduler"], str) or meta["scheduler"] not in SCHEDULERS:

@@ -5,8 +5,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral
 from pathlib import Path
 
-from simulator.errors import InputError, shown
-from simulator.readers import read_document
+from stepcal.simulator.errors import InputError, shown
+from stepcal.simulator.readers import read_document
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "fp8": 1, "float8": 1, "fp8_block": 1, "int8": 1}
@@ -419,7 +419,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     if not isinstance(data, dict):
         raise InputError(f"{path}: a model spec is a JSON object of ModelSpec fields or a "
                          f"Hugging Face config.json, got a {type(data).__name__}")
-    from simulator.hf_config import is_hf_config, spec_from_hf_config
+    from stepcal.simulator.hf_config import is_hf_config, spec_from_hf_config
     if is_hf_config(data):
         return spec_from_hf_config(data, path)
     known = {f.name for f in fields(ModelSpec)}

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.kv_cache import BlockManager, blocks_for
-from simulator.request import Request, Status
+from stepcal.simulator.kv_cache import BlockManager, blocks_for
+from stepcal.simulator.request import Request, Status
 
 
 @dataclass(slots=True)
@@ -348,7 +348,7 @@ def key_answers(trace, requests: list[Request], block_size: int) -> int:
     takes turn k+1's keys for every block full within its KV; that includes the blocks of turn k's
     partial last trace block, whose own id names tokens the next turn's block starts with. Returns
     the number of turns extended."""
-    from simulator.trace import continued_turns
+    from stepcal.simulator.trace import continued_turns
     by_id = {r.request_id: r for r in requests}
     ids = trace.request_id.tolist()
     extended = 0

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.errors import InputError
-from simulator.step_model import STEP_TERMS, DrawnHostTermsModel, HostTermsModel
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.step_model import STEP_TERMS, DrawnHostTermsModel, HostTermsModel
 
 INTERVAL = (5.0, 95.0)   # percentiles of the replications: a 90% interval
 
@@ -215,7 +215,7 @@ def run_replication(trace, model, config, seed: int, spread_scale: float = 1.0):
     """One replication (a SimResult): the model's error, the scatter and the front end drawn from `seed`."""
     from dataclasses import replace
 
-    from simulator.simulation import Simulation
+    from stepcal.simulator.simulation import Simulation
     drawn = with_bias(model, draw_bias(model, seed), spread_scale)
     config = replace(config, scatter_seed=seed, front_end_seed=seed, record_batches=False)
     return Simulation(trace, drawn, config).run()

@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from simulator.batch import StepFeatures, feature_row
-from simulator.events import STEP_DONE, WAKE, EventLoop
-from simulator.kv_cache import make_block_manager
-from simulator.request import Request, Status
-from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
-from simulator.step_log import StepLogBuilder
-from simulator.step_model import FeatureStepModel
+from stepcal.simulator.batch import StepFeatures, feature_row
+from stepcal.simulator.events import STEP_DONE, WAKE, EventLoop
+from stepcal.simulator.kv_cache import make_block_manager
+from stepcal.simulator.request import Request, Status
+from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
+from stepcal.simulator.step_log import StepLogBuilder
+from stepcal.simulator.step_model import FeatureStepModel
 
 
 @dataclass(slots=True, eq=False)
@@ -92,7 +92,7 @@ class Replica:
         self.num_steps_done = 0
         self.scatter = None                       # the factors of this replica's steps, by step number
         if settings.scatter is not None and not settings.scatter.is_zero:
-            from simulator.ranges import ScatterSeries
+            from stepcal.simulator.ranges import ScatterSeries
             self.scatter = ScatterSeries(settings.scatter, settings.scatter_seed, index)
 
     def abort(self, request: Request, now_s: float) -> None:

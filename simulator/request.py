@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.errors import InputError
+from stepcal.simulator.errors import InputError
 
 if TYPE_CHECKING:
-    from simulator.trace import Trace
+    from stepcal.simulator.trace import Trace
 
 
 class Status(IntEnum):
@@ -109,7 +109,7 @@ def make_requests(trace: Trace, block_size: int, kv_blocks: int | None, skip_ove
     think = _optional_floats(trace.think_time_s)
     keys = None
     if prefix_caching and trace.prefix_hash_ids is not None:
-        from simulator.prefix_cache import trace_prefix_keys
+        from stepcal.simulator.prefix_cache import trace_prefix_keys
         keys = trace_prefix_keys(trace, block_size)
     requests = [Request(ids[i], arr[i], prompt[i], output[i],
                         priority=int(priority[i]) if priority else 0,

@@ -1,7 +1,7 @@
 """Routers spread arriving requests over replicas."""
 from __future__ import annotations
 
-from simulator.errors import InputError
+from stepcal.simulator.errors import InputError
 
 
 class RoundRobinRouter:

@@ -15,19 +15,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.client import Release, Timeout, count_timeouts, link_turns
-from simulator.errors import InputError
-from simulator.events import ARRIVAL, EventLoop, paused_gc
-from simulator.frontend import FrontEnd, entry_order, path_of
-from simulator.kv_cache import blocks_for, uses_prefix_caching
-from simulator.logs import request_log
-from simulator.metrics import prefix_cache_summary, summarize
-from simulator.prefix_cache import key_answers
-from simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
-from simulator.request import make_requests
-from simulator.router import make_router
-from simulator.schedulers import SchedulerConfig
-from simulator.trace import Trace
+from stepcal.simulator.client import Release, Timeout, count_timeouts, link_turns
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.events import ARRIVAL, EventLoop, paused_gc
+from stepcal.simulator.frontend import FrontEnd, entry_order, path_of
+from stepcal.simulator.kv_cache import blocks_for, uses_prefix_caching
+from stepcal.simulator.logs import request_log
+from stepcal.simulator.metrics import prefix_cache_summary, summarize
+from stepcal.simulator.prefix_cache import key_answers
+from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
+from stepcal.simulator.request import make_requests
+from stepcal.simulator.router import make_router
+from stepcal.simulator.schedulers import SchedulerConfig
+from stepcal.simulator.trace import Trace
 
 
 @dataclass

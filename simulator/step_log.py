@@ -5,7 +5,7 @@ from array import array
 
 import numpy as np
 
-from simulator.batch import FEATURE_NAMES, StepFeatures
+from stepcal.simulator.batch import FEATURE_NAMES, StepFeatures
 
 
 class StepLogBuilder:

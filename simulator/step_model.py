@@ -7,9 +7,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from simulator.batch import StepBatch, StepFeatures, feature_row
-from simulator.errors import InputError
-from simulator.frontend import FrontEnd
+from stepcal.simulator.batch import StepBatch, StepFeatures, feature_row
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.frontend import FrontEnd
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ def main() -> int:
     parser.add_argument("--device", default="h100_sxm", help="AIConfigurator device folder [h100_sxm]")
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
-    from profiler.compare import join_gemm_reference
+    from stepcal.profiler.compare import join_gemm_reference
     table = AIC / args.device / "gemm" / "vllm" / "0.14.0" / "gemm_perf.parquet"
     profile = pd.read_parquet(args.profile)
     joined = join_gemm_reference(profile, pd.read_parquet(table), dtype=args.dtype)

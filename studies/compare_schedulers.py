@@ -29,7 +29,7 @@ ROWS = (("throughput_rps", None, "throughput at saturation req/s"), ("slo_attain
 
 
 def stepcal(*args) -> None:
-    subprocess.run([sys.executable, "-m", "experiments.cli", *map(str, args)], check=True)
+    subprocess.run([sys.executable, "-m", "stepcal.experiments.cli", *map(str, args)], check=True)
 
 
 def value(results: dict, kind: str, metric: str, stat: str | None) -> float:
@@ -47,7 +47,7 @@ def write_slo_trace(args, path: Path) -> Path:
 
     import numpy as np
 
-    from simulator.workload import load_workload, write_trace
+    from stepcal.simulator.workload import load_workload, write_trace
     trace = load_workload(args.trace)
     tight = np.random.default_rng(1).random(len(trace)) < args.latency_sensitive
     slo = np.where(tight, args.ls_ttft_ms, args.tp_ttft_ms).astype(np.float64)

@@ -36,8 +36,8 @@ BAND = (0.80, 0.97)
 
 def own_log_ratios(campaign: Path) -> list[float]:
     """The pairs the quickstart pools: each scheduler's lowest-load run and the profile's two halves."""
-    from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import profile_log_ratio, speed_log_ratios
+    from stepcal.experiments.validation.measured import load_measured_run
+    from stepcal.experiments.validation.scatter import profile_log_ratio, speed_log_ratios
     ratios = [r for runs in load_runs(campaign).values() for r in speed_log_ratios(load_measured_run(runs[0]))]
     if (campaign / "profile_late").exists():
         ratios.append(profile_log_ratio(campaign / "profile", campaign / "profile_late"))
@@ -46,8 +46,8 @@ def own_log_ratios(campaign: Path) -> list[float]:
 
 def all_log_ratios(campaign: Path) -> list[float]:
     """Every run of two or more repeats in the campaign: what --scatter-runs CAMPAIGN pools."""
-    from experiments.validation.measured import load_measured_run
-    from experiments.validation.scatter import scatter_run_dirs, speed_log_ratios
+    from stepcal.experiments.validation.measured import load_measured_run
+    from stepcal.experiments.validation.scatter import scatter_run_dirs, speed_log_ratios
     return [r for run in scatter_run_dirs([campaign / "measured"]) for r in speed_log_ratios(load_measured_run(run))]
 
 
@@ -59,7 +59,7 @@ def load_runs(campaign: Path) -> dict[str, list[Path]]:
 
 def calibration_repeats(campaign: Path) -> int:
     """Repeats of the runs the campaign's models were calibrated on (each scheduler's lowest load)."""
-    from simulator.measured_run import repeat_dirs
+    from stepcal.simulator.measured_run import repeat_dirs
     return min(len(repeat_dirs(runs[0])) for runs in load_runs(campaign).values())
 
 
@@ -67,7 +67,7 @@ def coverage_of(campaign: Path, model: str, run_cv: float, args, out: Path,
                 level: tuple[int, int] = (0, 0)) -> list[tuple[int, int, float]]:
     """(cells inside, cells, relative width) per held-out repeat, validated with this run_cv and
     `level`: (pairs behind run_cv, repeats of the model's calibration run); (0, 0) takes run_cv as exact."""
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     rows = []
     for scheduler, runs in load_runs(campaign).items():
         for run in runs[1:]:
@@ -96,7 +96,7 @@ def bootstrap_band(rows: list[tuple[int, int, float]], num_repeats: int, draws: 
 
 
 def main() -> None:
-    from experiments.validation.scatter import pooled_run_cv
+    from stepcal.experiments.validation.scatter import pooled_run_cv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("campaigns", nargs="+", type=Path, help="quickstart output directories, oldest first")
     parser.add_argument("--model", default="calibrated", help="calibrated (default) or profiled_cal")

@@ -31,9 +31,9 @@ DEVICE_DIRS = ("a100", "h100")
 
 def vidur_rows(root: Path = VIDUR) -> pd.DataFrame:
     """Fitting rows (costmodel.roofline.measured_rows) of every mlp.csv under root/{a100,h100}."""
-    from costmodel.devices import device_spec
-    from costmodel.importers.vidur import import_mlp
-    from costmodel.roofline import measured_rows
+    from stepcal.costmodel.devices import device_spec
+    from stepcal.costmodel.importers.vidur import import_mlp
+    from stepcal.costmodel.roofline import measured_rows
     parts = []
     for directory in DEVICE_DIRS:
         device = device_spec(directory)
@@ -72,7 +72,13 @@ def main() -> int:
     parser.add_argument("--vidur", type=Path, default=VIDUR, help="Vidur profiles root [../shared/data/profiles/vidur]")
     parser.add_argument("--write", action="store_true", help="store the fitted constants in costmodel/data/devices.json")
     args = parser.parse_args()
-    from costmodel.roofline import cross_device_predictions, fit_class, fit_constants, fit_shipped_constants, predict_us
+    from stepcal.costmodel.roofline import (
+        cross_device_predictions,
+        fit_class,
+        fit_constants,
+        fit_shipped_constants,
+        predict_us,
+    )
 
     rows = vidur_rows(args.vidur)
     print(f"{len(rows)} element-wise calls from {rows['file'].nunique()} mlp.csv files "

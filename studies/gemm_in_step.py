@@ -42,8 +42,8 @@ def hook_timers(model) -> tuple[dict, list]:
 
 def gemm_op_us(ctx, m: int, n: int, k: int, calls: int) -> float:
     """The profiler's gemm op at (m, n, k), timed in a loop: median µs per call."""
-    from profiler.grid import Point
-    from profiler.ops import build_kernel
+    from stepcal.profiler.grid import Point
+    from stepcal.profiler.ops import build_kernel
     kernel = build_kernel(Point("gemm", "study", m=m, n=n, k=k), ctx)
     samples = []
     for i in range(calls + 10):
@@ -63,12 +63,12 @@ def main() -> None:
 
     import torch
 
-    from profiler.engine.measure import warm_up
-    from profiler.engine.paged import held_batch
-    from profiler.model import build_model
-    from profiler.ops import OpContext
-    from profiler.sweep import _rotate_bytes
-    from simulator.model_spec import load_model_spec
+    from stepcal.profiler.engine.measure import warm_up
+    from stepcal.profiler.engine.paged import held_batch
+    from stepcal.profiler.model import build_model
+    from stepcal.profiler.ops import OpContext
+    from stepcal.profiler.sweep import _rotate_bytes
+    from stepcal.simulator.model_spec import load_model_spec
     torch.set_num_threads(1)
     spec = load_model_spec(args.model_spec)
     model = build_model(spec, device="cpu", dtype="float32", seed=0)

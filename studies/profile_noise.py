@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def run_profile(args, out: Path) -> float:
-    cmd = [sys.executable, "-m", "experiments.cli", "profile", "--model-spec", args.model_spec,
+    cmd = [sys.executable, "-m", "stepcal.experiments.cli", "profile", "--model-spec", args.model_spec,
            "--device", args.device, "--grid", args.grid, "--threads", str(args.threads),
            "--no-progress", "--out", str(out)]
     if args.ops:
@@ -32,7 +32,7 @@ def run_profile(args, out: Path) -> float:
 def compare(dir_a: Path, dir_b: Path):
     import pandas as pd
 
-    from profiler.compare import pair_points, summarise
+    from stepcal.profiler.compare import pair_points, summarise
     pairs = pair_points(pd.read_parquet(dir_a / "profile.parquet"), pd.read_parquet(dir_b / "profile.parquet"))
     return pairs, summarise(pairs)
 

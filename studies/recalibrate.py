@@ -32,8 +32,8 @@ def loads_of(campaign: Path, scheduler: str) -> list[str]:
 def figures(validation: Path) -> dict:
     """What this study reports of one validation.json: its cells judged as the quickstart's headline
     judges them (experiments.campaign.headline.cell_target)."""
-    from experiments.campaign.headline import HEADLINE_METRICS, HeadlineRow, cell_target
-    from experiments.validation.compare import read_record
+    from stepcal.experiments.campaign.headline import HEADLINE_METRICS, HeadlineRow, cell_target
+    from stepcal.experiments.validation.compare import read_record
     row = HeadlineRow.of("", 0.0, "", True, read_record(validation))
     cells = sum(abs(row.cell(m, s).error) <= cell_target(row, m, s) for m in HEADLINE_METRICS for s in ("p50", "p90"))
     coverage = row.coverage or {"num_inside": 0, "num_cells": 0, "median_relative_width": float("nan")}  # no --ranges
@@ -47,7 +47,7 @@ def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibrati
     """Fit the model again as the campaign did (on the request log; `step_log`: the step terms read off
     the calibration run's step log, as `stepcal calibrate` does by default); returns the new step-model
     directory."""
-    from experiments.validation.calibration import calibrate_step_model
+    from stepcal.experiments.validation.calibration import calibrate_step_model
     own = json.loads((campaign / model / scheduler / "meta.json").read_text())
     measured = campaign / "measured" / scheduler / calibration_load
     pooled = own.get("scatter", {}).get("run_cv_runs", [])
@@ -64,7 +64,7 @@ def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibrati
 
 def validate(measured: Path, step_model: Path, out: Path, ranges: int, workers: int) -> Path:
     """`stepcal validate --ranges`; returns the validation.json it wrote."""
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     flags = ["--ranges", str(ranges), "--workers", str(workers)] if ranges else []
     if main(["validate", "--measured", str(measured), "--step-model", str(step_model), *flags,
              "--quiet", "--out", str(out)]) != 0:

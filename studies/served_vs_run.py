@@ -59,13 +59,13 @@ def main() -> None:
     import pandas as pd
     import torch
 
-    from profiler.engine.engine import Engine, EngineConfig
-    from profiler.engine.measure import warm_up
-    from profiler.model import build_model
-    from profiler.serve import Workload, serve
-    from simulator.measured_run import read_measured_run
-    from simulator.model_spec import ModelSpec
-    from simulator.schedulers import SchedulerConfig
+    from stepcal.profiler.engine.engine import Engine, EngineConfig
+    from stepcal.profiler.engine.measure import warm_up
+    from stepcal.profiler.model import build_model
+    from stepcal.profiler.serve import Workload, serve
+    from stepcal.simulator.measured_run import read_measured_run
+    from stepcal.simulator.model_spec import ModelSpec
+    from stepcal.simulator.schedulers import SchedulerConfig
     torch.set_num_threads(1)
     run = read_measured_run(args.measured_run)
     meta = run.meta

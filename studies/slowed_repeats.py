@@ -24,8 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", type=Path)
     args = parser.parse_args()
-    from experiments.validation.measured import load_measured_run
-    from profiler.engine.slowdown import SLOWED_RATIO, slowest_windows
+    from stepcal.experiments.validation.measured import load_measured_run
+    from stepcal.profiler.engine.slowdown import SLOWED_RATIO, slowest_windows
     slowed, clean = [], []
     for root in args.dirs:
         for path in measured_runs(root):

@@ -29,8 +29,8 @@ def decode_model(model_spec: str):
     """The model on one thread, and one request's cache holding 100 tokens."""
     import torch
 
-    from profiler.model import build_model
-    from simulator.model_spec import load_model_spec
+    from stepcal.profiler.model import build_model
+    from stepcal.simulator.model_spec import load_model_spec
     torch.set_num_threads(1)
     model = build_model(load_model_spec(model_spec))
     cache = model.new_cache()
@@ -94,9 +94,9 @@ def campaign(root: Path) -> list[str]:
     import numpy as np
     import pandas as pd
 
-    from experiments.step_models import resolve_step_model
-    from experiments.validation.measured import load_measured_run
-    from experiments.validation.steps import predict_steps
+    from stepcal.experiments.step_models import resolve_step_model
+    from stepcal.experiments.validation.measured import load_measured_run
+    from stepcal.experiments.validation.steps import predict_steps
     model = resolve_step_model(str(root / "tables"))
     bins = [0, 1, 2, 4, 8, 16, 1 << 20]
     lines = ["| run | Σ measured / Σ predicted | decode-only steps by batch size: 1, 2, 3-4, 5-8, 9-16, >16 |",

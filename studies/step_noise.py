@@ -21,17 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.validation.noise import NoisyStepModel, StepNoise, run_noise
+from stepcal.experiments.validation.noise import NoisyStepModel, StepNoise, run_noise
 
 STATS = [(metric, stat) for metric in ("ttft_ms", "tpot_ms", "e2e_ms") for stat in ("p50", "p90", "p99")]
 
 
 def run_errors(run, model, config, seeds: int, noise: StepNoise | None) -> list[float]:
     """Errors of the STATS, each simulated statistic averaged over the seeds when there is noise."""
-    from experiments.validation.errors import stat_error
-    from experiments.validation.measured import mean_over_repeats
-    from simulator.measured_run import RunStats
-    from simulator.simulation import simulate
+    from stepcal.experiments.validation.errors import stat_error
+    from stepcal.experiments.validation.measured import mean_over_repeats
+    from stepcal.simulator.measured_run import RunStats
+    from stepcal.simulator.simulation import simulate
     if noise is None:
         simulated = RunStats.from_summary(simulate(run.trace, model, config).summary)
     else:
@@ -41,10 +41,10 @@ def run_errors(run, model, config, seeds: int, noise: StepNoise | None) -> list[
 
 
 def campaign(root: Path, seeds: int) -> list[str]:
-    from experiments.step_models import front_end, resolve_step_model
-    from experiments.validation.compare import rescaled_to_total
-    from experiments.validation.measured import load_measured_run, sim_config_for
-    from experiments.validation.steps import step_level_error
+    from stepcal.experiments.step_models import front_end, resolve_step_model
+    from stepcal.experiments.validation.compare import rescaled_to_total
+    from stepcal.experiments.validation.measured import load_measured_run, sim_config_for
+    from stepcal.experiments.validation.steps import step_level_error
     model = resolve_step_model(str(root / "tables"))
     header = " | ".join(f"{m.split('_')[0].upper()} {q.upper()}" for m, q in STATS)
     lines = [f"| run | sigma_log, rho (own repeats) | step model | {header} |", "|---|---|---|" + "---|" * len(STATS)]

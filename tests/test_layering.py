@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST_PARTY = ("simulator", "costmodel", "profiler", "experiments")
+FIRST_PARTY = ("simulator", "costmodel", "profiler", "experiments")   # installed as stepcal.<name>
 
 # What each package may import besides the standard library and itself (DESIGN.md, "Packages and
 # layering"). tqdm draws progress bars; pyarrow and joblib are the file formats of pandas and sklearn,
@@ -21,15 +21,28 @@ ALLOWED = {
 }
 
 
-def imported_roots(path: Path) -> list[tuple[int, str]]:
-    """(line, top-level module) of every absolute import in a file, at any depth of the tree."""
+def root_of(module: str) -> str:
+    """The layer a module name belongs to: the stage for `stepcal.<stage>...`, else its top-level name."""
+    parts = module.split(".")
+    if parts[0] == "stepcal" and len(parts) > 1:
+        return parts[1]
+    return parts[0]
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in a file, at any depth of the tree."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            found.append((node.lineno, node.module))
     return found
+
+
+def imported_roots(path: Path) -> list[tuple[int, str]]:
+    """(line, layer) of every absolute import in a file (see root_of)."""
+    return [(line, root_of(module)) for line, module in imported_modules(path)]
 
 
 def violations(package: str) -> list[str]:
@@ -53,10 +66,23 @@ def test_package_imports_follow_the_layering(package):
 
 def test_the_check_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("import numpy\n\ndef f():\n    from costmodel.tables import x\n    import torch.nn\n")
+    module.write_text("import numpy\n\ndef f():\n    from stepcal.costmodel.tables import x\n    import torch.nn\n")
     assert imported_roots(module) == [(1, "numpy"), (4, "costmodel"), (5, "torch")]
 
 
 def test_every_package_has_a_rule():
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
-    assert packages == set(FIRST_PARTY)
+    assert packages == {*FIRST_PARTY, "stepcal"}
+
+
+SCRIPT_FOLDERS = ("tests", "bench", "studies", "gpu")
+
+
+@pytest.mark.parametrize("folder", [*FIRST_PARTY, *SCRIPT_FOLDERS], ids=lambda folder: f"{folder}/")   # "gpu" is a marker
+def test_our_modules_are_imported_by_their_installed_name(folder):
+    # `import simulator` would load a second copy of a module beside `stepcal.simulator`'s (the tests
+    # put the repository root on sys.path), or fail outside a checkout: every import says `stepcal.`.
+    bare = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+            for path in sorted((ROOT / folder).rglob("*.py"))
+            for line, module in imported_modules(path) if module.split(".")[0] in FIRST_PARTY]
+    assert bare == []

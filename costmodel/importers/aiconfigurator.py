@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodel.records import check_positive, check_text, check_times, make_records, require_columns
+from stepcal.costmodel.records import check_positive, check_text, check_times, make_records, require_columns
 
 TABLES = ("gemm_perf", "context_attention_perf", "generation_attention_perf", "custom_allreduce_perf",
           "moe_perf", "context_mla_perf", "generation_mla_perf")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from costmodel.records import check_positive, check_times, make_records, require_columns
-from simulator.batch import FEATURE_NAMES, batch_row
-from simulator.errors import InputError, shown
+from stepcal.costmodel.records import check_positive, check_times, make_records, require_columns
+from stepcal.simulator.batch import FEATURE_NAMES, batch_row
+from stepcal.simulator.errors import InputError, shown
 
 STEP_LIKE_OPS = ("attn_prefill", "attn_decode", "step", "overhead")
 # A moe row's expert shape: record column -> the ModelSpec field it comes from.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from costmodel.records import check_positive, check_times, make_records, require_columns
+from stepcal.costmodel.records import check_positive, check_times, make_records, require_columns
 
 COLUMNS = ("prompt_size", "batch_size", "token_size", "prompt_time", "token_time")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from costmodel.records import check_positive, check_times, make_records, require_columns
-from simulator.errors import InputError
-from simulator.model_spec import elementwise_widths_of, gemm_shapes_of
+from stepcal.costmodel.records import check_positive, check_times, make_records, require_columns
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import elementwise_widths_of, gemm_shapes_of
 
 KEY_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
                "num_tokens", "num_tensor_parallel_workers")

@@ -1,7 +1,7 @@
 """Capacity planning: the highest request rate a deployment serves within its SLOs (stepcal capacity)."""
-from experiments.capacity.evaluate import RateEvaluator, aggregated, disaggregated
-from experiments.capacity.report import capacity_record, format_record, probe_row
-from experiments.capacity.search import (
+from stepcal.experiments.capacity.evaluate import RateEvaluator, aggregated, disaggregated
+from stepcal.experiments.capacity.report import capacity_record, format_record, probe_row
+from stepcal.experiments.capacity.search import (
     CHECK_ABOVE,
     DEFAULT_TOLERANCE,
     CapacityResult,

@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from simulator.trace import Trace
-from simulator.workload import rescale_rate
+from stepcal.simulator.trace import Trace
+from stepcal.simulator.workload import rescale_rate
 
 
 @dataclass
@@ -27,7 +27,7 @@ class RateEvaluator:
 
 def aggregated(step_model, config) -> Callable[[Trace], dict]:
     """Simulate with simulator.simulation (every replica does prefill and decode)."""
-    from simulator.simulation import Simulation
+    from stepcal.simulator.simulation import Simulation
     config = replace(config, record_batches=False)
 
     def simulate_trace(trace: Trace) -> dict:
@@ -37,7 +37,7 @@ def aggregated(step_model, config) -> Callable[[Trace], dict]:
 
 def disaggregated(prefill_model, decode_model, config) -> Callable[[Trace], dict]:
     """Simulate with simulator.disaggregation (separate prefill and decode pools)."""
-    from simulator.disaggregation import DisaggSimulation
+    from stepcal.simulator.disaggregation import DisaggSimulation
     config = replace(config, record_batches=False)
 
     def simulate_trace(trace: Trace) -> dict:

@@ -69,7 +69,7 @@ def plot_attainment_band(ax, ranges: dict, color) -> None:
     curves = ranges["curves"]
     low, high = (curves[k]["max_rate_rps"] or curves[k]["limit_rps"] for k in ("low", "high"))
     if low is not None and high is not None:
-        from experiments.capacity.ranges import rate_text
+        from stepcal.experiments.capacity.ranges import rate_text
         ax.axvspan(low, high, color=color, alpha=0.08,
                    label=f"capacity, 90% interval {rate_text(curves['low'])} to {rate_text(curves['high'])}")
 

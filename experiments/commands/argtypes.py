@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from simulator import bounds
-from simulator.errors import InputError
+from stepcal.simulator import bounds
+from stepcal.simulator.errors import InputError
 
 
 def _checked(check):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.commands import argtypes
+from stepcal.experiments.commands import argtypes
 
 HELP = "fit step-time regressors to profiles and write T_step tables"
 
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
                         "all-to-all data is read; 450: NVLink 4)")
     p.add_argument("--ep-latency-us", type=argtypes.non_negative, default=10.0,
                    help="fixed latency of each all-to-all (an assumption; stated in meta.json)")
-    from costmodel.devices import known_devices
+    from stepcal.costmodel.devices import known_devices
     p.add_argument("--device-spec", default=None, metavar="NAME",
                    help="the GPU whose datasheet (memory bandwidth) the memory-roofline terms use: element-wise "
                         "work (norms, RoPE, activation, residual adds) where no profile times it, and greedy "
@@ -96,7 +96,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from experiments.commands.output_paths import check_output, check_store_uri
+    from stepcal.experiments.commands.output_paths import check_output, check_store_uri
     check_output(args.out)
     check_store_uri(args.storage, flag="--storage", bare_kind="file")             # an Optuna journal file
     if not args.no_mlflow:
@@ -104,6 +104,6 @@ def run(args) -> int:
 
     from dataclasses import fields
 
-    from experiments.fitting import FitOptions, fit_tables
+    from stepcal.experiments.fitting import FitOptions, fit_tables
     fit_tables(FitOptions(**{f.name: getattr(args, f.name) for f in fields(FitOptions)}))
     return 0

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.commands import argtypes
-from simulator import bounds
+from stepcal.experiments.commands import argtypes
+from stepcal.simulator import bounds
 
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
 SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
@@ -78,8 +78,8 @@ def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
 def scheduler_config(max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_batched_tokens: int | None = None,
                      chunk_size: int = 512, block_size: int = DEFAULT_BLOCK_SIZE, kv_blocks: int | None = None):
     """A SchedulerConfig; every size must be positive (InputError naming the flag)."""
-    from simulator.errors import InputError
-    from simulator.schedulers import SchedulerConfig
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.schedulers import SchedulerConfig
     sizes = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens, "chunk_size": chunk_size,
              "block_size": block_size, "kv_blocks": kv_blocks}
     for flag, value in sizes.items():
@@ -95,9 +95,9 @@ def scheduler_config_from_args(args):
 
 
 def kv_blocks_from_args(args) -> int | None:
-    from simulator.errors import InputError
-    from simulator.kv_cache import kv_blocks_from_memory
-    from simulator.model_spec import load_model_spec
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.kv_cache import kv_blocks_from_memory
+    from stepcal.simulator.model_spec import load_model_spec
     parallelism = parallelism_from_args(args)
     if args.kv_blocks is not None or args.device_memory_gb is None:
         return args.kv_blocks
@@ -110,7 +110,7 @@ def kv_blocks_from_args(args) -> int | None:
 
 def parallelism_from_args(args):
     """Parallelism from --tp / --ep (argtypes refused values below 1 when parsing); measure has neither."""
-    from simulator.model_spec import Parallelism
+    from stepcal.simulator.model_spec import Parallelism
     return Parallelism(tp=getattr(args, "tp", 1), ep=getattr(args, "ep", 1))
 
 
@@ -190,8 +190,8 @@ def scatter_from_args(args):
     --scatter-run-cv and --scatter-model-repeats where given, else the step model's stored one (meta.json
     scatter), else 0; --scatter-run-cv-pairs, else 0 (run_cv taken as exact); and where it came from
     (scatter_source)."""
-    from experiments.step_models import stored_scatter
-    from simulator.ranges import Scatter
+    from stepcal.experiments.step_models import stored_scatter
+    from stepcal.simulator.ranges import Scatter
     stored = stored_scatter(getattr(args, "step_model", ""))
 
     def chosen(flag: str, key: str, default=0.0):
@@ -213,14 +213,14 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
     import time
     from dataclasses import replace
 
-    from experiments.replications import (
+    from stepcal.experiments.replications import (
         ReplicaPool,
         keep_summary,
         keep_summary_and_quantiles,
         progress_bar,
         quantile_frame,
     )
-    from simulator.ranges import ranges_block, replication_seeds
+    from stepcal.simulator.ranges import ranges_block, replication_seeds
     scatter, source = scatter_from_args(args)
     seeds = replication_seeds(args.ranges, args.ranges_seed)
     wall0 = time.perf_counter()
@@ -242,7 +242,7 @@ def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dic
 
 def replication_settings(args, model, scatter, wall_s: float) -> dict:
     """What a `ranges` block says of how its replications were drawn and run (simulate, validate, capacity)."""
-    from simulator.ranges import INTERVAL, term_names
+    from stepcal.simulator.ranges import INTERVAL, term_names
     return {"seed": args.ranges_seed, "interval_percentiles": list(INTERVAL), "drawn_terms": term_names(model),
             "scatter_cv": scatter.cv, "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv,
             "scatter_run_cv_pairs": scatter.run_cv_pairs, "scatter_model_repeats": scatter.model_level_repeats,

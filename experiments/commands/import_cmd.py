@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.commands.flags import add_command, add_scheduler_flags
+from stepcal.experiments.commands.flags import add_command, add_scheduler_flags
 
 HELP = """Turn measurements from another tool into a measured-run directory laid out like the
 output of `stepcal measure`, so that `stepcal validate` and `stepcal calibrate` can replay them."""
@@ -49,12 +49,12 @@ def _usage(parser):
 
 
 def run_vllm_bench(args) -> int:
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out)
-    from experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
-    from experiments.commands.output import format_summary, print_warnings
-    from experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run
-    from simulator.model_spec import load_model_spec
+    from stepcal.experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
+    from stepcal.experiments.commands.output import format_summary, print_warnings
+    from stepcal.experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run
+    from stepcal.simulator.model_spec import load_model_spec
     spec = load_model_spec(args.model_spec)
     config = scheduler_config_from_args(args)
     kv_blocks = kv_blocks_from_args(args)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from experiments.commands import argtypes
-from experiments.commands.flags import add_command, add_scheduler_flags
+from stepcal.experiments.commands import argtypes
+from stepcal.experiments.commands.flags import add_command, add_scheduler_flags
 
 HELP = """Serve a trace for real: the simulator's scheduler drives the torch Llama-style model (random
 weights) on the device, one real forward pass per step, greedy sampling, output lengths from the
@@ -55,13 +55,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from functools import partial
 
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out)
-    from experiments.commands.output import format_summary, print_warnings
-    from profiler.engine.measure import measure_trace
-    from simulator.errors import InputError
-    from simulator.model_spec import load_model_spec
-    from simulator.workload import load_workload
+    from stepcal.experiments.commands.output import format_summary, print_warnings
+    from stepcal.profiler.engine.measure import measure_trace
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.model_spec import load_model_spec
+    from stepcal.simulator.workload import load_workload
     if args.repeats < 1 or args.threads < 1:
         raise InputError("--repeats and --threads must be at least 1")
     spec = load_model_spec(args.model_spec)
@@ -84,7 +84,7 @@ def run(args) -> int:
 
 def _print_slowed(k: int, window: dict, action: str, hint: bool) -> None:
     """measure_trace's on_slowed: `action` is "again", "kept" or "same place"."""
-    from profiler.engine.slowdown import SlowestWindow
+    from stepcal.profiler.engine.slowdown import SlowestWindow
     why = SlowestWindow.from_dict(window).describe()
     if action == "same place":
         said = f"slow again in the same place when served again ({why}): kept, as the engine's own"
@@ -102,8 +102,12 @@ def _print_repeat(k: int, result) -> None:
 
 
 def _engine_config(args):
-    from experiments.commands.flags import kv_blocks_from_args, prefix_caching_from_args, scheduler_config_from_args
-    from profiler.engine.engine import EngineConfig
+    from stepcal.experiments.commands.flags import (
+        kv_blocks_from_args,
+        prefix_caching_from_args,
+        scheduler_config_from_args,
+    )
+    from stepcal.profiler.engine.engine import EngineConfig
     return EngineConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                         block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), clock=args.clock,
                         seed=args.seed, skip_oversize=args.skip_oversize,

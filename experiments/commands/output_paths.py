@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from simulator.errors import InputError
+from stepcal.simulator.errors import InputError
 
 # Kernel views, not storage: writes there fail or, worse, poke the kernel. /dev/shm is a real tmpfs.
 PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))

@@ -22,14 +22,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     out = check_output(args.out, kind="file", suffixes=(".parquet", ".csv"))
 
     from pathlib import Path
 
-    from costmodel.importers import load_file
-    from costmodel.predict import predict_records
-    from simulator.io import atomic_write_bytes, atomic_write_parquet
+    from stepcal.costmodel.importers import load_file
+    from stepcal.costmodel.predict import predict_records
+    from stepcal.simulator.io import atomic_write_bytes, atomic_write_parquet
 
     table = predict_records(args.tables, load_file(Path(args.input), args.format))
     if out.suffix.lower() == ".parquet":

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments.commands import argtypes
-from experiments.profiling import OPS
+from stepcal.experiments.commands import argtypes
+from stepcal.experiments.profiling import OPS
 
 EXIT_INCOMPLETE = 3
 
@@ -95,10 +95,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     if args.out:    # a missing --out is refused by profile_kernels
         check_output(args.out, staged=False)   # filled point by point, to resume
-    from experiments.profiling import describe_sweep, profile_kernels
+    from stepcal.experiments.profiling import describe_sweep, profile_kernels
     result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
                              dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
                              seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress)
@@ -107,9 +107,9 @@ def run(args) -> int:
 
 
 def run_merge(args) -> int:
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out, staged=False)
-    from profiler.merge import merge_profiles
+    from stepcal.profiler.merge import merge_profiles
     result = merge_profiles(args.inputs, args.out)
     print(f"{args.out}/profile.parquet: {result.num_rows} points from {len(args.inputs)} "
           f"director{'y' if len(args.inputs) == 1 else 'ies'} "

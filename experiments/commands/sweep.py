@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from experiments.commands import argtypes
-from experiments.commands.flags import add_command
+from stepcal.experiments.commands import argtypes
+from stepcal.experiments.commands.flags import add_command
 
 HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models × host
 defaults) from a TOML config, on a local process pool or as Ray tasks. Each simulation is seeded, so
@@ -66,10 +66,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out, staged=False)   # filled point by point, to resume
-    from experiments.sweep import load_sweep_config, run_sweep
-    from experiments.sweep.pareto import point_label
+    from stepcal.experiments.sweep import load_sweep_config, run_sweep
+    from stepcal.experiments.sweep.pareto import point_label
 
     config = load_sweep_config(args.config)
     bar = None if args.quiet else _progress_bar(len(config.points))

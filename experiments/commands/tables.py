@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from experiments.commands import argtypes
+from stepcal.experiments.commands import argtypes
 
 HELP = "work with T_step table directories"
 # costmodel.export.DEFAULT_HBM_GBPS (not imported here: `stepcal --help` stays instant).
@@ -45,12 +45,12 @@ def _usage(parser) -> int:
 
 
 def run_export(args) -> int:
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out)
     from pathlib import Path
 
-    from costmodel.export import export_tables
-    from simulator.io import atomic_output_dir
+    from stepcal.costmodel.export import export_tables
+    from stepcal.simulator.io import atomic_output_dir
 
     with atomic_output_dir(Path(args.out)) as staging:
         export = export_tables(args.tables, args.format, staging, vidur_model=args.vidur_model,

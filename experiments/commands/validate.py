@@ -1,9 +1,9 @@
 """`stepcal validate`: how far is the simulator from a measured run of the same workload?"""
 from __future__ import annotations
 
-from experiments.commands import argtypes
-from experiments.commands.flags import add_command, add_measured_run_flags, add_ranges_flags
-from experiments.host_defaults import add_host_defaults_flag
+from stepcal.experiments.commands import argtypes
+from stepcal.experiments.commands.flags import add_command, add_measured_run_flags, add_ranges_flags
+from stepcal.experiments.host_defaults import add_host_defaults_flag
 
 HELP = """Replay a measured run (from `stepcal measure`) in the simulator with the same trace, scheduler
 settings and KV capacity, timing each step with --step-model, and report for TTFT, TPOT, ITL and
@@ -32,15 +32,15 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from experiments.commands.output_paths import check_output
+    from stepcal.experiments.commands.output_paths import check_output
     if args.out:
         check_output(args.out)
     elif Path(args.measured).is_dir():    # otherwise the measured-run reader says what is wrong with it
         check_output(Path(args.measured) / "validation", flag="--out (default MEASURED/validation)")
     from functools import partial
 
-    from experiments.commands.flags import ranges_from_args
-    from experiments.validation.validate import validate_run
+    from stepcal.experiments.commands.flags import ranges_from_args
+    from stepcal.experiments.validation.validate import validate_run
     # ranges(trace, model, config); the replications' quantiles go to ranges_percentiles.parquet
     ranges = partial(ranges_from_args, args, quantiles=True) if args.ranges else None
     validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms, ranges,

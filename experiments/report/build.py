@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.report.document import Document, Image
-from experiments.report.inputs import SimulationInput, TablesInput, ValidationInput, load_input
-from experiments.validation.compare import ValidationRecord
-from experiments.validation.extrapolated import describe_beyond
-from experiments.validation.machine_speed import describe_speed
-from experiments.validation.steps import StepLevelError
-from experiments.validation.table import STEP_MATCHED_NOTE, step_matched_rows
-from simulator.errors import InputError
+from stepcal.experiments.report.document import Document, Image
+from stepcal.experiments.report.inputs import SimulationInput, TablesInput, ValidationInput, load_input
+from stepcal.experiments.validation.compare import ValidationRecord
+from stepcal.experiments.validation.extrapolated import describe_beyond
+from stepcal.experiments.validation.machine_speed import describe_speed
+from stepcal.experiments.validation.steps import StepLevelError
+from stepcal.experiments.validation.table import STEP_MATCHED_NOTE, step_matched_rows
+from stepcal.simulator.errors import InputError
 
 HEADLINE = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
             ("tpot_ms", "p99"), ("e2e_ms", "p50"), ("e2e_ms", "p90"), ("e2e_ms", "p99"))
@@ -23,7 +23,7 @@ MAX_META_ROWS = 80
 
 def build_report(dirs: list[str], out: str | Path, step_model_specs: list[str] = ()) -> list[str]:
     """Write OUT/report.md, OUT/report.html and the PNGs; returns the names of the files written."""
-    from simulator.io import atomic_output_dir, atomic_write_bytes
+    from stepcal.simulator.io import atomic_output_dir, atomic_write_bytes
     inputs = [load_input(d) for d in dirs]
     models = [(spec, _resolve(spec)) for spec in step_model_specs]
     doc = make_document(inputs, models)
@@ -41,7 +41,7 @@ def describe_report(out: str | Path, files: list[str]) -> str:
 
 
 def _resolve(spec: str):
-    from experiments.step_models import resolve_step_model
+    from stepcal.experiments.step_models import resolve_step_model
     return resolve_step_model(spec)
 
 
@@ -82,7 +82,7 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     for note in v.notes:
         doc.text(f"note: {note}")
     if r.ranges:
-        from experiments.report.ranges import ranges_text
+        from stepcal.experiments.report.ranges import ranges_text
         doc.text(ranges_text(r.ranges))
     header = ["metric", "stat", "measured", "simulated", "error", "noise floor"]
     doc.table(header + (["90% interval", "measured inside"] if r.ranges else []), error_rows(r))
@@ -102,7 +102,7 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
         add_latency_cdfs(doc, name, runs, v.replica_quantiles, "measured vs simulated")
     steps = v.step_predictions
     if steps is not None and len(steps) and {"measured_ms", "predicted_ms"} <= set(steps.columns):
-        from experiments.report.plots import step_scatter
+        from stepcal.experiments.report.plots import step_scatter
         title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(r.step_level.mape, signed=False)})"
         doc.image(Image(f"{name}_step_time.png", step_scatter(steps["measured_ms"], steps["predicted_ms"], title),
                         f"{name}: predicted vs measured step time"))
@@ -110,11 +110,11 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
 
 def add_latency_cdfs(doc: Document, name: str, runs: dict, replica_quantiles, what: str) -> None:
     """The CDFs of TTFT, TPOT and E2E of `runs`, with the replications' 90% band where their quantiles exist."""
-    from experiments.report.plots import latency_cdfs
+    from stepcal.experiments.report.plots import latency_cdfs
     bands = None
     caption = f"{name}: CDFs of TTFT, TPOT and E2E, {what}"
     if replica_quantiles is not None:
-        from experiments.report.ranges import cdf_bands
+        from stepcal.experiments.report.ranges import cdf_bands
         bands = cdf_bands(replica_quantiles)
         if bands:
             count = next(iter(bands.values())).num_replications
@@ -133,7 +133,7 @@ def add_simulation(doc: Document, s: SimulationInput, name: str) -> None:
     for note in s.notes:
         doc.text(f"note: {note}")
     if ranges:
-        from experiments.report.ranges import ranges_text, simulation_rows
+        from stepcal.experiments.report.ranges import ranges_text, simulation_rows
         doc.text(ranges_text(ranges))
         doc.table(["metric", "stat", "plain run", "median of the replications", "90% interval"],
                   simulation_rows(summary, ranges, HEADLINE))
@@ -156,7 +156,7 @@ def split_rows(split: dict) -> list[list[str]]:
 def error_rows(record: ValidationRecord) -> list[list[str]]:
     """One row per metric and statistic, and throughput; with ranges, each cell's interval and whether the
     measured value lies inside it."""
-    from experiments.report.ranges import interval_cells
+    from stepcal.experiments.report.ranges import interval_cells
     cells = [(metric, stat, cell) for metric, stats in record.metrics.items() for stat, cell in stats.items()]
     cells.append(("throughput_rps", "", record.throughput_rps))
     return [[metric, stat, _num(cell.measured), _num(cell.simulated), _pct(cell.error),
@@ -222,7 +222,7 @@ def _flatten(prefix: str, value):
 
 
 def heatmap_png(model, title: str) -> bytes:
-    from experiments.report.plots import decode_grid_ms, decode_heatmap
+    from stepcal.experiments.report.plots import decode_grid_ms, decode_heatmap
     return decode_heatmap(decode_grid_ms(model), title)
 
 

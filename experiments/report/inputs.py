@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from costmodel.tables import TABLE_KIND
-from experiments.replications import RANGES_PERCENTILES
-from experiments.validation.compare import ValidationRecord, read_record
-from simulator.errors import InputError
-from simulator.measured_run import REQUESTS, has_request_log, repeat_dirs
-from simulator.readers import read_json, read_parquet
+from stepcal.costmodel.tables import TABLE_KIND
+from stepcal.experiments.replications import RANGES_PERCENTILES
+from stepcal.experiments.validation.compare import ValidationRecord, read_record
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.measured_run import REQUESTS, has_request_log, repeat_dirs
+from stepcal.simulator.readers import read_json, read_parquet
 
 
 @dataclass
@@ -148,5 +148,5 @@ def load_tables(path: Path) -> TablesInput:
     if meta.get("mode") == "operators":
         return TablesInput(path, meta, None, ["could not load the tables as a step model: per-operator "
                                               "regressors only (fitted without --model-spec); no heatmap"])
-    from experiments.step_models import resolve_step_model
+    from stepcal.experiments.step_models import resolve_step_model
     return TablesInput(path, meta, resolve_step_model(str(path)), [])

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.replications import scatter_text
-from simulator.ranges import INTERVAL
+from stepcal.experiments.replications import scatter_text
+from stepcal.simulator.ranges import INTERVAL
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.sweep.backends import BACKENDS, run_points
-from experiments.sweep.config import Slo, SweepConfig, SweepPoint, load_sweep_config
-from experiments.sweep.runner import WALL_COLUMN, build_context, point_key, run_point
-from experiments.sweep.store import PointStore
+from stepcal.experiments.sweep.backends import BACKENDS, run_points
+from stepcal.experiments.sweep.config import Slo, SweepConfig, SweepPoint, load_sweep_config
+from stepcal.experiments.sweep.runner import WALL_COLUMN, build_context, point_key, run_point
+from stepcal.experiments.sweep.store import PointStore
 
 
 @dataclass
@@ -29,10 +29,10 @@ def run_sweep(config: SweepConfig, out: str | Path, *, backend: str = "local", w
               ray_address: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> SweepReport:
     import pandas as pd
 
-    from experiments.sweep.pareto import best_per_slo, plot_pareto
-    from simulator.errors import InputError
-    from simulator.io import atomic_write_json, atomic_write_parquet
-    from simulator.metrics import clean_json
+    from stepcal.experiments.sweep.pareto import best_per_slo, plot_pareto
+    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.io import atomic_write_json, atomic_write_parquet
+    from stepcal.simulator.metrics import clean_json
 
     if backend not in BACKENDS:
         raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")

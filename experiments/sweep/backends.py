@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from experiments.backends import BACKENDS, open_runner
-from experiments.sweep.config import SweepPoint
-from experiments.sweep.runner import SweepContext, run_point
+from stepcal.experiments.backends import BACKENDS, open_runner
+from stepcal.experiments.sweep.config import SweepPoint
+from stepcal.experiments.sweep.runner import SweepContext, run_point
 
 __all__ = ["BACKENDS", "run_points"]
 

@@ -51,8 +51,8 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.errors import InputError
-from simulator.readers import read_toml
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.readers import read_toml
 
 TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
             "host_defaults", "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
@@ -165,7 +165,7 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
 def _host_defaults(path: Path, data: dict, step_models: list[str]) -> list[str | None]:
     """The engines of `host_defaults` (a name or a list), None for "none"; [None] without the key.
     Calibrated terms win over an engine's defaults, as with --host-defaults: such tables are refused."""
-    from experiments.host_defaults import ENGINE_NAMES, has_calibrated_terms
+    from stepcal.experiments.host_defaults import ENGINE_NAMES, has_calibrated_terms
     if "host_defaults" not in data:
         return [None]
     names = _list(path, "host_defaults", data["host_defaults"], str)
@@ -209,7 +209,7 @@ def _ranges(path: Path, data: dict) -> SweepRanges | None:
 
 
 def _scheduler_settings(path: Path, i: int, entry: dict) -> list[tuple]:
-    from simulator.schedulers import SCHEDULERS
+    from stepcal.simulator.schedulers import SCHEDULERS
     where = f"{path}: schedulers[{i}]"
     name = entry.get("name")
     if name not in SCHEDULERS:

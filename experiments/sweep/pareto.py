@@ -87,7 +87,7 @@ def plot_pareto(frame, latency: str, slos, best: dict, path: str | Path) -> None
             ax.scatter([x[n]], [y[n]], marker="*", s=max(320 - 90 * k, 80), color=color, edgecolor="black", zorder=5,
                        label=f"best for {slo.name}: {point_label(frame.iloc[n])}")
     ax.set_xscale("log")
-    from experiments.capacity.plot import plain_log_ticks
+    from stepcal.experiments.capacity.plot import plain_log_ticks
     plain_log_ticks(ax.xaxis)
     ax.set_xlabel(f"P99 {latency.removesuffix('_ms').upper()} (ms, log scale)")
     ax.set_ylabel("throughput (finished requests/s)")

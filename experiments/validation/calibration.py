@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.validation.errors import relative_error
-from experiments.validation.measured import MeasuredRun, sim_config_for
-from experiments.validation.request_stats import (
+from stepcal.experiments.validation.errors import relative_error
+from stepcal.experiments.validation.measured import MeasuredRun, sim_config_for
+from stepcal.experiments.validation.request_stats import (
     FRONT_OBJECTIVE,
     PREFILL_SLOPE_KEY,
     SLOPE_KEY,
@@ -61,10 +61,10 @@ from experiments.validation.request_stats import (
     prefilled_alongside,
     repeat_groups,
 )
-from experiments.validation.step_log_terms import BASE_SCALE_BOUNDS, step_log_terms
-from simulator.measured_run import RunStats
-from simulator.ranges import Scatter
-from simulator.step_model import STEP_TERMS, HostTerms, HostTermsModel
+from stepcal.experiments.validation.step_log_terms import BASE_SCALE_BOUNDS, step_log_terms
+from stepcal.simulator.measured_run import RunStats
+from stepcal.simulator.ranges import Scatter
+from stepcal.simulator.step_model import STEP_TERMS, HostTerms, HostTermsModel
 
 # (metric, statistic) pairs the fit matches; P99 is left out on purpose: it is what we validate.
 SUMMARY_OBJECTIVE = (("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p90"),
@@ -232,7 +232,7 @@ class _Fit:
 
     def simulate(self, terms: HostTerms, seed: int = 0, scattered: bool = False):
         """One serving of the workload; `scattered`: with the device's step scatter drawn from `seed`."""
-        from simulator.simulation import simulate
+        from stepcal.simulator.simulation import simulate
         self.count += 1
         config = replace(sim_config_for(self.run, 0.0, terms.front_end), front_end_seed=seed,
                          **({"scatter": self.scatter, "scatter_seed": seed} if scattered else {}))
@@ -715,12 +715,12 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     import shutil
     import tempfile
 
-    from experiments.step_models import resolve_step_model
-    from experiments.validation.measured import load_measured_run, warn_slowed
-    from experiments.validation.scatter import run_pairs, scatter_run_dirs
-    from simulator.io import atomic_output_dir, atomic_write_json
-    from simulator.metrics import clean_json
-    from simulator.readers import read_json
+    from stepcal.experiments.step_models import resolve_step_model
+    from stepcal.experiments.validation.measured import load_measured_run, warn_slowed
+    from stepcal.experiments.validation.scatter import run_pairs, scatter_run_dirs
+    from stepcal.simulator.io import atomic_output_dir, atomic_write_json
+    from stepcal.simulator.metrics import clean_json
+    from stepcal.simulator.readers import read_json
     run = load_measured_run(measured)
     more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)] + list(history)
     scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
@@ -728,7 +728,7 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     base = model.base if isinstance(model, HostTermsModel) else model   # re-fit from the base, not on top
     start = None
     if host_defaults is not None:
-        from experiments.host_defaults import host_defaults as engine_defaults
+        from stepcal.experiments.host_defaults import host_defaults as engine_defaults
         start = engine_defaults(host_defaults)
     step_scatter = Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter is not None else None
     # after the inputs' checks: a refusal is one line
@@ -759,8 +759,8 @@ def scatter_of(run: MeasuredRun, scatter_runs: list, scatter_profiles: Sequence 
     repeats of `scatter_runs` (experiments.validation.scatter.RunPairs) and the two halves of
     `scatter_profiles` (early, late), and the run's repeats as model_level_repeats
     (simulator.ranges.Scatter)."""
-    from experiments.validation.scatter import measured_scatter, profile_log_ratio
-    from simulator.errors import InputError
+    from stepcal.experiments.validation.scatter import measured_scatter, profile_log_ratio
+    from stepcal.simulator.errors import InputError
     if (scatter_runs or scatter_profiles) and run.num_repeats < 2:
         flag = "--scatter-runs" if scatter_runs else "--scatter-profiles"
         raise InputError(f"{flag} needs --measured of two or more repeats ({run.path} has one): "

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.validation.errors import ErrorCell, relative_error, stat_error
-from experiments.validation.measured import MeasuredRun
-from experiments.validation.steps import StepLevelError
-from simulator.errors import InputError
-from simulator.measured_run import METRICS, STATS, MetricStats, RunStats
-from simulator.readers import read_json
+from stepcal.experiments.validation.errors import ErrorCell, relative_error, stat_error
+from stepcal.experiments.validation.measured import MeasuredRun
+from stepcal.experiments.validation.steps import StepLevelError
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.measured_run import METRICS, STATS, MetricStats, RunStats
+from stepcal.simulator.readers import read_json
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class ValidationRecord:
     @property
     def speed_vs_profile(self) -> float | None:
         """The machine's slowdown during the run against the profile (experiments.validation.machine_speed)."""
-        from experiments.validation.machine_speed import speed_vs_profile
+        from stepcal.experiments.validation.machine_speed import speed_vs_profile
         return speed_vs_profile(self.speed_probe_ms, self.profile_speed_probe_ms)
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
@@ -127,7 +127,7 @@ class ValidationRecord:
                    data.get("slowed_repeats"), data.get("beyond_fitted"), data.get("profile_speed_probe_ms"))
 
     def to_dict(self) -> dict:
-        from simulator.metrics import clean_json
+        from stepcal.simulator.metrics import clean_json
         return clean_json({
             "measured_run": self.measured_run, "num_requests": self.num_requests, "num_repeats": self.num_repeats,
             "num_finished_both": self.num_finished_both,
@@ -219,9 +219,9 @@ def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, con
     over the measured step log, the same workload simulated again. What remains is queueing,
     scheduling and KV capacity; the difference to the plain errors is step time's share.
     None without a step log, or for a model that is not a FeatureStepModel."""
-    from simulator.metrics import clean_json
-    from simulator.simulation import simulate
-    from simulator.step_model import FeatureStepModel
+    from stepcal.simulator.metrics import clean_json
+    from stepcal.simulator.simulation import simulate
+    from stepcal.simulator.step_model import FeatureStepModel
     if step_level.total_error is None or not isinstance(model, FeatureStepModel):
         return None
     scaled = rescaled_to_total(model, step_level.total_error)
@@ -234,5 +234,5 @@ def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, con
 def rescaled_to_total(model, total_error: float):
     """The model scaled so that its total over the measured step log equals the measured total
     (total_error: predicted / measured - 1, as step_level_error reports it)."""
-    from simulator.step_model import ScaledStepModel
+    from stepcal.simulator.step_model import ScaledStepModel
     return ScaledStepModel(model, 1.0 / (1.0 + total_error))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.step_models import tables_meta
+from stepcal.experiments.step_models import tables_meta
 
 
 def beyond_fitted(model, steps) -> dict | None:

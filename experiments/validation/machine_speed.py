@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.step_models import tables_meta
+from stepcal.experiments.step_models import tables_meta
 
 # A drift this large is the size of the validation targets (5%): validation.md says so as a warning.
 DRIFT_WARNING = 0.05

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.measured_run import METRICS, REPLAY, SAME_PLACE, STATS, MetricStats, RunStats, read_measured_run
+from stepcal.simulator.measured_run import METRICS, REPLAY, SAME_PLACE, STATS, MetricStats, RunStats, read_measured_run
 
 
 @dataclass
@@ -65,9 +65,9 @@ def mean_over_repeats(runs: list[RunStats]) -> RunStats:
 def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=None):
     """The simulator settings that replay the measured run: same scheduler, budget, KV capacity; the
     request path `front_end` (simulator.frontend.FrontEnd, none by default)."""
-    from simulator.frontend import FrontEnd
-    from simulator.schedulers import SchedulerConfig
-    from simulator.simulation import SimConfig
+    from stepcal.simulator.frontend import FrontEnd
+    from stepcal.simulator.schedulers import SchedulerConfig
+    from stepcal.simulator.simulation import SimConfig
     meta = run.meta
     return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
                      block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
@@ -80,7 +80,7 @@ def slowed_repeats(run: MeasuredRun) -> list[dict]:
     """The measured repeats the machine slowed (profiler.engine.slowdown), found on their step logs
     whenever they were measured: {repeat, ratio, start_s, end_s, others} each, and `same_place`: true
     for one kept because it was slow again in the same place when served again (the engine's own)."""
-    from profiler.engine.slowdown import slowest_windows
+    from stepcal.profiler.engine.slowdown import slowest_windows
     logs = [steps for _, steps in run.steps.groupby("repeat", sort=True)]
     return [{"repeat": k, **w.to_dict(), **({"same_place": True} if k in run.same_place else {})}
             for k, w in enumerate(slowest_windows(logs)) if w is not None and w.slowed]
@@ -89,7 +89,7 @@ def slowed_repeats(run: MeasuredRun) -> list[dict]:
 def describe_slowed(slowed: dict, where: str = "", repeat: str = "repeat") -> str:
     """One slowed_repeats entry in words: a warning for the machine's, a note for the engine's own.
     `where` goes before the sentence (a run's path and ": "); `repeat` names the repeat."""
-    from profiler.engine.slowdown import SlowestWindow
+    from stepcal.profiler.engine.slowdown import SlowestWindow
     window = SlowestWindow.from_dict(slowed).describe()
     if slowed.get("same_place"):
         return (f"note: {where}{repeat} {slowed['repeat']} was slow in the same place each time it was served "

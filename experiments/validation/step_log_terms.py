@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.validation.measured import MeasuredRun
-from simulator.step_model import STEP_TERMS
+from stepcal.experiments.validation.measured import MeasuredRun
+from stepcal.simulator.step_model import STEP_TERMS
 
 MIN_STEPS = 50          # fewer logged steps than this: no regression, the request search prices the terms
 NEEDED = ("duration_ms", "num_seqs", "num_tokens", "request_ids", "q_lens", "kv_lens")   # a batch's shape, priceable
@@ -56,7 +56,7 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
     None where the run logged fewer than MIN_STEPS steps, or no batch shapes (a log of times alone)."""
     from scipy.optimize import nnls
 
-    from experiments.validation.steps import predict_steps
+    from stepcal.experiments.validation.steps import predict_steps
     steps = run.steps
     if len(steps) < MIN_STEPS or any(column not in steps for column in NEEDED):
         return None

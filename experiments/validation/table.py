@@ -1,11 +1,11 @@
 """validation.md: the validation record as a markdown table, as `stepcal validate` prints it."""
 from __future__ import annotations
 
-from experiments.validation.compare import StepMatched, ValidationRecord
-from experiments.validation.extrapolated import describe_beyond
-from experiments.validation.machine_speed import describe_speed
-from experiments.validation.measured import RETRY_HINT, describe_slowed
-from experiments.validation.split import describe_split
+from stepcal.experiments.validation.compare import StepMatched, ValidationRecord
+from stepcal.experiments.validation.extrapolated import describe_beyond
+from stepcal.experiments.validation.machine_speed import describe_speed
+from stepcal.experiments.validation.measured import RETRY_HINT, describe_slowed
+from stepcal.experiments.validation.split import describe_split
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
                      "the error left comes from queueing, scheduling and KV capacity:")

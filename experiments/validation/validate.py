@@ -4,14 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from experiments.replications import RANGES_PERCENTILES
-from experiments.validation.compare import ValidationRecord, compare, step_matched_errors
-from experiments.validation.extrapolated import beyond_fitted
-from experiments.validation.machine_speed import profile_probes
-from experiments.validation.measured import load_measured_run, sim_config_for, slowed_repeats
-from experiments.validation.split import mean_front_end_ms, step_split
-from experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
-from experiments.validation.table import format_table
+from stepcal.experiments.replications import RANGES_PERCENTILES
+from stepcal.experiments.validation.compare import ValidationRecord, compare, step_matched_errors
+from stepcal.experiments.validation.extrapolated import beyond_fitted
+from stepcal.experiments.validation.machine_speed import profile_probes
+from stepcal.experiments.validation.measured import load_measured_run, sim_config_for, slowed_repeats
+from stepcal.experiments.validation.split import mean_front_end_ms, step_split
+from stepcal.experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
+from stepcal.experiments.validation.table import format_table
 
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
 
@@ -33,11 +33,11 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     values fall inside the intervals; a block holding `replica_quantiles` (a DataFrame) has it written to
     OUT/ranges_percentiles.parquet. `host_defaults` names an engine whose published host terms are
     added to a step model without calibrated ones (experiments.host_defaults)."""
-    from experiments.step_models import front_end, resolve_step_model
-    from simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
-    from simulator.measured_run import RunStats
-    from simulator.metrics import clean_json
-    from simulator.simulation import simulate
+    from stepcal.experiments.step_models import front_end, resolve_step_model
+    from stepcal.simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
+    from stepcal.simulator.measured_run import RunStats
+    from stepcal.simulator.metrics import clean_json
+    from stepcal.simulator.simulation import simulate
 
     run = load_measured_run(measured)
     model = resolve_step_model(step_model, host_defaults)
@@ -54,7 +54,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
                      beyond_fitted=beyond_fitted(model, run.steps), profile_speed_probe_ms=profile_probes(model))
     quantiles = None
     if block is not None:
-        from experiments.validation.coverage import coverage_block
+        from stepcal.experiments.validation.coverage import coverage_block
         block["coverage"] = coverage_block(run.stats, block["stats"], run.repeat_stats)
         quantiles = block.pop("replica_quantiles", None)   # a table: stored beside validation.json, named in it
         if quantiles is not None:

@@ -23,20 +23,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from profiler.engine.clock import CLOCKS
-from profiler.engine.paged import PagedKVCache, default_read_copies
-from profiler.model import StepInputs, step_inputs
-from simulator.batch import feature_row
-from simulator.client import count_timeouts, link_turns
-from simulator.errors import InputError
-from simulator.kv_cache import blocks_for, make_block_manager, uses_prefix_caching
-from simulator.logs import request_log
-from simulator.metrics import prefix_cache_summary, summarize
-from simulator.prefix_cache import key_answers
-from simulator.request import Request, Status, make_requests
-from simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
-from simulator.step_log import StepLogBuilder
-from simulator.trace import Trace, continued_turns
+from stepcal.profiler.engine.clock import CLOCKS
+from stepcal.profiler.engine.paged import PagedKVCache, default_read_copies
+from stepcal.profiler.model import StepInputs, step_inputs
+from stepcal.simulator.batch import feature_row
+from stepcal.simulator.client import count_timeouts, link_turns
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.kv_cache import blocks_for, make_block_manager, uses_prefix_caching
+from stepcal.simulator.logs import request_log
+from stepcal.simulator.metrics import prefix_cache_summary, summarize
+from stepcal.simulator.prefix_cache import key_answers
+from stepcal.simulator.request import Request, Status, make_requests
+from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
+from stepcal.simulator.step_log import StepLogBuilder
+from stepcal.simulator.trace import Trace, continued_turns
 
 
 @dataclass

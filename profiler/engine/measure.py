@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from simulator.measured_run import SAME_PLACE, read_measured_run, write_measured_run
+from stepcal.simulator.measured_run import SAME_PLACE, read_measured_run, write_measured_run
 
 
 def warm_up(model, num_steps: int = 3) -> None:
@@ -13,8 +13,8 @@ def warm_up(model, num_steps: int = 3) -> None:
     over a contiguous cache (the speed probe's path) and over a paged pool (the engine's)."""
     import torch
 
-    from profiler.engine.paged import PagedKVCache, default_read_copies
-    from profiler.model import step_inputs
+    from stepcal.profiler.engine.paged import PagedKVCache, default_read_copies
+    from stepcal.profiler.model import step_inputs
     cache = model.new_cache()
     prompt = torch.arange(64) % model.spec.vocab_size
     model.forward_step([prompt], [cache], [True])
@@ -65,11 +65,11 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
     import torch
 
-    from profiler.allocator import configure_allocator
-    from profiler.fingerprint import hardware_fingerprint
-    from profiler.model import build_model, default_dtype
-    from profiler.timing import torch_threads
-    from simulator.errors import InputError
+    from stepcal.profiler.allocator import configure_allocator
+    from stepcal.profiler.fingerprint import hardware_fingerprint
+    from stepcal.profiler.model import build_model, default_dtype
+    from stepcal.profiler.timing import torch_threads
+    from stepcal.simulator.errors import InputError
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
     dtype = dtype or default_dtype(device)
@@ -103,7 +103,7 @@ class _Server:
         self.last_probe_ms = speed_probe_ms(model)
 
     def repeat(self, k: int, on_repeat: Callable[[int, object], None] | None):
-        from profiler.engine import Engine
+        from stepcal.profiler.engine import Engine
         result = Engine(self.model, self.trace, self.config).run()
         probe_ms = speed_probe_ms(self.model)
         # the machine's speed during this repeat: the probes just before and just after it
@@ -143,7 +143,7 @@ def serve_slowed_again(current: Callable[[], list], serve_again: Callable[[int, 
 
 def same_place(window: dict, other: dict) -> bool:
     """Whether two slowest windows (SlowestWindow.to_dict records) share some of the run's time."""
-    from profiler.engine.slowdown import SlowestWindow
+    from stepcal.profiler.engine.slowdown import SlowestWindow
     return SlowestWindow.from_dict(window).overlaps(SlowestWindow.from_dict(other))
 
 
@@ -152,7 +152,7 @@ def mark_slowest_windows(results: list) -> list[int]:
     `slowest_window`; returns the repeats the machine slowed, the most slowed first: by excess over the
     other repeats at the same stretch, the rule that judged them slowed (a window slow in every repeat
     is the engine's, whatever its ratio)."""
-    from profiler.engine.slowdown import slowest_windows
+    from stepcal.profiler.engine.slowdown import slowest_windows
     windows = slowest_windows([r.steps for r in results])
     for result, window in zip(results, windows):
         if result.summary is not None:
@@ -182,7 +182,7 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
     the campaign instead of two back-to-back minutes. Writes the layout `write_measured_run`
     writes; raises InputError when the parts differ in trace or settings. `kept_same_place`: the parts
     serve_slowed_again kept, slow again in the same place, flagged so in their summary."""
-    from simulator.errors import InputError
+    from stepcal.simulator.errors import InputError
     runs = [read_measured_run(p) for p in parts]
     first_trace = runs[0].trace.to_frame()
     for run in runs[1:]:
@@ -198,7 +198,7 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
 
 def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trace_source: str,
                 repeats: int, fingerprint: dict) -> dict:
-    from simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
+    from stepcal.simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
     return {"kind": "measured_run", "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
             "model_spec": spec.to_dict(), "device": device, "dtype": dtype, "num_threads": num_threads,
             "fingerprint": fingerprint, "trace": trace_source, "repeats": repeats,

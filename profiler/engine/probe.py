@@ -22,11 +22,11 @@ import gc
 
 import numpy as np
 
-from profiler.grid import check_host_batch
-from simulator.kv_cache import blocks_for
-from simulator.request import Request, Status
-from simulator.schedulers import SchedulerConfig
-from simulator.trace import Trace
+from stepcal.profiler.grid import check_host_batch
+from stepcal.simulator.kv_cache import blocks_for
+from stepcal.simulator.request import Request, Status
+from stepcal.simulator.schedulers import SchedulerConfig
+from stepcal.simulator.trace import Trace
 
 GROWTH_STEPS = 256     # decode iterations a probe serves before it is rebuilt (each adds a token per sequence)
 BLOCK_SIZE = 16        # `stepcal measure`'s default KV block size
@@ -92,7 +92,7 @@ class EngineProbe:
 
     def _build(self) -> None:
         """A fresh engine whose decodes have all been prefilled (their prefill steps are not timed)."""
-        from profiler.engine.engine import Engine, EngineConfig
+        from stepcal.profiler.engine.engine import Engine, EngineConfig
         decode_kv = np.asarray(self.decode_kv, dtype=np.int64)
         budget = probe_budget(self.decode_kv, self.prefill_q)
         num_output = probe_output_tokens(self.decode_kv, budget)

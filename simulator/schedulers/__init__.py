@@ -1,11 +1,11 @@
 """Serving schedulers behind one contract (see base.SchedulerBase); SCHEDULERS maps CLI names to classes."""
-from simulator.errors import InputError
-from simulator.schedulers.base import ItlSamples, ScheduledStep, SchedulerBase, SchedulerConfig
-from simulator.schedulers.continuous import ContinuousScheduler
-from simulator.schedulers.sarathi import SarathiScheduler
-from simulator.schedulers.slo import SloScheduler, SloSettings
-from simulator.schedulers.static import StaticScheduler
-from simulator.schedulers.vllm import VllmScheduler
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.schedulers.base import ItlSamples, ScheduledStep, SchedulerBase, SchedulerConfig
+from stepcal.simulator.schedulers.continuous import ContinuousScheduler
+from stepcal.simulator.schedulers.sarathi import SarathiScheduler
+from stepcal.simulator.schedulers.slo import SloScheduler, SloSettings
+from stepcal.simulator.schedulers.static import StaticScheduler
+from stepcal.simulator.schedulers.vllm import VllmScheduler
 
 SCHEDULERS = {
     "static": StaticScheduler,

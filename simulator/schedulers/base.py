@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.batch import StepBatch
-from simulator.kv_cache import BlockManager
-from simulator.request import Request, Status
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.kv_cache import BlockManager
+from stepcal.simulator.request import Request, Status
 
 
 @dataclass

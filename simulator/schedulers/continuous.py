@@ -1,9 +1,9 @@
 """Continuous batching, Orca / vLLM v0 style: iteration-level, prefill-prioritised."""
 from __future__ import annotations
 
-from simulator.batch import StepBatch
-from simulator.request import Request, Status
-from simulator.schedulers.base import SchedulerBase
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.request import Request, Status
+from stepcal.simulator.schedulers.base import SchedulerBase
 
 
 class ContinuousScheduler(SchedulerBase):

@@ -1,8 +1,8 @@
 """Sarathi-Serve: decode-first, chunked prefill with a fixed chunk size as the per-step token budget."""
 from __future__ import annotations
 
-from simulator.request import Request
-from simulator.schedulers.vllm import VllmScheduler
+from stepcal.simulator.request import Request
+from stepcal.simulator.schedulers.vllm import VllmScheduler
 
 
 class SarathiScheduler(VllmScheduler):

@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from simulator.batch import StepBatch
-from simulator.request import Request
-from simulator.schedulers.sarathi import decode_first
-from simulator.schedulers.vllm import VllmScheduler
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.request import Request
+from stepcal.simulator.schedulers.sarathi import decode_first
+from stepcal.simulator.schedulers.vllm import VllmScheduler
 
 
 @dataclass

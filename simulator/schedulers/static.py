@@ -1,9 +1,9 @@
 """Static batching: a batch is formed when the engine is idle and runs until every member finishes."""
 from __future__ import annotations
 
-from simulator.batch import StepBatch
-from simulator.request import Request, Status
-from simulator.schedulers.base import SchedulerBase
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.request import Request, Status
+from stepcal.simulator.schedulers.base import SchedulerBase
 
 
 class StaticScheduler(SchedulerBase):

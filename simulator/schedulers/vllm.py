@@ -1,8 +1,8 @@
 """vLLM v1 style: one token budget per step, running requests first, then waiting ones; chunked prefill."""
 from __future__ import annotations
 
-from simulator.request import Request, Status
-from simulator.schedulers.base import SchedulerBase
+from stepcal.simulator.request import Request, Status
+from stepcal.simulator.schedulers.base import SchedulerBase
 
 
 class VllmScheduler(SchedulerBase):

@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from simulator.trace import Trace, continued_turns
+from stepcal.simulator.trace import Trace, continued_turns
 
 
 def unbounded_prefix_hits(trace: Trace) -> np.ndarray | None:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InputError, shown
-from simulator.readers import check_text, one_line, read_parquet
-from simulator.trace import PREFIX_BLOCK_TOKENS, REQUIRED_COLUMNS, Trace
-from simulator.workload import validate
-from simulator.workload.validate import Where
+from stepcal.simulator.errors import InputError, shown
+from stepcal.simulator.readers import check_text, one_line, read_parquet
+from stepcal.simulator.trace import PREFIX_BLOCK_TOKENS, REQUIRED_COLUMNS, Trace
+from stepcal.simulator.workload import validate
+from stepcal.simulator.workload.validate import Where
 
 TRACE_FORMATS = ("stepcal", "azure", "mooncake", "vidur")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

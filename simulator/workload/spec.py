@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.bounds import MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST
-from simulator.errors import InputError
-from simulator.workload.generators import (
+from stepcal.simulator.bounds import MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.workload.generators import (
     Empirical,
     Fixed,
     Gamma,
@@ -116,7 +116,7 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
     else:
         prompt = need("prompt", "e.g. prompt=lognormal:512:1.0")
         output = need("output", "e.g. output=uniform:16:256")
-    from simulator.workload.sessions import SessionShape, SharedSystem
+    from stepcal.simulator.workload.sessions import SessionShape, SharedSystem
     sessions = None
     if "turns" in p:
         sessions = SessionShape(p["turns"], p.get("think", 0.0), p.get("loop", "closed") == "closed")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
-from simulator.errors import InputError, shown
+from stepcal.simulator.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
+from stepcal.simulator.errors import InputError, shown
 
 
 @dataclass(frozen=True)

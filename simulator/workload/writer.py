@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.errors import InputError
-from simulator.io import atomic_write_bytes
-from simulator.trace import Trace
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.io import atomic_write_bytes
+from stepcal.simulator.trace import Trace
 
 TRACE_SUFFIXES = (".csv", ".parquet")
 

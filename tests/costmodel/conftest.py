@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.batch import batch_row
-from simulator.model_spec import PRESETS
-from simulator.schemas import PROFILE_COLUMNS
+from stepcal.simulator.batch import batch_row
+from stepcal.simulator.model_spec import PRESETS
+from stepcal.simulator.schemas import PROFILE_COLUMNS
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -126,7 +126,7 @@ def tracking_uri(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def fitted_tables(tmp_path_factory) -> Path:
     """The synthetic profile fitted (rf, no MLflow) into a table directory, once per session."""
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     base = tmp_path_factory.mktemp("tables")
     profile = base / "profile.parquet"
     make_profile().to_parquet(profile, index=False)

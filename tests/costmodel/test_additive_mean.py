@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from costmodel.additive import AdditiveGridRegressor
+from stepcal.costmodel.additive import AdditiveGridRegressor
 
 
 def skewed_steps(seed: int, n: int = 4000):
@@ -80,8 +80,8 @@ def test_a_per_prompt_cost_needs_the_decode_curve_free():
 
 
 def test_step_fits_hold_every_curve_but_the_decodes_rising():
-    from costmodel.features import KINDS
-    from simulator.batch import FEATURE_NAMES
+    from stepcal.costmodel.features import KINDS
+    from stepcal.simulator.batch import FEATURE_NAMES
     flags = KINDS["step"].increasing(FEATURE_NAMES)
     assert [name for name, up in zip(FEATURE_NAMES, flags) if not up] == ["num_decode"]
     assert all(KINDS["host"].increasing(("num_seqs", "num_tokens")))
@@ -105,7 +105,7 @@ def test_bootstrap_refits_run_on_one_blas_thread(monkeypatch):
     second core does not stall them (they ran 1.5x slower on two threads beside one busy core)."""
     from threadpoolctl import threadpool_info
 
-    import costmodel.additive as additive
+    import stepcal.costmodel.additive as additive
     X, _, y = skewed_steps(2, n=400)
     model = AdditiveGridRegressor(n_knots=4).fit(X, y)
     seen = []

@@ -12,16 +12,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.axes import DATA_RULE, FIXED_RULE, Axes
-from costmodel.build import build_tables
-from costmodel.compose_comm import all_reduce_ms, all_reduce_tokens
-from costmodel.fitting import FitConfig, fit_all
-from costmodel.records import make_records
-from costmodel.resolution import resolution_of_fit, summary
-from costmodel.tables import load_step_model
-from experiments.cli import main
-from experiments.fitting import FitOptions
-from simulator.model_spec import PRESETS, Parallelism
+from stepcal.costmodel.axes import DATA_RULE, FIXED_RULE, Axes
+from stepcal.costmodel.build import build_tables
+from stepcal.costmodel.compose_comm import all_reduce_ms, all_reduce_tokens
+from stepcal.costmodel.fitting import FitConfig, fit_all
+from stepcal.costmodel.records import make_records
+from stepcal.costmodel.resolution import resolution_of_fit, summary
+from stepcal.costmodel.tables import load_step_model
+from stepcal.experiments.cli import main
+from stepcal.experiments.fitting import FitOptions
+from stepcal.simulator.model_spec import PRESETS, Parallelism
 
 SPEC = PRESETS["tiny"]
 TP2 = Parallelism(tp=2)

@@ -2,8 +2,8 @@
 import numpy as np
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from costmodel.additive import AdditiveGridRegressor
-from costmodel.regressors import PhysicsResidualRegressor, TreeRegressor
+from stepcal.costmodel.additive import AdditiveGridRegressor
+from stepcal.costmodel.regressors import PhysicsResidualRegressor, TreeRegressor
 
 # Small ensembles: the checks fit each estimator some sixty times.
 ESTIMATORS = [

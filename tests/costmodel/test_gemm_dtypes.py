@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.build import build_tables
-from costmodel.compose import Axes, op_grids
-from costmodel.features import assign_targets
-from costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
-from costmodel.importers.aiconfigurator import import_table
-from simulator.model_spec import PRESETS, Parallelism
+from stepcal.costmodel.build import build_tables
+from stepcal.costmodel.compose import Axes, op_grids
+from stepcal.costmodel.features import assign_targets
+from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
+from stepcal.costmodel.importers.aiconfigurator import import_table
+from stepcal.simulator.model_spec import PRESETS, Parallelism
 
 DSV3, LLAMA = PRESETS["deepseek-v3"], PRESETS["llama-3-8b"]
 TP8 = Parallelism(tp=8)
@@ -106,7 +106,7 @@ def test_without_rows_of_its_dtype_a_gemm_is_priced_at_the_weights_and_a_note_sa
 
 
 def test_predict_sends_each_gemm_row_to_its_dtypes_regressor(tmp_path):
-    from costmodel.predict import predict_records
+    from stepcal.costmodel.predict import predict_records
     deepseek_ops(tmp_path=tmp_path)
     rows = import_table(gemm_table(), "gemm_perf.parquet")
     for dtype in KERNELS:

@@ -1,6 +1,6 @@
 import numpy as np
 
-from costmodel import grid
+from stepcal.costmodel import grid
 
 
 def test_interp1_is_linear_between_and_beyond_the_knots():

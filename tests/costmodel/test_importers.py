@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.importers import detect_format, load_file, load_profiles
-from simulator.errors import InputError
+from stepcal.costmodel.importers import detect_format, load_file, load_profiles
+from stepcal.simulator.errors import InputError
 from tests.costmodel.conftest import PROFILES, make_profile, make_step_log, require_shared
 
 
@@ -102,7 +102,7 @@ def test_aiconfigurator_directory_is_read_whole():
 
 
 def test_aiconfigurator_all_reduce_rows_become_tp_records(tmp_path):
-    from costmodel.features import assign_targets, design
+    from stepcal.costmodel.features import assign_targets, design
     frame = pd.DataFrame({"num_gpus": [2, 4, 8], "message_size": [128, 4096, 1 << 20],
                           "latency": [0.004, 0.006, 0.03], "allreduce_dtype": "bfloat16",
                           "backend": "vllm_graph", "device": "H100"})

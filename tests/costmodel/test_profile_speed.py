@@ -3,7 +3,7 @@ import json
 
 import pandas as pd
 
-from costmodel.profile_speed import profile_speed_probes
+from stepcal.costmodel.profile_speed import profile_speed_probes
 
 
 def test_probes_are_read_from_the_meta_beside_each_fitted_profile_of_ours(tmp_path):

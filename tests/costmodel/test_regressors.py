@@ -3,8 +3,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from costmodel.additive import AdditiveGridRegressor
-from costmodel.regressors import PhysicsResidualRegressor, TreeRegressor, make_regressor
+from stepcal.costmodel.additive import AdditiveGridRegressor
+from stepcal.costmodel.regressors import PhysicsResidualRegressor, TreeRegressor, make_regressor
 
 
 def gemm_data(ms, n=1024, k=1024):
@@ -91,8 +91,8 @@ def test_trim_drops_glitched_training_rows_and_their_damage():
 
 
 def test_tile_features_of_gemm_and_prefill_attention():
-    from costmodel.features import design
-    from costmodel.records import make_records
+    from stepcal.costmodel.features import design
+    from stepcal.costmodel.records import make_records
     gemm = make_records(dict(row=[0, 1, 2], op="gemm", m=[128.0, 129.0, 64.0], n=[300.0] * 3,
                              k=[64.0] * 3, time_ms=[1.0] * 3), source="t", file="t")
     d = design("gemm", gemm)
@@ -126,8 +126,8 @@ def test_attention_physics_has_a_per_sequence_term_and_extrapolates_a_per_sequen
     """Each sequence of a decode batch is its own work (a kernel call per sequence on the CPU, its own
     blocks on a GPU): a per-sequence cost that blocks (which also grow with the context) cannot stand
     for. On the CPU quick grid this took attention decode's held-out error from 93% to 12%."""
-    from costmodel.features import design
-    from costmodel.records import make_records
+    from stepcal.costmodel.features import design
+    from stepcal.costmodel.records import make_records
     rng = np.random.default_rng(0)
     b = rng.choice([1, 2, 4, 8, 16, 32], 60).astype(float)
     kv_max = rng.choice([128.0, 1024.0, 4096.0], 60)

@@ -9,20 +9,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel import roofline
-from costmodel.build import build_tables
-from costmodel.compose import Axes
-from costmodel.compose_comm import Composition
-from costmodel.compose_elementwise import roofline_device, roofline_ops
-from costmodel.devices import data_document, device_spec, find_device, known_devices
-from costmodel.fitting import FitConfig, FitResult, TargetFit
-from costmodel.importers import aiconfigurator
-from costmodel.records import make_records
-from costmodel.tables import load_step_model
-from costmodel.tuning import default_choice
-from simulator.batch import StepBatch, StepFeatures
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS, Parallelism
+from stepcal.costmodel import roofline
+from stepcal.costmodel.build import build_tables
+from stepcal.costmodel.compose import Axes
+from stepcal.costmodel.compose_comm import Composition
+from stepcal.costmodel.compose_elementwise import roofline_device, roofline_ops
+from stepcal.costmodel.devices import data_document, device_spec, find_device, known_devices
+from stepcal.costmodel.fitting import FitConfig, FitResult, TargetFit
+from stepcal.costmodel.importers import aiconfigurator
+from stepcal.costmodel.records import make_records
+from stepcal.costmodel.tables import load_step_model
+from stepcal.costmodel.tuning import default_choice
+from stepcal.simulator.batch import StepBatch, StepFeatures
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS, Parallelism
 from tests.costmodel.conftest import PROFILES, require_shared
 
 LLAMA3 = PRESETS["llama-3-8b"]
@@ -56,7 +56,7 @@ def test_datasheet_figures_are_the_cited_ones():
 
 def test_no_name_means_two_devices():
     seen = {}
-    from costmodel.devices import _key
+    from stepcal.costmodel.devices import _key
     for ours, entry in data_document()["devices"].items():
         for alias in (ours, *entry["names"]):
             assert seen.setdefault(_key(alias), ours) == ours, alias
@@ -262,7 +262,7 @@ def test_measured_rmsnorm_prices_the_head_norms_where_no_profile_timed_them(tmp_
     assert terms["qk"]["linear"].time_ms == pytest.approx(terms["plain"]["linear"].time_ms)
     records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0}, source="t", file="t")
     own = _result(("gemm", *(f"elementwise:{op}" for op in (*VIDUR_SMALL_OPS, "q_norm"))), records)
-    from costmodel.compose_elementwise import head_norm_pricing
+    from stepcal.costmodel.compose_elementwise import head_norm_pricing
     assert head_norm_pricing(own, qwen) == {"q_norm": "q_norm", "k_norm": "input_layernorm"}
     assert head_norm_pricing(own, without) == {}
 
@@ -320,7 +320,7 @@ def test_our_profilers_sampling_and_kv_stores_make_per_sequence_terms_that_win_o
 
 
 def test_kv_stores_count_as_element_wise_work_in_the_step_split(tmp_path):
-    from experiments.validation.split import term_parts_ms
+    from stepcal.experiments.validation.split import term_parts_ms
     targets = ("gemm", "elementwise:kv_store", "elementwise:sample")
     records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0}, source="t", file="t")
     build_tables(_result(targets, records), tmp_path, spec=LLAMA3, parallelism=Parallelism(), axes=AXES)

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.tables import TableStepModel, load_step_model
-from simulator.batch import StepBatch, StepFeatures
-from simulator.errors import InputError
-from simulator.step_model import FeatureStepModel
+from stepcal.costmodel.tables import TableStepModel, load_step_model
+from stepcal.simulator.batch import StepBatch, StepFeatures
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.step_model import FeatureStepModel
 from tests.costmodel.conftest import SPEC, decode_ms, gemm_ms, prefill_ms
 
 
@@ -70,7 +70,7 @@ def test_vectorised_and_single_step_paths_agree(fitted_tables):
 
 
 def test_host_terms_in_meta_are_added_once(fitted_tables, tmp_path):
-    from experiments.step_models import resolve_step_model
+    from stepcal.experiments.step_models import resolve_step_model
     copy = tmp_path / "t"
     shutil.copytree(fitted_tables, copy)
     meta = json.loads((copy / "meta.json").read_text())
@@ -100,8 +100,8 @@ def test_broken_table_directories_fail_with_a_message(fitted_tables, tmp_path):
 def test_tensor_parallel_tables_add_two_all_reduces_per_layer(tmp_path):
     """TP > 1 with all-reduce data: a term on num_tokens, 2 x layers x the fitted all-reduce of
     num_tokens x hidden elements; TP > 1 without it: the term is listed as missing."""
-    from experiments.cli import main
-    from simulator.model_spec import PRESETS
+    from stepcal.experiments.cli import main
+    from stepcal.simulator.model_spec import PRESETS
     from tests.costmodel.conftest import make_profile
     spec = PRESETS["tiny"]
     make_profile().to_parquet(tmp_path / "profile.parquet", index=False)

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from costmodel.tables import load_step_model, write_meta
-from costmodel.terms import TERM_KINDS, AdditiveStep, DecodeAttention, FeatureCurve, PrefillAttention
-from simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, feature_row
-from simulator.errors import InputError
+from stepcal.costmodel.tables import load_step_model, write_meta
+from stepcal.costmodel.terms import TERM_KINDS, AdditiveStep, DecodeAttention, FeatureCurve, PrefillAttention
+from stepcal.simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, feature_row
+from stepcal.simulator.errors import InputError
 
 
 def write_tables(directory, terms) -> None:
@@ -136,7 +136,7 @@ def test_a_biased_term_moves_by_z_spreads_and_keeps_its_fast_path():
 
 
 def test_drawn_tables_keep_the_tables_path_and_move_each_term_by_its_spread(tmp_path):
-    from simulator.ranges import with_bias
+    from stepcal.simulator.ranges import with_bias
     write_tables(tmp_path, grid_terms())
     model = load_step_model(tmp_path)
     z = {"overhead": 0.7, "decode_attn": -2.0, "prefill_attn": 1.1}

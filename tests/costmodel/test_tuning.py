@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from costmodel.additive import AdditiveGridRegressor
-from costmodel.tuning import _folds, _score, tune
+from stepcal.costmodel.additive import AdditiveGridRegressor
+from stepcal.costmodel.tuning import _folds, _score, tune
 
 
 def steps_with_a_few_big_prefills(seed: int = 0):

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.export import DEFAULT_HBM_GBPS, attention_features
-from costmodel.vidur_keys import STORED_KEYS
-from costmodel.vidur_models import (
+from stepcal.costmodel.export import DEFAULT_HBM_GBPS, attention_features
+from stepcal.costmodel.vidur_keys import STORED_KEYS
+from stepcal.costmodel.vidur_models import (
     MLP_REQUIRED,
     STATS,
     VIDUR_MODELS,
@@ -31,10 +31,10 @@ from costmodel.vidur_models import (
     mlp_rows,
     num_tokens_sweep,
 )
-from experiments.cli import main
-from experiments.commands.tables import DEFAULT_HBM_GBPS as FLAG_DEFAULT
-from simulator.batch import batch_row
-from simulator.model_spec import PRESETS, ModelSpec, Parallelism
+from stepcal.experiments.cli import main
+from stepcal.experiments.commands.tables import DEFAULT_HBM_GBPS as FLAG_DEFAULT
+from stepcal.simulator.batch import batch_row
+from stepcal.simulator.model_spec import PRESETS, ModelSpec, Parallelism
 from tests.costmodel.conftest import make_profile
 
 LLAMA2_7B_KEYS = dict(n_head=32, n_kv_head=32, n_embd=4096, n_expanded_embd=11008, use_gated_mlp=True)
@@ -334,8 +334,8 @@ def test_head_norms_ride_in_the_first_norms_column(vidur_fits, tmp_path, capsys)
     roofline time per call is added to input_layernorm's, and the line says so."""
     from dataclasses import replace
 
-    from costmodel.compose_elementwise import roofline_call_ms, roofline_ops
-    from costmodel.devices import find_device
+    from stepcal.costmodel.compose_elementwise import roofline_call_ms, roofline_ops
+    from stepcal.costmodel.devices import find_device
     tables = vidur_fits["roofline"]
     plain_spec = PRESETS["llama-2-7b"]
     with_norms = relabelled(tables, replace(plain_spec, name="llama-2-7b-qk", qk_norm=True), tmp_path)

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from profiler.engine import Engine, EngineConfig
-from profiler.model import build_model
-from simulator.model_spec import PRESETS
-from simulator.schedulers import SchedulerConfig
+from stepcal.profiler.engine import Engine, EngineConfig
+from stepcal.profiler.model import build_model
+from stepcal.simulator.model_spec import PRESETS
+from stepcal.simulator.schedulers import SchedulerConfig
 from tests.simulator.factories import make_trace
 
 

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from profiler.engine import slowdown
-from profiler.engine.slowdown import SLOWED_ALONE_RATIO, SLOWED_RATIO, WINDOW_STEPS, slowest_windows
-from simulator.measured_run import SAME_PLACE
+from stepcal.experiments.cli import main
+from stepcal.profiler.engine import slowdown
+from stepcal.profiler.engine.slowdown import SLOWED_ALONE_RATIO, SLOWED_RATIO, WINDOW_STEPS, slowest_windows
+from stepcal.simulator.measured_run import SAME_PLACE
 
 
 def _steps(seed: int, num_steps: int = 400, slow: tuple[int, int, float] | None = None) -> pd.DataFrame:
@@ -68,7 +68,7 @@ def test_the_repeat_most_slowed_beyond_the_others_is_served_again_first(monkeypa
     in the other repeats too (the engine's share), repeat 1's in it alone."""
     from types import SimpleNamespace
 
-    from profiler.engine.measure import mark_slowest_windows
+    from stepcal.profiler.engine.measure import mark_slowest_windows
     windows = [slowdown.SlowestWindow(1.9, 0.0, 1.0, others=1.45),   # excess 1.31
                slowdown.SlowestWindow(1.6, 2.0, 3.0, others=1.0),    # excess 1.6
                slowdown.SlowestWindow(1.1, 0.0, 1.0, others=1.0)]    # not slowed
@@ -150,7 +150,7 @@ def test_serve_slowed_again_keeps_a_stretch_in_the_same_place_and_moves_on_to_th
     the retries stop at their number."""
     from types import SimpleNamespace
 
-    from profiler.engine.measure import serve_slowed_again
+    from stepcal.profiler.engine.measure import serve_slowed_again
     W = slowdown.SlowestWindow
     clean, early, late = W(1.0, 0.0, 0.1, 1.0), W(1.8, 1.0, 1.5, 1.0), W(1.5, 3.0, 3.5, 1.0)
     answers = [[early, clean, late], [early, clean, late], [early, clean, clean]]

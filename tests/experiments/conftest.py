@@ -1,7 +1,7 @@
 """Fixtures shared by the experiments tests."""
 import pytest
 
-from experiments.cli import main
+from stepcal.experiments.cli import main
 
 PAIRS_TRACE = "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12"
 
@@ -22,7 +22,7 @@ def paired_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """A continuous-batching run of 40 requests on the engine, loaded (calibration's tests)."""
-    from experiments.validation.measured import load_measured_run
+    from stepcal.experiments.validation.measured import load_measured_run
     out = tmp_path_factory.mktemp("m") / "run"
     assert main(["measure", "--trace", "poisson:rate=30,n=40,prompt=uniform:8:80,output=uniform:2:16",
                  "--scheduler", "continuous", "--quiet", "--out", str(out)]) == 0

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from experiments.backends import BACKENDS, InlineRunner, open_runner, ordered
-from simulator.errors import InputError
+from stepcal.experiments.backends import BACKENDS, InlineRunner, open_runner, ordered
+from stepcal.simulator.errors import InputError
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 
@@ -67,7 +67,7 @@ def test_a_program_read_from_stdin_pools_by_fork_instead_of_hanging(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    program = ("from experiments.backends import open_runner, ordered, usable_start_method\n"
+    program = ("from stepcal.experiments.backends import open_runner, ordered, usable_start_method\n"
                "from tests.experiments.test_backends import scaled\n"
                "print(usable_start_method('spawn'))\n"
                "with open_runner(scaled, {'factor': 3}, workers=2) as runner:\n"
@@ -79,7 +79,7 @@ def test_a_program_read_from_stdin_pools_by_fork_instead_of_hanging(tmp_path):
 
 
 def test_a_program_with_a_file_keeps_spawn():
-    from experiments.backends import usable_start_method
+    from stepcal.experiments.backends import usable_start_method
     assert usable_start_method("spawn") == "spawn" and usable_start_method("fork") == "fork"
 
 

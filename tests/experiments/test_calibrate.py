@@ -3,13 +3,19 @@ import json
 import numpy as np
 import pytest
 
-from experiments.cli import main
-from experiments.step_models import resolve_step_model
-from experiments.validation.calibration import OBJECTIVE, SUMMARY_OBJECTIVE, TERM_NAMES, _step_scale_ms, calibrate
-from experiments.validation.measured import load_measured_run
-from simulator.batch import StepBatch
-from simulator.measured_run import RunStats
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.experiments.cli import main
+from stepcal.experiments.step_models import resolve_step_model
+from stepcal.experiments.validation.calibration import (
+    OBJECTIVE,
+    SUMMARY_OBJECTIVE,
+    TERM_NAMES,
+    _step_scale_ms,
+    calibrate,
+)
+from stepcal.experiments.validation.measured import load_measured_run
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.measured_run import RunStats
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.simulated_truth import served_as
 
 
@@ -28,8 +34,8 @@ def test_calibration_recovers_host_time_a_base_model_misses(measured):
     """The measured workload served at a constant step time (a run simulated from it, so that the
     figures do not depend on this machine's speed); a base model at half that step time: calibration
     must add the missing host time."""
-    from experiments.validation.measured import sim_config_for
-    from simulator.simulation import simulate
+    from stepcal.experiments.validation.measured import sim_config_for
+    from stepcal.simulator.simulation import simulate
     step_ms = 2.0     # the truth's step time: the same load on any machine (as test_calibration_bias)
     truth = simulate(measured.trace, LinearStepModel(step_ms, 0.0, 0.0), sim_config_for(measured))
     run = served_as(measured, truth)
@@ -72,8 +78,8 @@ def test_calibrate_cli_writes_a_step_model_directory(measured, tmp_path, capsys)
 def test_a_per_step_gap_is_fitted_as_per_step_time_not_per_sequence(measured):
     """A run whose every step costs 1.5 ms more than the base model: calibration finds it in the per-step
     term, and the per-sequence and per-token terms add next to nothing to a step."""
-    from experiments.validation.measured import sim_config_for
-    from simulator.simulation import simulate
+    from stepcal.experiments.validation.measured import sim_config_for
+    from stepcal.simulator.simulation import simulate
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTermsModel(base, HostTerms(1.5, 0.0, 0.0, 0.0))
     simulated = simulate(measured.trace, truth, sim_config_for(measured))
@@ -95,8 +101,8 @@ def test_per_sequence_and_per_token_time_found_at_a_low_load_carries_to_three_ti
     load the prefill chunks' per-token cost looks like a skewed front end; the fit must find it as
     step time (searched from the two-term fit alone, it kept 0.61 ms per step and a front-end shape
     instead, and three times the load came out 10-31% fast), so that three times the load is right."""
-    from simulator.simulation import SimConfig, simulate
-    from simulator.workload import load_workload
+    from stepcal.simulator.simulation import SimConfig, simulate
+    from stepcal.simulator.workload import load_workload
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTermsModel(base, HostTerms(per_step_ms=0.45, per_seq_ms=0.03, per_token_ms=0.008,
                                            per_request_ms=0.3))
@@ -130,9 +136,9 @@ def synthetic_run(trace, model, front_end_seed: int, scatter=None):
     from dataclasses import asdict
     from pathlib import Path
 
-    from experiments.validation.measured import MeasuredRun
-    from simulator.schedulers import SchedulerConfig
-    from simulator.simulation import SimConfig, simulate
+    from stepcal.experiments.validation.measured import MeasuredRun
+    from stepcal.simulator.schedulers import SchedulerConfig
+    from stepcal.simulator.simulation import SimConfig, simulate
     config = SimConfig(scheduler="vllm", front_end=model.front_end, front_end_seed=front_end_seed,
                        scatter=scatter, scatter_seed=front_end_seed, record_batches=False)
     result = simulate(trace, model, config)
@@ -147,7 +153,7 @@ def test_calibration_recovers_a_front_end_distribution_and_its_load_part():
     drawn with another seed than calibration simulates with: the fit recovers the three from the
     TTFT distribution, each within three of its standard errors (and the step terms stay near zero,
     the base model being the true one)."""
-    from simulator.workload import load_workload
+    from stepcal.simulator.workload import load_workload
     base = LinearStepModel(4.0, 0.02, 0.0005)
     truth = HostTerms(per_request_ms=25.0, per_request_sigma=0.5, per_stream_ms=3.0)
     trace = load_workload("poisson:rate=12,n=300,prompt=uniform:64:512,output=uniform:16:128", seed=3)
@@ -169,8 +175,8 @@ def test_calibration_recovers_a_front_end_distribution_and_its_load_part():
 
 def test_calibration_keeps_a_constant_front_end_constant(measured):
     """A run whose request path is a constant: the shape terms do not earn their place."""
-    from experiments.validation.measured import sim_config_for
-    from simulator.simulation import simulate
+    from stepcal.experiments.validation.measured import sim_config_for
+    from stepcal.simulator.simulation import simulate
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTerms(per_step_ms=0.5, per_request_ms=6.0)
     simulated = simulate(measured.trace, HostTermsModel(base, truth), sim_config_for(measured, 0.0, truth.front_end))
@@ -192,8 +198,8 @@ def test_calibrate_stores_the_measured_scatter_and_ranges_draw_it(tmp_path):
     assert main(["calibrate", "--measured", str(run), "--step-model", "const:1", "--max-simulations", "30",
                  "--quiet", "--out", str(out)]) == 0
     scatter = json.loads((out / "meta.json").read_text())["scatter"]
-    from experiments.validation.noise import run_noise
-    from experiments.validation.steps import step_noise_floor
+    from stepcal.experiments.validation.noise import run_noise
+    from stepcal.experiments.validation.steps import step_noise_floor
     noise, floor = run_noise(load_measured_run(run)), step_noise_floor(load_measured_run(run))
     assert scatter["cv"] == pytest.approx(np.sqrt(np.expm1(noise.sigma_log ** 2))) and scatter["rho"] == noise.rho
     assert scatter["run_cv"] == pytest.approx(np.sqrt(np.expm1(np.log1p(floor.total_difference) ** 2 / 2)))
@@ -218,7 +224,7 @@ def test_calibrate_stores_the_measured_scatter_and_ranges_draw_it(tmp_path):
 
 
 def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):
-    from experiments.validation.scatter import measured_scatter
+    from stepcal.experiments.validation.scatter import measured_scatter
     run = tmp_path / "run"
     assert main(["measure", "--trace", "poisson:rate=30,n=30,prompt=uniform:8:60,output=uniform:2:12",
                  "--scheduler", "continuous", "--repeats", "2", "--quiet", "--out", str(run)]) == 0
@@ -245,14 +251,14 @@ def two_repeat_run(trace, model, seeds=(99, 98), scatter=None):
     step scatter, given one)."""
     from dataclasses import replace
 
-    from experiments.validation.measured import mean_over_repeats
+    from stepcal.experiments.validation.measured import mean_over_repeats
     first, second = (synthetic_run(trace, model, front_end_seed=seed, scatter=scatter) for seed in seeds)
     stats = mean_over_repeats([first.stats, second.stats])
     return replace(first, stats=stats, later_requests=(second.requests,), num_repeats=2), first
 
 
 def test_pooled_statistics_of_one_repeat_are_that_repeat_s_and_a_second_one_narrows_them(measured):
-    from experiments.validation.request_stats import (
+    from stepcal.experiments.validation.request_stats import (
         FRONT_OBJECTIVE,
         LoadGroups,
         active_at_arrival,
@@ -278,7 +284,7 @@ def test_calibration_fits_every_repeat_against_its_own_queue():
     """Two repeats of a run served with a log-normal request path and a per-stream part (different draws in
     each): the fit uses both (each repeat's requests grouped by that repeat's active streams), recovers the
     front end within three standard errors, and states how many repeats it fitted."""
-    from simulator.workload import load_workload
+    from stepcal.simulator.workload import load_workload
     base = LinearStepModel(4.0, 0.02, 0.0005)
     truth = HostTerms(per_request_ms=25.0, per_request_sigma=0.5, per_stream_ms=3.0)
     trace = load_workload("poisson:rate=12,n=300,prompt=uniform:64:512,output=uniform:16:128", seed=3)

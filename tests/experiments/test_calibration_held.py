@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from costmodel.tables import load_step_model
-from experiments.cli import main
-from experiments.validation.calibration import calibrate, held_terms
-from experiments.validation.measured import sim_config_for
-from simulator.simulation import simulate
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.costmodel.tables import load_step_model
+from stepcal.experiments.cli import main
+from stepcal.experiments.validation.calibration import calibrate, held_terms
+from stepcal.experiments.validation.measured import sim_config_for
+from stepcal.simulator.simulation import simulate
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.costmodel.conftest import make_step_log
 from tests.costmodel.test_host_term import _fit, _profile
 from tests.experiments.simulated_truth import served_as

@@ -3,9 +3,9 @@ variety, scaled up by the fit's misfit (issue 17)."""
 import numpy as np
 import pytest
 
-from experiments.validation.calibration import _misfit_ratio, calibrate
-from simulator.ranges import Scatter
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.experiments.validation.calibration import _misfit_ratio, calibrate
+from stepcal.simulator.ranges import Scatter
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.test_calibrate import two_repeat_run
 
 SCATTER = Scatter(cv=0.08, rho=0.8)
@@ -17,7 +17,7 @@ TRUTH = HostTerms(per_step_ms=1.0, per_request_ms=3.0)
 
 @pytest.fixture(scope="module")
 def run():
-    from simulator.workload import load_workload
+    from stepcal.simulator.workload import load_workload
     trace = load_workload("poisson:rate=20,n=200,prompt=uniform:32:256,output=uniform:8:64", seed=4)
     # two repeats of the same requests, each with the device's step scatter drawn from its own seed
     return two_repeat_run(trace, HostTermsModel(BASE, TRUTH), seeds=(11, 12), scatter=SCATTER)[0]
@@ -40,7 +40,7 @@ def test_the_noise_grows_with_the_scatter_and_shrinks_with_the_repeats(run):
     the cv, and half for the mean of two repeats against one. A run without scatter is bootstrapped."""
     from dataclasses import replace
 
-    from experiments.validation.calibration import SUMMARY_OBJECTIVE, _Fit, _noise_covariance
+    from stepcal.experiments.validation.calibration import SUMMARY_OBJECTIVE, _Fit, _noise_covariance
 
     def variances(scatter, measured):
         fit = _Fit(measured, BASE, scatter)

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.validation.calibration import OBJECTIVE, calibrate
-from experiments.validation.request_stats import (
+from stepcal.experiments.validation.calibration import OBJECTIVE, calibrate
+from stepcal.experiments.validation.request_stats import (
     PREFILL_SLOPE_KEY,
     SLOPE_KEY,
     STREAM_SLOPE_KEY,
@@ -21,7 +21,7 @@ from experiments.validation.request_stats import (
     prefill_tokens_alongside,
     repeat_groups,
 )
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.test_calibrate import synthetic_run
 
 
@@ -78,7 +78,7 @@ def test_the_request_search_prices_a_prompt_token_from_the_slope():
     """A run whose prefill costs 0.02 ms a token more than the base, with a 3 ms request path: the
     search finds the per-token term (the slope is in its objective and in the record) and not a
     per-request term that would take the prefill's place."""
-    from simulator.workload import load_workload
+    from stepcal.simulator.workload import load_workload
     base = LinearStepModel(1.0, 0.01, 0.0005)
     truth = HostTerms(per_step_ms=0.3, per_token_ms=0.02, per_request_ms=3.0)
     trace = load_workload("poisson:rate=15,n=200,prompt=uniform:32:1024,output=uniform:8:64", seed=2)
@@ -152,7 +152,7 @@ def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
     """A run whose steps cost 0.15 ms a sequence more than the base, with a 2 ms request path: the search
     puts a clear part of it on the per-sequence term, which a per-step one would mimic at the
     calibration load only (without the TPOT slope, this budget found 0.03 ms per sequence)."""
-    from simulator.workload import load_workload
+    from stepcal.simulator.workload import load_workload
     base = LinearStepModel(1.0, 0.01, 0.0005)
     truth = HostTerms(per_step_ms=0.1, per_seq_ms=0.15, per_request_ms=2.0)
     trace = load_workload("poisson:rate=15,n=200,prompt=uniform:32:1024,output=uniform:8:64", seed=2)
@@ -191,14 +191,14 @@ class _SlopeFit:
 
 
 def test_a_slope_gap_within_the_noise_starts_no_per_token_term():
-    from experiments.validation.calibration import GAP_STD_ERRS, _slope_gap_ms
+    from stepcal.experiments.validation.calibration import GAP_STD_ERRS, _slope_gap_ms
     assert _slope_gap_ms(_SlopeFit(0.05, 0.04, 0.002), HostTerms()) == pytest.approx(0.01)
     assert _slope_gap_ms(_SlopeFit(0.05, 0.05 - 0.9 * GAP_STD_ERRS * 0.002, 0.002), HostTerms()) == 0.0
     assert _slope_gap_ms(_SlopeFit(0.05, 0.04, None), HostTerms()) == pytest.approx(0.01)   # noise unknown
 
 
 def test_the_measured_slope_has_a_standard_error(measured):
-    from experiments.validation.calibration import _Fit
+    from stepcal.experiments.validation.calibration import _Fit
     fit = _Fit(measured, LinearStepModel(1.0, 0.01, 0.0005))
     std_err = fit.slope_std_err(SLOPE_KEY)
     # no bound against the slope itself: both are timed on this machine, and on a noisy VM a run of
@@ -211,7 +211,7 @@ def test_a_tpot_slope_gap_moves_step_time_to_the_sequences():
     """The first fit priced 1 ms per step and no sequence; TPOT rises 0.1 ms per stream more in the run
     than in its simulation, with five sequences in a request's steps: the extra start is 0.1 ms per
     sequence and 0.5 per step (the same TPOT at the calibration load). Within the noise: no start."""
-    from experiments.validation.calibration import TERM_NAMES, _tpot_gap_start
+    from stepcal.experiments.validation.calibration import TERM_NAMES, _tpot_gap_start
     scale = np.array([2.0, 0.5, 0.01, 10.0])
     x = np.array([1.0 / 2.0, 0.0, 0.0, 3.0 / 10.0])
 

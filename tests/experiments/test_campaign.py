@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
-from experiments.campaign.campaign import RETRY_SPENT
-from experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
-from simulator.errors import InputError
+from stepcal.experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
+from stepcal.experiments.campaign.campaign import RETRY_SPENT
+from stepcal.experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
+from stepcal.simulator.errors import InputError
 
 SMALL_GRID = {
     "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 2},   # one before the measurements, one after
@@ -40,7 +40,7 @@ def test_campaign_runs_every_stage(tmp_path, capsys):
     headline = campaign.run()
     out = tmp_path / "qs"
     # the device's history: nothing earlier; both loads' runs added, a pair each
-    from experiments.validation.device_history import read_history
+    from stepcal.experiments.validation.device_history import read_history
     assert campaign.history_used == [] and list(read_history(tmp_path / "history.jsonl").entries) == campaign.history_added
     assert [(e.run, len(e.ratios)) for e in campaign.history_added] == [
         (str(out / "measured/continuous" / load), 1) for load in ("load_30", "load_70")]
@@ -190,7 +190,7 @@ def test_target_summary_names_the_runs_priced_beyond_the_fitted_batches():
 
 
 def test_profile_reproducibility_compares_each_runs_simulated_values_between_the_halves():
-    from experiments.campaign.headline import profile_reproducibility, reproducibility_line
+    from stepcal.experiments.campaign.headline import profile_reproducibility, reproducibility_line
 
     def row(error, noise=0.0):
         return HeadlineRow.from_dict({"model": "profiled", "held_out": True, **{
@@ -215,7 +215,7 @@ def test_profile_reproducibility_compares_each_runs_simulated_values_between_the
 def test_late_over_early_matches_the_halves_whole_steps_point_by_point():
     import pandas as pd
 
-    from experiments.campaign.headline import late_over_early
+    from stepcal.experiments.campaign.headline import late_over_early
 
     def half(times, op="step", status="ok"):
         return pd.DataFrame({"point_key": ["a", "b", "c", "d"][:len(times)], "name": "x", "op": op,
@@ -243,7 +243,7 @@ def test_headline_table_lines():
     rows = [HeadlineRow.from_dict({"scheduler": "sarathi", "load": 0.3, "model": "tables", "held_out": False,
                                    "step_mape": 0.25, "step_mape.noise": None, "step_total": -0.5,
                                    "step_total.noise": 0.1, **cells})]
-    from experiments.campaign import Headline
+    from stepcal.experiments.campaign import Headline
     lines = format_headline(Headline({"sarathi": 12.345}, rows, {}, 1.0)).splitlines()
     assert lines[0] == "capacity (saturation throughput): sarathi 12.3 req/s"
     assert lines[4] == ("sarathi      30% tables            25.0% [    -]     -50.0% [+10.0%]  "
@@ -275,7 +275,7 @@ def test_the_campaign_names_the_servings_its_profiled_fit_left_out(tmp_path):
 
 
 def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_run(tmp_path):
-    from experiments.campaign import training_logs
+    from stepcal.experiments.campaign import training_logs
     for s in ("continuous", "sarathi"):
         for run in ("load_30/repeat_0", "load_30/repeat_1", "load_60/repeat_0", "saturation/repeat_0"):
             (tmp_path / s / run).mkdir(parents=True)
@@ -295,7 +295,7 @@ def test_training_logs_take_every_schedulers_calibration_repeats_and_saturation_
     (["--arrivals", "gamma:0"], "--arrivals: expected poisson or gamma:CV"),
 ])
 def test_quickstart_rejects_bad_flags_in_one_line_before_any_work(tmp_path, capsys, flags, message):
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     out = tmp_path / "qs"
     assert main(["quickstart", *flags, "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -307,9 +307,9 @@ class _StopAfterFit(Exception):
 
 
 def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, monkeypatch):
-    import experiments.fitting as fit
-    import experiments.profiling as profiling
-    import profiler.engine.measure as measure
+    import stepcal.experiments.fitting as fit
+    import stepcal.experiments.profiling as profiling
+    import stepcal.profiler.engine.measure as measure
     calls = {}
 
     def profile_kernels(model_spec, out, **kwargs):
@@ -352,7 +352,7 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
 
 
 def test_bursty_arrivals_make_a_gamma_workload(tmp_path):
-    from simulator.workload import load_workload
+    from stepcal.simulator.workload import load_workload
     config = CampaignConfig(out=tmp_path, arrivals="gamma:4", num_requests=50)
     spec = config.workload(2.0)
     assert spec.startswith("gamma:rate=2,cv=4,n=50,")
@@ -363,8 +363,8 @@ def test_fit_options_default_to_the_fit_flags():
     """The campaign fits with FitOptions' defaults: they must be what `stepcal fit` does by default."""
     from dataclasses import fields
 
-    from experiments.cli import build_parser
-    from experiments.fitting import FitOptions
+    from stepcal.experiments.cli import build_parser
+    from stepcal.experiments.fitting import FitOptions
     args = build_parser().parse_args(["fit", "--profile", "p.parquet", "--out", "t"])
     options = FitOptions(profile=["p.parquet"], out="t")
     assert {f.name: getattr(options, f.name) for f in fields(FitOptions)} == {
@@ -372,7 +372,7 @@ def test_fit_options_default_to_the_fit_flags():
 
 
 def test_a_failing_stage_says_which_stage_and_command(tmp_path, monkeypatch, capsys):
-    import experiments.profiling as profiling
+    import stepcal.experiments.profiling as profiling
 
     def bad_grid(*args, **kwargs):
         raise InputError("--grid nope: no such grid")
@@ -389,7 +389,7 @@ def test_a_failing_stage_says_which_stage_and_command(tmp_path, monkeypatch, cap
 
 
 def test_repeats_interleave_and_every_other_pass_is_rotated_by_half(tmp_path, monkeypatch):
-    import profiler.engine.measure as measure
+    import stepcal.profiler.engine.measure as measure
     outs = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: outs.append((str(out), workload)))
     monkeypatch.setattr(measure, "combine_repeats",
@@ -421,9 +421,9 @@ def test_every_runs_repeats_lie_half_a_pass_apart_and_centred(tmp_path, schedule
 
 
 def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp_path, monkeypatch, capsys):
-    import profiler.engine.slowdown as slowdown
-    import simulator.measured_run as measured_run
-    from profiler.engine.slowdown import SlowestWindow
+    import stepcal.profiler.engine.slowdown as slowdown
+    import stepcal.simulator.measured_run as measured_run
+    from stepcal.profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append((scheduler, workload, out)))
     monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
@@ -454,9 +454,9 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
 
 def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, monkeypatch):
     # gpu/gpu_campaign.py: a device lent for minutes has no time for repeats served again
-    import profiler.engine.slowdown as slowdown
-    import simulator.measured_run as measured_run
-    from profiler.engine.slowdown import SlowestWindow
+    import stepcal.profiler.engine.slowdown as slowdown
+    import stepcal.simulator.measured_run as measured_run
+    from stepcal.profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append(out))
     monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
@@ -467,7 +467,7 @@ def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, mo
 
 
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
-    import experiments.validation.calibration as calibration
+    import stepcal.experiments.validation.calibration as calibration
     calls = []
     hints = []
     monkeypatch.setattr(calibration, "calibrate_step_model",

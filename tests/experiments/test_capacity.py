@@ -3,13 +3,13 @@ import json
 import numpy as np
 import pytest
 
-from experiments.capacity import RateEvaluator, aggregated, check_above, search_capacity
-from experiments.cli import main
-from experiments.step_models import resolve_step_model
-from simulator.errors import InputError
-from simulator.simulation import SimConfig, simulate
-from simulator.workload import load_workload, rescale_rate
-from simulator.workload.transforms import mean_rate_rps
+from stepcal.experiments.capacity import RateEvaluator, aggregated, check_above, search_capacity
+from stepcal.experiments.cli import main
+from stepcal.experiments.step_models import resolve_step_model
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.simulation import SimConfig, simulate
+from stepcal.simulator.workload import load_workload, rescale_rate
+from stepcal.simulator.workload.transforms import mean_rate_rps
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 TRACE = "poisson:rate=4,n=200,prompt=uniform:32:512,output=uniform:8:128,seed=3"
@@ -155,7 +155,7 @@ SMALL_TRACE = "poisson:rate=4,n=60,prompt=uniform:32:512,output=uniform:8:128,se
 
 def replicated_steps(boundaries_rps: list[float]):
     """Fake replications: replication i meets every SLO up to its own boundary, half of them above it."""
-    from experiments.capacity.ranges import ReplicatedRates
+    from stepcal.experiments.capacity.ranges import ReplicatedRates
 
     def run(seeds, rate):
         return [{"slo_attainment": 1.0 if rate <= boundaries_rps[s] else 0.5} for s in seeds]
@@ -163,7 +163,7 @@ def replicated_steps(boundaries_rps: list[float]):
 
 
 def test_each_bound_is_where_its_percentile_of_the_replications_crosses_the_target():
-    from experiments.capacity.ranges import search_capacity_ranges
+    from stepcal.experiments.capacity.ranges import search_capacity_ranges
     boundaries = [float(b) for b in np.linspace(8.0, 16.0, 21)]   # replication i fails above 8 + 0.4 i req/s
     replicated = replicated_steps(boundaries)
     curves = search_capacity_ranges(replicated, start_rps=5.0, target_attainment=0.9, tolerance=0.01)
@@ -178,7 +178,7 @@ def test_each_bound_is_where_its_percentile_of_the_replications_crosses_the_targ
 
 
 def test_a_bound_that_never_crosses_is_beyond_the_searched_range_not_a_number():
-    from experiments.capacity.ranges import format_ranges, search_capacity_ranges
+    from stepcal.experiments.capacity.ranges import format_ranges, search_capacity_ranges
     replicated = replicated_steps([6.0, 8.0, 10.0, 200.0, 300.0])
     curves = search_capacity_ranges(replicated, start_rps=5.0, target_attainment=0.9, tolerance=0.02, max_rps=50.0)
     assert curves["median"].beyond is None and curves["median"].max_rate_rps <= 10.0
@@ -232,9 +232,9 @@ def test_the_capacity_interval_widens_with_the_scatter_and_the_png_shows_it(tmp_
 
 def capacity_ranges_on(backend: str, workers: int) -> tuple[dict, dict]:
     """Each curve's capacity and every probed rate's replications, run on `backend`."""
-    from experiments.capacity.ranges import ReplicatedRates, search_capacity_ranges
-    from experiments.replications import ReplicaPool, keep_summary
-    from simulator.ranges import Scatter
+    from stepcal.experiments.capacity.ranges import ReplicatedRates, search_capacity_ranges
+    from stepcal.experiments.replications import ReplicaPool, keep_summary
+    from stepcal.simulator.ranges import Scatter
     trace, model = load_workload(SMALL_TRACE), resolve_step_model(STEP_MODEL)
     config = SimConfig(scheduler="sarathi", slo_ttft_ms=300, slo_tpot_ms=40, scatter=Scatter(0.2, 0.5))
     with ReplicaPool(trace, model, config, workers, backend=backend) as pool:

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.campaign import Campaign, CampaignConfig
-from experiments.validation import device_history
-from experiments.validation.device_history import HistoryEntry, history_file, read_history, record_runs
-from experiments.validation.measured import load_measured_run
-from experiments.validation.scatter import pooled_run_cv, speed_log_ratios
+from stepcal.experiments.campaign import Campaign, CampaignConfig
+from stepcal.experiments.validation import device_history
+from stepcal.experiments.validation.device_history import HistoryEntry, history_file, read_history, record_runs
+from stepcal.experiments.validation.measured import load_measured_run
+from stepcal.experiments.validation.scatter import pooled_run_cv, speed_log_ratios
 
 
 def entry(run, ratios=(0.1,), campaign="/c", **device):
@@ -74,7 +74,7 @@ def test_the_ledger_is_found_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_calibrate_pools_history_pairs_whose_runs_are_gone(paired_runs, tmp_path):
-    from experiments.validation.calibration import calibrate_step_model
+    from stepcal.experiments.validation.calibration import calibrate_step_model
     gone = tmp_path / "gone"
     shutil.copytree(paired_runs["b"], gone)
     [recorded] = record_runs(tmp_path / "h.jsonl", [gone], "earlier")
@@ -90,8 +90,8 @@ def test_calibrate_pools_history_pairs_whose_runs_are_gone(paired_runs, tmp_path
 
 
 def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(tmp_path, monkeypatch):
-    import experiments.validation.calibration as calibration
-    from profiler.fingerprint import hardware_fingerprint
+    import stepcal.experiments.validation.calibration as calibration
+    from stepcal.profiler.fingerprint import hardware_fingerprint
     here = hardware_fingerprint("cpu", num_threads=1)
     device = {k: here[k] for k in device_history.DEVICE_FIELDS if k in here}
     ledger = tmp_path / "h.jsonl"
@@ -114,7 +114,7 @@ def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(
 
 
 def test_quickstart_says_what_the_history_gave_and_got(tmp_path):
-    from experiments.commands.quickstart import history_text
+    from stepcal.experiments.commands.quickstart import history_text
     ledger = tmp_path / "h.jsonl"
     used = [entry("/e/qs1/a", campaign="/e/qs1"), entry("/e/qs1/b", campaign="/e/qs1"),
             entry("/e/qs2/a", ratios=(0.1, 0.2), campaign="/e/qs2")]
@@ -133,7 +133,7 @@ def test_quickstart_says_what_the_history_gave_and_got(tmp_path):
 
 
 def test_the_quickstart_flag_and_its_help_name_the_ledger(monkeypatch, tmp_path, capsys):
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     monkeypatch.setenv("STEPCAL_HISTORY", str(tmp_path / "env.jsonl"))
     assert history_file(None) == tmp_path / "env.jsonl"
     assert history_file("off") is None and history_file(str(tmp_path / "f")) == tmp_path / "f"
@@ -142,7 +142,7 @@ def test_the_quickstart_flag_and_its_help_name_the_ledger(monkeypatch, tmp_path,
 
 
 def test_quickstart_refuses_a_history_it_could_not_write_before_any_work(tmp_path, capsys):
-    from experiments.cli import main
+    from stepcal.experiments.cli import main
     out = tmp_path / "qs"
     (tmp_path / "a_directory").mkdir()
     assert main(["quickstart", "--history", str(tmp_path / "a_directory"), "--out", str(out)]) == 2

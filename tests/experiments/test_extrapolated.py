@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from experiments.validation.extrapolated import beyond_fitted, describe_beyond
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.experiments.cli import main
+from stepcal.experiments.validation.extrapolated import beyond_fitted, describe_beyond
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.costmodel.test_host_term import _fit, _profile
 
 

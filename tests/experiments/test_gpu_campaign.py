@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.campaign import Campaign, CampaignConfig
+from stepcal.experiments.campaign import Campaign, CampaignConfig
 
 SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "gpu_campaign.py"
 
@@ -30,7 +30,7 @@ class FakeClock:
 def served_runs(script, monkeypatch, tmp_path, pilot_s: float, run_s: float, deadline_s: float = 300.0):
     """measure_loads with a clock that each served run advances by its requests' time: `pilot_s` a
     request in the pilot run, `run_s` in the load runs."""
-    import profiler.engine.measure as measure
+    import stepcal.profiler.engine.measure as measure
     clock, served = FakeClock(), []
     monkeypatch.setattr(script, "time", clock)
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main
-from experiments.host_defaults import DEFAULTS_PATH, ENGINE_NAMES, host_defaults, read_serving_defaults
-from simulator.step_model import HostTerms
+from stepcal.experiments.cli import main
+from stepcal.experiments.host_defaults import DEFAULTS_PATH, ENGINE_NAMES, host_defaults, read_serving_defaults
+from stepcal.simulator.step_model import HostTerms
 
 TRACE = "poisson:rate=20,n=200,prompt=uniform:256:1024,output=uniform:8:64"
 
@@ -44,8 +44,8 @@ def _broken(change) -> dict:
     (lambda d: d["engines"]["vllm"]["terms"].pop("per_token_ms"), "must give each of"),
 ])
 def test_a_default_without_its_source_is_refused(change, needle, tmp_path):
-    from experiments.host_defaults import check_serving_defaults
-    from simulator.errors import InputError
+    from stepcal.experiments.host_defaults import check_serving_defaults
+    from stepcal.simulator.errors import InputError
     with pytest.raises(InputError, match=needle.replace("(", r"\(")):
         check_serving_defaults(_broken(change), tmp_path / "serving_defaults.json")
     path = tmp_path / "serving_defaults.json"       # and at use, not only in this test

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from experiments.validation.vllm_bench import read_vllm_bench
-from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from stepcal.experiments.cli import main
+from stepcal.experiments.validation.vllm_bench import read_vllm_bench
+from stepcal.simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
 FLAGS = ["--model-spec", "tiny", "--scheduler", "continuous", "--max-num-seqs", "8", "--kv-blocks", "64", "--quiet"]
@@ -154,7 +154,7 @@ def test_not_json_and_missing_file(tmp_path, capsys):
 
 
 def test_import_without_a_source_shows_usage(capsys):
-    from experiments.cli import build_parser
+    from stepcal.experiments.cli import build_parser
     assert main(["import"]) == 2
     commands = next(action for action in build_parser()._actions if action.dest == "command")
     usage = commands.choices["import"].format_help()

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments.campaign.headline import HeadlineRow, speed_line
-from experiments.cli import main
-from experiments.validation.machine_speed import describe_speed, profile_probes, speed_vs_profile
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.experiments.campaign.headline import HeadlineRow, speed_line
+from stepcal.experiments.cli import main
+from stepcal.experiments.validation.machine_speed import describe_speed, profile_probes, speed_vs_profile
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.costmodel.test_host_term import _fit, _profile
 
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from experiments.validation.noise import NoisyStepModel, StepNoise, estimate_noise
-from simulator.batch import StepBatch
-from simulator.step_model import ConstStepModel
+from stepcal.experiments.validation.noise import NoisyStepModel, StepNoise, estimate_noise
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.step_model import ConstStepModel
 
 
 def ar1(rng, n, sigma, rho):

@@ -3,7 +3,7 @@ draw what simulator.ranges.replicate draws, in this process or in a pool."""
 import numpy as np
 import pytest
 
-from experiments.replications import (
+from stepcal.experiments.replications import (
     CDF_METRICS,
     CDF_QUANTILES,
     ReplicaPool,
@@ -12,11 +12,11 @@ from experiments.replications import (
     quantile_frame,
     scatter_text,
 )
-from simulator.frontend import FrontEnd
-from simulator.ranges import Scatter, replicate, replication_seeds
-from simulator.ranges import run_replication as run_replica
-from simulator.simulation import SimConfig
-from simulator.workload import rescale_rate
+from stepcal.simulator.frontend import FrontEnd
+from stepcal.simulator.ranges import Scatter, replicate, replication_seeds
+from stepcal.simulator.ranges import run_replication as run_replica
+from stepcal.simulator.simulation import SimConfig
+from stepcal.simulator.workload import rescale_rate
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 from tests.simulator.factories import random_trace
 from tests.simulator.test_ranges import FakeTables

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.cli import main
-from experiments.report.build import heldout_table
-from experiments.report.inputs import load_validation
-from experiments.report.plots import decode_grid_ms
-from simulator.step_model import LinearStepModel
+from stepcal.experiments.cli import main
+from stepcal.experiments.report.build import heldout_table
+from stepcal.experiments.report.inputs import load_validation
+from stepcal.experiments.report.plots import decode_grid_ms
+from stepcal.simulator.step_model import LinearStepModel
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -146,7 +146,7 @@ def test_report_logs_its_files_to_mlflow(inputs, tmp_path, capsys):
 
 
 def test_cli_help_loads_no_plotting_or_tracking():
-    code = ("import sys; from experiments.cli import build_parser; build_parser(); "
+    code = ("import sys; from stepcal.experiments.cli import build_parser; build_parser(); "
             "print(sorted(m for m in ('matplotlib', 'mlflow', 'torch', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
@@ -164,7 +164,7 @@ def test_measured_requests_pool_every_repeat(inputs, tmp_path):
 
 
 def test_report_names_tell_validations_of_the_same_run_apart(tmp_path):
-    from experiments.report.build import _unique_names
+    from stepcal.experiments.report.build import _unique_names
     a, b = tmp_path / "tables" / "continuous" / "load_30", tmp_path / "calibrated" / "continuous" / "load_30"
     c, tables = tmp_path / "tables" / "sarathi" / "load_30", tmp_path / "campaign" / "tables"
     names = _unique_names([a, b, c, tables])
@@ -218,8 +218,8 @@ def test_report_cdfs_draw_the_band_of_the_replications(ranged):
     import pandas as pd
     from matplotlib.collections import PolyCollection
 
-    from experiments.report.plots import latency_cdf_figure
-    from experiments.report.ranges import cdf_bands
+    from stepcal.experiments.report.plots import latency_cdf_figure
+    from stepcal.experiments.report.ranges import cdf_bands
     loaded = load_validation(ranged / "validation")
     bands = cdf_bands(loaded.replica_quantiles)
     table = pd.read_parquet(ranged / "validation" / "ranges_percentiles.parquet")
@@ -254,8 +254,8 @@ def simulated(tmp_path_factory):
 
 
 def test_report_on_a_simulation_tabulates_each_interval_and_draws_the_band(simulated):
-    from experiments.report.inputs import SimulationInput, load_input
-    from experiments.report.ranges import cdf_bands
+    from stepcal.experiments.report.inputs import SimulationInput, load_input
+    from stepcal.experiments.report.ranges import cdf_bands
     summary = json.loads((simulated / "ranged" / "summary.json").read_text())
     markdown = (simulated / "report" / "report.md").read_text()
     assert "| metric | stat | plain run | median of the replications | 90% interval |" in markdown

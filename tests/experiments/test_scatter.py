@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from experiments.cli import main
-from experiments.validation.measured import load_measured_run
-from experiments.validation.scatter import pooled_run_cv, speed_log_ratios
+from stepcal.experiments.cli import main
+from stepcal.experiments.validation.measured import load_measured_run
+from stepcal.experiments.validation.scatter import pooled_run_cv, speed_log_ratios
 
 
 def test_one_pair_gives_the_single_pair_formula_and_pairs_pool_their_squares():
@@ -67,8 +67,8 @@ def test_a_history_runs_pairs_are_loaded_once_until_its_step_logs_change(runs, t
     import os
     import shutil
 
-    import experiments.validation.measured as measured
-    from experiments.validation.scatter import run_pairs
+    import stepcal.experiments.validation.measured as measured
+    from stepcal.experiments.validation.scatter import run_pairs
     run = tmp_path / "b"
     shutil.copytree(runs["b"], run)
     loads = []
@@ -99,7 +99,7 @@ def test_scatter_runs_without_a_second_repeat_are_refused_naming_the_run(runs, t
 def test_four_repeats_are_two_pairs_and_each_joins_run_cv(runs, tmp_path):
     """Repeats 0 with 1 and 2 with 3: independent pairs (a third pairing, 1 with 2, would share a
     repeat with both), each the log ratio of the total time of the batches both ran."""
-    from experiments.validation.steps import matched_steps
+    from stepcal.experiments.validation.steps import matched_steps
     run = load_measured_run(runs["four"])
     ratios = speed_log_ratios(run)
     expected = []
@@ -124,7 +124,7 @@ def write_profile(path, points):
 
 
 def test_a_profile_in_two_halves_is_one_more_pair_from_its_whole_steps(tmp_path):
-    from experiments.validation.scatter import profile_log_ratio
+    from stepcal.experiments.validation.scatter import profile_log_ratio
     early = write_profile(tmp_path / "early.parquet", [("s1", "step", 2.0, "ok"), ("s2", "step", 4.0, "ok"),
                                                        ("g1", "gemm", 1.0, "ok"), ("x", "step", 1.0, "ok")])
     late = write_profile(tmp_path / "late.parquet", [("s1", "step", 2.2, "ok"), ("s2", "step", 4.4, "ok"),
@@ -133,14 +133,14 @@ def test_a_profile_in_two_halves_is_one_more_pair_from_its_whole_steps(tmp_path)
     kernels = write_profile(tmp_path / "k.parquet", [("g1", "gemm", 1.5, "ok"), ("a1", "attn_decode", 1.0, "ok")])
     kernels_late = write_profile(tmp_path / "kl.parquet", [("g1", "gemm", 3.0, "ok"), ("a1", "attn_decode", 1.0, "ok")])
     assert profile_log_ratio(kernels, kernels_late) == pytest.approx(np.log(2.0) / 2)   # no steps: every point
-    from simulator.errors import InputError
+    from stepcal.simulator.errors import InputError
     with pytest.raises(InputError, match="no point timed in both"):
         profile_log_ratio(early, write_profile(tmp_path / "other.parquet", [("z", "step", 1.0, "ok")]))
 
 
 def test_a_profile_directory_stands_for_its_profile_table(tmp_path):
-    from experiments.validation.scatter import profile_log_ratio
-    from simulator.errors import InputError
+    from stepcal.experiments.validation.scatter import profile_log_ratio
+    from stepcal.simulator.errors import InputError
     for name, ms in (("early", 2.0), ("late", 3.0)):
         (tmp_path / name).mkdir()
         write_profile(tmp_path / name / "profile.parquet", [("s1", "step", ms, "ok")])
@@ -176,7 +176,7 @@ def copy_run(source, target, **fingerprint):
 def test_a_directory_of_runs_stands_for_each_of_two_or_more_repeats_once(runs, tmp_path):
     """An earlier campaign's directory: its runs of two repeats join run_cv, its single-repeat runs
     (saturation) and its hidden staging are left out, and the calibrated run's own pair counts once."""
-    from experiments.validation.scatter import scatter_run_dirs
+    from stepcal.experiments.validation.scatter import scatter_run_dirs
     campaign = runs["a"].parent     # a, b (two repeats), four (four) and single (one)
     copy_run(runs["b"], campaign / ".staging" / "b")
     assert scatter_run_dirs([campaign]) == [runs["a"], runs["b"], runs["four"]]
@@ -257,7 +257,7 @@ def test_fit_without_paired_logs_takes_the_whole_scatter_from_the_scatter_runs(r
     assert "scatter" not in json.loads((tmp_path / "none" / "meta.json").read_text())
     assert main(fit_args(single, tmp_path / "t", "--scatter-runs", str(runs["a"]), str(runs["b"]))) == 0
     scatter = json.loads((tmp_path / "t" / "meta.json").read_text())["scatter"]
-    from experiments.validation.scatter import measured_scatter
+    from stepcal.experiments.validation.scatter import measured_scatter
     each = [measured_scatter(load_measured_run(runs[k])) for k in ("a", "b")]
     assert scatter["cv"] == pytest.approx(np.median([s["cv"] for s in each]))
     assert scatter["run_cv"] == pytest.approx(pooled_run_cv([r for s in each for r in s["run_cv_log_ratios"]]))

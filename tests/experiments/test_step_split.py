@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.tables import TableStepModel
-from costmodel.terms import FeatureCurve
-from experiments.validation.split import describe_split, step_split, term_parts_ms
-from simulator.batch import StepFeatures, batch_row
-from simulator.step_model import HostTerms, HostTermsModel, ScaledStepModel
+from stepcal.costmodel.tables import TableStepModel
+from stepcal.costmodel.terms import FeatureCurve
+from stepcal.experiments.validation.split import describe_split, step_split, term_parts_ms
+from stepcal.simulator.batch import StepFeatures, batch_row
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, ScaledStepModel
 
 
 def _curve(name, axis, per_unit_ms):
@@ -67,14 +67,14 @@ def test_a_calibrated_base_scale_is_recorded_and_said():
 
 
 def test_no_split_without_terms_or_steps():
-    from simulator.step_model import LinearStepModel
+    from stepcal.simulator.step_model import LinearStepModel
     assert step_split(LinearStepModel(5.0, 0.1, 0.0), _steps(), None) is None
     assert step_split(_tables(), _steps().iloc[:0], None) is None
     assert describe_split(None) is None
 
 
 def test_the_report_shows_each_part_and_the_front_end_apart():
-    from experiments.report.build import split_rows
+    from stepcal.experiments.report.build import split_rows
     rows = split_rows(step_split(_tables(), _steps(), front_end_ms=2.5))
     assert [r[0] for r in rows] == ["kernels", "element-wise", "host",
                                     "front end (per request, TTFT and E2E; not step time)"]
@@ -84,9 +84,9 @@ def test_the_report_shows_each_part_and_the_front_end_apart():
 
 
 def test_the_front_ends_mean_delay_counts_the_streams_each_arrival_found():
-    from experiments.validation.split import mean_front_end_ms
-    from simulator.frontend import FrontEnd
-    from simulator.trace import Trace
+    from stepcal.experiments.validation.split import mean_front_end_ms
+    from stepcal.simulator.frontend import FrontEnd
+    from stepcal.simulator.trace import Trace
     trace = Trace.from_arrays([0.0, 1.0, 2.0], [10, 20, 30], [5, 5, 5])
     # the first is still in the system at 1.0 and 2.0, the second left at 1.5
     requests = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "finish_s": [3.0, 1.5, 4.0]})

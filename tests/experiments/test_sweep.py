@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
-from experiments.sweep.config import Slo
-from experiments.sweep.pareto import best_per_slo, pareto_mask, point_label
-from simulator.errors import InputError
+from stepcal.experiments.cli import main
+from stepcal.experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
+from stepcal.experiments.sweep.config import Slo
+from stepcal.experiments.sweep.pareto import best_per_slo, pareto_mask, point_label
+from stepcal.simulator.errors import InputError
 
 CONFIG = """
 trace = "poisson:rate=5,n=80,prompt=uniform:32:400,output=uniform:4:60,seed=1"
@@ -162,7 +162,7 @@ def test_the_config_example_in_the_help_is_a_valid_config(tmp_path):
     """`stepcal sweep --help` shows a config: it parses, and expands to the grid it describes."""
     import textwrap
 
-    from experiments.commands.sweep import HELP
+    from stepcal.experiments.commands.sweep import HELP
     example = HELP.split("config example (see experiments/sweep/config.py for every key):\n")[1].split("\n\nexamples:")[0]
     path = tmp_path / "sweep.toml"
     path.write_text(textwrap.dedent(example))

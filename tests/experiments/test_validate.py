@@ -3,13 +3,13 @@ import json
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from experiments.validation.compare import ValidationRecord, compare
-from experiments.validation.errors import relative_error
-from experiments.validation.measured import load_measured_run
-from experiments.validation.steps import StepLevelError, step_noise_floor
-from experiments.validation.table import format_table
-from simulator.measured_run import SAME_PLACE, RunStats
+from stepcal.experiments.cli import main
+from stepcal.experiments.validation.compare import ValidationRecord, compare
+from stepcal.experiments.validation.errors import relative_error
+from stepcal.experiments.validation.measured import load_measured_run
+from stepcal.experiments.validation.steps import StepLevelError, step_noise_floor
+from stepcal.experiments.validation.table import format_table
+from stepcal.simulator.measured_run import SAME_PLACE, RunStats
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_validate_replays_the_measured_run(measured, tmp_path, capsys):
 
 def test_a_perfect_step_model_has_zero_step_error(measured):
     run = load_measured_run(measured)
-    from experiments.validation.steps import step_level_error
+    from stepcal.experiments.validation.steps import step_level_error
 
     class Replay:
         """Returns each measured step's own duration."""
@@ -95,11 +95,11 @@ def test_step_matched_errors_isolate_step_time_from_queueing(measured):
     latency is off, but once the model is rescaled to the measured total, nothing is left."""
     from dataclasses import replace
 
-    from experiments.validation.compare import step_matched_errors
-    from experiments.validation.measured import MeasuredRun, sim_config_for
-    from experiments.validation.steps import step_level_error
-    from simulator.simulation import simulate
-    from simulator.step_model import ConstStepModel
+    from stepcal.experiments.validation.compare import step_matched_errors
+    from stepcal.experiments.validation.measured import MeasuredRun, sim_config_for
+    from stepcal.experiments.validation.steps import step_level_error
+    from stepcal.simulator.simulation import simulate
+    from stepcal.simulator.step_model import ConstStepModel
     run = load_measured_run(measured)
     config = sim_config_for(run)
     truth = simulate(run.trace, ConstStepModel(2.0), replace(config, record_batches=True))
@@ -164,7 +164,7 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
 def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path, capsys):
     import shutil
 
-    from profiler.engine.slowdown import SlowestWindow
+    from stepcal.profiler.engine.slowdown import SlowestWindow
     run = tmp_path / "run"
     shutil.copytree(measured, run)
     # Every repeat a copy of the first: the measured repeats differ as the shared machine pleases (a CI
@@ -186,7 +186,7 @@ def test_validate_names_a_measured_repeat_the_machine_slowed(measured, tmp_path,
     assert (f"warning: the machine slowed measured repeat 1 ({window.describe()}): its statistics are in the measured "
             "values above; `stepcal measure --retry-slowed 2` serves such a repeat again") in (out / "validation.md").read_text()
     # what calibrate says of the run it fits
-    from experiments.validation.measured import warn_slowed
+    from stepcal.experiments.validation.measured import warn_slowed
     capsys.readouterr()
     assert warn_slowed(load_measured_run(run), "the terms are fitted to it") == record["slowed_repeats"]
     err = capsys.readouterr().err

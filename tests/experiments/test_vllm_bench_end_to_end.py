@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments.cli import main
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.experiments.cli import main
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 
 BASE = "linear:3,0.01,0.0002"
 SETTINGS = ["--scheduler", "vllm", "--kv-blocks", "2048"]
@@ -20,8 +20,8 @@ def bench_from_simulation(path, model, front_end_seed: int = 5, workload: str = 
     """A `vllm bench serve --save-result` JSON of a deployment that is a simulation with known host terms:
     per request its prompt and output lengths, TTFT, the gaps between its streamed tokens (even, as TPOT
     says), and its start time on the bench's perf_counter clock."""
-    from simulator.simulation import SimConfig, simulate
-    from simulator.workload import load_workload
+    from stepcal.simulator.simulation import SimConfig, simulate
+    from stepcal.simulator.workload import load_workload
     trace = load_workload(workload, seed=2)
     result = simulate(trace, model, SimConfig(scheduler="vllm", kv_blocks=2048, front_end=model.front_end,
                                               front_end_seed=front_end_seed))
@@ -111,7 +111,7 @@ def test_prompts_of_one_length_tell_a_token_from_the_request_path_by_the_prefill
 def test_a_log_without_either_slope_holds_the_per_token_term():
     """Neither TTFT's slope on the prompt nor TPOT's on the prefills alongside (one prompt length, no
     prefill cost showing in TPOT): the per-token term is held at zero, and why is said."""
-    from experiments.validation.calibration import UNTOLD_TOKEN, untold_terms
+    from stepcal.experiments.validation.calibration import UNTOLD_TOKEN, untold_terms
 
     class _NoSlopes:
         def measured(self, key):

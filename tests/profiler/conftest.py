@@ -4,6 +4,6 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
-    from profiler.timing import torch_threads
+    from stepcal.profiler.timing import torch_threads
     with torch_threads(1):
         yield

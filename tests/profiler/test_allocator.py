@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import allocator
-from simulator.errors import InputError
+from stepcal.profiler import allocator
+from stepcal.simulator.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 glibc_only = pytest.mark.skipif(not (hasattr(os, "confstr") and os.confstr("CS_GNU_LIBC_VERSION")),
@@ -19,7 +19,7 @@ glibc_only = pytest.mark.skipif(not (hasattr(os, "confstr") and os.confstr("CS_G
 # word (just before the pointer) has bit 1 set when the chunk was mapped on its own (IS_MMAPPED).
 PROBE = """
 import ctypes, json
-from profiler.allocator import configure_allocator
+from stepcal.profiler.allocator import configure_allocator
 record = configure_allocator()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

@@ -5,14 +5,14 @@ import pandas as pd
 import pytest
 import torch
 
-from costmodel.fitting import MIN_ROWS
-from costmodel.importers.native import import_profile
-from profiler.engine.paged import held_batch
-from profiler.grid import QUICK, Point, expand_grid
-from profiler.ops import OpContext, build_kernel, estimate_bytes
-from profiler.sweep import SweepConfig, run_sweep
-from simulator.errors import InputError
-from simulator.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
+from stepcal.costmodel.fitting import MIN_ROWS
+from stepcal.costmodel.importers.native import import_profile
+from stepcal.profiler.engine.paged import held_batch
+from stepcal.profiler.grid import QUICK, Point, expand_grid
+from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes
+from stepcal.profiler.sweep import SweepConfig, run_sweep
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
 
 TINY = PRESETS["tiny"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05}
@@ -130,6 +130,6 @@ def test_memory_estimate_counts_the_logits_and_the_kv_pool():
 
 
 def test_the_profile_command_offers_every_op_the_grid_knows():
-    from experiments.profiling import OPS as COMMAND_OPS  # kept apart so that --help needs no numpy
-    from profiler.grid import OPS
+    from stepcal.experiments.profiling import OPS as COMMAND_OPS  # kept apart so that --help needs no numpy
+    from stepcal.profiler.grid import OPS
     assert COMMAND_OPS == OPS and "elementwise" in OPS

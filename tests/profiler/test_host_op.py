@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-import profiler.engine.probe as probe_module
-from profiler.engine.probe import EngineProbe
-from profiler.grid import Point
-from profiler.ops import OpContext, build_kernel
-from profiler.sweep import default_timer
-from profiler.timing import SelfTimer, TimingPolicy, measure
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS
+import stepcal.profiler.engine.probe as probe_module
+from stepcal.profiler.engine.probe import EngineProbe
+from stepcal.profiler.grid import Point
+from stepcal.profiler.ops import OpContext, build_kernel
+from stepcal.profiler.sweep import default_timer
+from stepcal.profiler.timing import SelfTimer, TimingPolicy, measure
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 
@@ -76,7 +76,7 @@ def test_step_op_times_the_engines_device_part_inside_an_engine_where_it_can():
 
 
 def test_step_op_runs_a_chunk_over_a_prefix_on_the_engines_pool_without_building_inputs(monkeypatch):
-    import profiler.model as model_module
+    import stepcal.profiler.model as model_module
     context = ctx()
     point = Point("step", "mixed", q_lens=(24, 1), kv_lens=(40, 9))     # no engine holds a chunk at 40
     kernel = build_kernel(point, context)
@@ -99,8 +99,8 @@ def test_step_op_runs_a_chunk_over_a_prefix_on_the_engines_pool_without_building
 
 
 def test_a_probe_prefills_its_decodes_within_a_budget_and_its_memory_is_checked_as_a_whole_engine():
-    from profiler.engine.probe import probe_budget, probe_output_tokens, probe_tokens
-    from profiler.ops import estimate_bytes
+    from stepcal.profiler.engine.probe import probe_budget, probe_output_tokens, probe_tokens
+    from stepcal.profiler.ops import estimate_bytes
     decodes = [4096] * 512
     budget = probe_budget(decodes, [])
     assert budget == 8192                      # not 2M prompt tokens in one step

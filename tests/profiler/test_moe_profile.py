@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.importers import load_profiles
-from experiments.cli import main
-from profiler.grid import (
+from stepcal.costmodel.importers import load_profiles
+from stepcal.experiments.cli import main
+from stepcal.profiler.grid import (
     expand_grid,
     expert_loads,
     load_grid,
@@ -15,10 +15,10 @@ from profiler.grid import (
     power_law_alpha,
     routed_expert_ids,
 )
-from profiler.ops import OpContext, build_kernel, estimate_bytes
-from profiler.sweep import SweepConfig, run_sweep
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS
+from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes
+from stepcal.profiler.sweep import SweepConfig, run_sweep
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS
 
 SPEC = PRESETS["tiny-moe"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1}

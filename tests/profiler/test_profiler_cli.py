@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from profiler.grid import load_grid
-from simulator.model_spec import PRESETS
+from stepcal.experiments.cli import main
+from stepcal.profiler.grid import load_grid
+from stepcal.simulator.model_spec import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1}
@@ -23,7 +23,7 @@ def write_grid(path: Path, source: dict) -> str:
 
 
 def cli(*args) -> list[str]:
-    return [sys.executable, "-m", "experiments.cli", "profile", *args]
+    return [sys.executable, "-m", "stepcal.experiments.cli", "profile", *args]
 
 
 def test_sigkill_mid_sweep_then_rerun_has_every_point_once(tmp_path):
@@ -110,8 +110,8 @@ def test_cli_bad_timing_in_a_grid_file(tmp_path, capsys):
 
 
 def test_a_resume_mid_pass_counts_the_measurements_it_reused(tmp_path):
-    from experiments.profiling import describe_sweep
-    from profiler.sweep import SweepResult
+    from stepcal.experiments.profiling import describe_sweep
+    from stepcal.profiler.sweep import SweepResult
     # 6 rounds over 20 points, stopped in its 5th pass after 96 measurements: no point is whole yet
     mid_pass = SweepResult(tmp_path, 20, 0, 24, 0, True, 1.0, rounds=6, num_reused=96)
     assert "24 measured now (0 points done before, 96 measurements reused)" in describe_sweep(mid_pass)

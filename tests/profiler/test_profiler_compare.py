@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from profiler.compare import join_gemm_reference, pair_points, summarise
+from stepcal.profiler.compare import join_gemm_reference, pair_points, summarise
 
 
 def profile(rows):

@@ -5,11 +5,11 @@ import pandas as pd
 import pytest
 import torch
 
-from profiler.grid import Point, expand_grid
-from profiler.model import build_model, greedy_generate
-from profiler.sweep import PointMeasurer, SweepConfig, run_sweep
-from profiler.timing import CudaTimer, TimingPolicy, cuda_graph_run, measure
-from simulator.model_spec import PRESETS
+from stepcal.profiler.grid import Point, expand_grid
+from stepcal.profiler.model import build_model, greedy_generate
+from stepcal.profiler.sweep import PointMeasurer, SweepConfig, run_sweep
+from stepcal.profiler.timing import CudaTimer, TimingPolicy, cuda_graph_run, measure
+from stepcal.simulator.model_spec import PRESETS
 
 pytestmark = pytest.mark.gpu
 TINY = PRESETS["tiny"]
@@ -66,7 +66,7 @@ def test_real_out_of_memory_is_recorded_and_memory_freed(monkeypatch):
     grid = expand_grid("g", {"gemm": {"m": [1], "names": ["o_proj"]}}, TINY)
     config = SweepConfig(spec=TINY, device="cuda", dtype="bfloat16", ops=("attn_decode",), grid=grid)
     measurer = PointMeasurer(config)
-    monkeypatch.setattr("profiler.ops.estimate_bytes", lambda point, ctx: 0)   # skip the pre-check
+    monkeypatch.setattr("stepcal.profiler.ops.estimate_bytes", lambda point, ctx: 0)   # skip the pre-check
     before = torch.cuda.memory_allocated()
     free, _ = torch.cuda.mem_get_info()
     # K takes 70% of the free memory and is allocated, V then runs out: K must be freed again.

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from profiler.grid import (
+from stepcal.profiler.grid import (
     BUILT_IN,
     Point,
     decode_kv_lens,
@@ -12,8 +12,8 @@ from profiler.grid import (
     parse_shard,
     prefill_batch,
 )
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 
@@ -36,8 +36,8 @@ def test_every_target_of_the_quick_grid_has_the_rows_a_fit_needs(spec):
     the overhead op's five points were skipped so, and its term missed from the kernel tables)."""
     from collections import Counter
 
-    from costmodel.features import target_of
-    from costmodel.fitting import MIN_ROWS
+    from stepcal.costmodel.features import target_of
+    from stepcal.costmodel.fitting import MIN_ROWS
     rows = Counter(target_of(p.op, p.name) for p in load_grid("quick", PRESETS[spec]).points)
     assert {target: n for target, n in rows.items() if n < MIN_ROWS} == {}
     assert {"overhead", "host", "step", "elementwise:add", "elementwise:kv_store"} <= set(rows)

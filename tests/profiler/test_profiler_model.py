@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from profiler.model import KVCache, build_model, causal_chunk_mask, greedy_generate
-from simulator.model_spec import PRESETS
+from stepcal.profiler.model import KVCache, build_model, causal_chunk_mask, greedy_generate
+from stepcal.simulator.model_spec import PRESETS
 
 TOL = {"atol": 2e-4, "rtol": 2e-4}
 
@@ -138,7 +138,7 @@ def test_cuda_causal_bias_equals_the_cpu_mask():
     """The lower-right causal bias used on CUDA gives what the explicit CPU mask gives."""
     import warnings
 
-    from profiler.model import attend, prepare_step
+    from stepcal.profiler.model import attend, prepare_step
     spec = PRESETS["tiny"]
     gen = torch.Generator().manual_seed(0)
     caches = []

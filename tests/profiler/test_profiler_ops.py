@@ -4,11 +4,11 @@ import time
 import pytest
 import torch
 
-from profiler.grid import Point
-from profiler.ops import OpContext, build_kernel, estimate_bytes, num_buffer_sets
-from profiler.sweep import _Repeat, default_timer
-from profiler.timing import CpuTimer, CudaTimer, HostTimer, TimingPolicy, measure
-from simulator.model_spec import PRESETS
+from stepcal.profiler.grid import Point
+from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes, num_buffer_sets
+from stepcal.profiler.sweep import _Repeat, default_timer
+from stepcal.profiler.timing import CpuTimer, CudaTimer, HostTimer, TimingPolicy, measure
+from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 
@@ -26,7 +26,7 @@ def test_buffer_sets_cover_the_rotation_target():
 
 def test_gemm_kernel_rotates_its_buffers(monkeypatch):
     seen = []
-    monkeypatch.setattr("profiler.ops.F.linear", lambda x, w: seen.append((x.data_ptr(), w.data_ptr())))
+    monkeypatch.setattr("stepcal.profiler.ops.F.linear", lambda x, w: seen.append((x.data_ptr(), w.data_ptr())))
     point = Point("gemm", "o_proj", m=4, n=256, k=256)
     set_bytes = (4 * 256 + 256 * 256) * 4
     kernel = build_kernel(point, ctx(rotate_bytes=3 * set_bytes))
@@ -117,8 +117,8 @@ def test_builders_accept_long_batches(op):
 def test_cpu_kernels_rotate_past_one_cores_l2(tmp_path, monkeypatch):
     """A weight is reused in a step only after megabytes of others: CPU kernels rotate their inputs
     past twice one core's L2, read from sysfs, as CUDA kernels do past the GPU's."""
-    import profiler.fingerprint as fingerprint
-    from profiler.sweep import _rotate_bytes
+    import stepcal.profiler.fingerprint as fingerprint
+    from stepcal.profiler.sweep import _rotate_bytes
     for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
                                       "index2": ("2", "Unified", "2048K"), "index3": ("3", "Unified", "300M")}.items():
         (tmp_path / name).mkdir()

@@ -5,13 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from profiler.allocator import configure_allocator
-from profiler.grid import QUICK, expand_grid
-from profiler.merge import merge_profiles
-from profiler.store import COLUMNS, ProfileDir, read_rows
-from profiler.sweep import SweepConfig, run_sweep
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS
+from stepcal.profiler.allocator import configure_allocator
+from stepcal.profiler.grid import QUICK, expand_grid
+from stepcal.profiler.merge import merge_profiles
+from stepcal.profiler.store import COLUMNS, ProfileDir, read_rows
+from stepcal.profiler.sweep import SweepConfig, run_sweep
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05}
@@ -125,7 +125,7 @@ def test_the_sweep_sets_its_thread_count_and_restores_the_callers(tmp_path):
 
     import torch
 
-    from profiler.sweep import default_timer
+    from stepcal.profiler.sweep import default_timer
     seen = []
 
     def recording_timer(device, kernel):
@@ -246,7 +246,7 @@ def test_parts_from_a_killed_run_are_read_and_joined(tmp_path):
                       "time_ms": 1.0, "time_ms_p10": 0.9, "time_ms_p90": 1.1, "repeats": 3}])
     (tmp_path / "parts" / ".part-x.parquet.tmp").write_bytes(b"half a file")
     # A run with the same settings needs meta.json; write the one a killed run would have left.
-    from profiler.sweep import _check_meta
+    from stepcal.profiler.sweep import _check_meta
     with ProfileDir(tmp_path) as pdir:
         pdir.write_meta(_check_meta(pdir, cfg))
     result = run_sweep(cfg, tmp_path, progress=False)

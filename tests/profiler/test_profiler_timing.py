@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from profiler.timing import CpuTimer, TimingPolicy, choose_inner, measure, median_rel_precision
+from stepcal.profiler.timing import CpuTimer, TimingPolicy, choose_inner, measure, median_rel_precision
 
 
 class FakeClock:

@@ -3,15 +3,15 @@
 import pandas as pd
 import pytest
 
-from costmodel.fitting import select_records, whole_steps
-from costmodel.importers import load_profiles
-from experiments.cli import main
-from profiler.grid import QUICK, expand_grid, serve_workloads
-from profiler.merge import merge_profiles
-from profiler.serve import SERVED, Workload
-from profiler.sweep import SweepConfig, run_sweep
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS
+from stepcal.costmodel.fitting import select_records, whole_steps
+from stepcal.costmodel.importers import load_profiles
+from stepcal.experiments.cli import main
+from stepcal.profiler.grid import QUICK, expand_grid, serve_workloads
+from stepcal.profiler.merge import merge_profiles
+from stepcal.profiler.serve import SERVED, Workload
+from stepcal.profiler.sweep import SweepConfig, run_sweep
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 SERVE = {"schedulers": ["continuous", "sarathi:32"], "concurrency": [1, 3], "min_requests": 4,

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from experiments.fitting import without_slowed_servings
-from profiler.slowed_servings import (
+from stepcal.experiments.cli import main
+from stepcal.experiments.fitting import without_slowed_servings
+from stepcal.profiler.slowed_servings import (
     MIN_STEPS,
     SLOWED_RATIO,
     WINDOW_STEPS,
@@ -21,7 +21,7 @@ from profiler.slowed_servings import (
     kept_times,
     served_steps,
 )
-from simulator.batch import batch_row
+from stepcal.simulator.batch import batch_row
 from tests.costmodel.conftest import _row
 
 WORKLOADS = [f"serve/continuous/c{c}/n{2 * c}/p16-1024/o4-128/m{c}/h{c}" for c in (1, 2, 4, 8, 16)]
@@ -90,7 +90,7 @@ def test_a_profile_without_served_rows_has_none():
 
 
 def test_the_threshold_and_stretch_are_the_measured_runs_ones():
-    from profiler.engine import slowdown
+    from stepcal.profiler.engine import slowdown
     assert (SLOWED_RATIO, WINDOW_STEPS) == (slowdown.SLOWED_RATIO, slowdown.WINDOW_STEPS)
 
 
@@ -125,7 +125,7 @@ def _write(tmp_path, name, frame):
 def test_fit_leaves_the_slowed_serving_out_and_says_so(tmp_path, capsys):
     early = _write(tmp_path, "profile", served())
     late = _write(tmp_path, "profile_late", served({WORKLOADS[4]: 1.6}, drift=0.9, seed=1))
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.importers import load_profiles
     records = load_profiles([str(early), str(late)])
     kept, slowed = without_slowed_servings(records)
     assert [s.workload for s in slowed] == [WORKLOADS[4]]
@@ -164,7 +164,7 @@ def test_a_slowed_pass_of_one_profile_is_named_and_its_rows_keep_the_other_pass(
 
 
 def test_fit_prices_a_slowed_pass_by_the_other_pass_and_keeps_its_rows(tmp_path):
-    from costmodel.importers import load_profiles
+    from stepcal.costmodel.importers import load_profiles
     frame = two_passes({WORKLOADS[3]: 1.7})
     path = _write(tmp_path, "profile", frame)
     records = load_profiles([str(path)])

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from profiler.grid import expand_grid
-from profiler.speed_guard import GUARD_STEPS, SpeedGuard
-from profiler.sweep import SweepConfig, run_sweep
-from simulator.model_spec import PRESETS
+from stepcal.profiler.grid import expand_grid
+from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
+from stepcal.profiler.sweep import SweepConfig, run_sweep
+from stepcal.simulator.model_spec import PRESETS
 
 
 class Clock:
@@ -49,7 +49,7 @@ def test_the_end_is_checked_against_the_median_of_the_normal_probes():
 
 def guarded_sweep(tmp_path, monkeypatch, rounds: int):
     """A sweep of three whole steps and two GEMMs whose first guard probe finds the machine slow."""
-    import profiler.engine.measure as measure
+    import stepcal.profiler.engine.measure as measure
     # start probe 1 ms; guard probes: slow after the first engine point, normal after the rest (the
     # second point, timed before the next probe, may have been in the stretch too)
     guard_probes = iter([3.0] + [1.0] * 50)
@@ -86,7 +86,7 @@ def test_the_guard_waits_for_the_machine_to_recover_for_a_while_at_most():
 
 
 def test_a_point_measured_again_keeps_its_faster_round():
-    from profiler.sweep import _faster
+    from stepcal.profiler.sweep import _faster
     ok = {"status": "ok", "time_ms": 2.0}
     assert _faster(ok, {"status": "ok", "time_ms": 3.0}) and not _faster(ok, {"status": "ok", "time_ms": 1.0})
     assert _faster(ok, {"status": "failed"}) and not _faster({"status": "failed"}, ok)

@@ -5,8 +5,8 @@ import sys
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from stepcal.experiments.cli import main
+from stepcal.simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 
@@ -100,18 +100,19 @@ def test_simulate_a_real_trace_and_a_generated_one(tmp_path, capsys, shared_data
 
 
 def test_imports_stay_light():
-    # `import simulator` loads neither torch, sklearn nor mlflow; `import costmodel` loads no torch;
+    # `import stepcal.simulator` loads neither torch, sklearn nor mlflow; `import stepcal.costmodel` no torch;
     # building the CLI parser (what `stepcal --help` does) loads none of them, nor numpy.
     code = (
-        "import sys, simulator, simulator.simulation, simulator.workload, experiments.cli as c\n"
+        "import sys, stepcal.simulator, stepcal.simulator.simulation, stepcal.simulator.workload\n"
+        "import stepcal.experiments.cli as c\n"
         "c.build_parser()\n"
         "heavy = [m for m in ('torch', 'sklearn', 'mlflow', 'optuna') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
-        "import costmodel\n"
+        "import stepcal.costmodel\n"
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-    code = "import sys, experiments.cli as c; c.build_parser(); assert 'numpy' not in sys.modules, 'numpy'"
+    code = "import sys, stepcal.experiments.cli as c; c.build_parser(); assert 'numpy' not in sys.modules, 'numpy'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -4,10 +4,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.errors import InputError
-from simulator.schedulers import SCHEDULERS, SchedulerConfig
-from simulator.simulation import SimConfig, Simulation, simulate
-from simulator.step_model import LinearStepModel
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
+from stepcal.simulator.simulation import SimConfig, Simulation, simulate
+from stepcal.simulator.step_model import LinearStepModel
 from tests.simulator.factories import make_trace
 
 MODEL = LinearStepModel(10.0, 0.0, 0.0)   # every step 10 ms

@@ -3,10 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, batch_row
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS, Parallelism, load_model_spec
-from simulator.step_model import ConstStepModel, LinearStepModel, parse_builtin_step_model
+from stepcal.simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, batch_row
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS, Parallelism, load_model_spec
+from stepcal.simulator.step_model import ConstStepModel, LinearStepModel, parse_builtin_step_model
 
 
 def test_presets_and_kv_bytes():

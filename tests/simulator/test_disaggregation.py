@@ -2,11 +2,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.disaggregation import DisaggConfig, DisaggSimulation, PoolConfig
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS
-from simulator.schedulers import SchedulerConfig
-from simulator.step_model import ConstStepModel, LinearStepModel
+from stepcal.simulator.disaggregation import DisaggConfig, DisaggSimulation, PoolConfig
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS
+from stepcal.simulator.schedulers import SchedulerConfig
+from stepcal.simulator.step_model import ConstStepModel, LinearStepModel
 from tests.simulator.factories import make_trace, random_trace
 
 CONST_10 = ConstStepModel(10.0)

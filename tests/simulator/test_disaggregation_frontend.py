@@ -1,9 +1,9 @@
 """The request path (simulator.frontend) in a disaggregated deployment: paid once, before the prefill pool."""
 import pytest
 
-from simulator.disaggregation import DisaggConfig, DisaggSimulation, PoolConfig
-from simulator.frontend import FrontEnd
-from simulator.step_model import ConstStepModel
+from stepcal.simulator.disaggregation import DisaggConfig, DisaggSimulation, PoolConfig
+from stepcal.simulator.frontend import FrontEnd
+from stepcal.simulator.step_model import ConstStepModel
 from tests.simulator.factories import make_trace, random_trace
 
 CONST_10 = ConstStepModel(10.0)
@@ -55,7 +55,7 @@ def test_a_one_token_request_stops_counting_when_the_prefill_pool_answers_it():
 
 def test_a_spread_front_end_keeps_the_draws_of_the_aggregated_simulation():
     """Same request ids and seed: the same log-normal draw per request as an aggregated run's."""
-    from simulator.simulation import SimConfig, simulate
+    from stepcal.simulator.simulation import SimConfig, simulate
     trace = make_trace([0.0, 10.0, 20.0, 30.0], [50, 60, 70, 80], [2, 2, 2, 2])
     front = FrontEnd(median_ms=8.0, sigma=0.6)
     bare, delayed = run(trace, front_end=None), run(trace, front, front_end_seed=7)

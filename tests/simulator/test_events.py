@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from simulator.events import ARRIVAL, STEP_DONE, WAKE, EventLoop
+from stepcal.simulator.events import ARRIVAL, STEP_DONE, WAKE, EventLoop
 
 
 @dataclass
@@ -49,9 +49,9 @@ def test_trace_arrivals_come_before_heap_events_at_the_same_time_and_can_push_mo
 def test_simulations_pause_the_garbage_collector_and_restore_it(monkeypatch):
     import gc
 
-    import simulator.simulation as simulation
-    from simulator.simulation import SimConfig, simulate
-    from simulator.step_model import ConstStepModel
+    import stepcal.simulator.simulation as simulation
+    from stepcal.simulator.simulation import SimConfig, simulate
+    from stepcal.simulator.step_model import ConstStepModel
     from tests.simulator.factories import make_trace
     seen = []
     log_builder = simulation.request_log

@@ -3,11 +3,11 @@ log-normal per request, and a part per stream active at the request's arrival.""
 import numpy as np
 import pytest
 
-from simulator.errors import InputError
-from simulator.frontend import FrontEnd, standard_normals
-from simulator.ranges import replicate
-from simulator.simulation import SimConfig, simulate
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.frontend import FrontEnd, standard_normals
+from stepcal.simulator.ranges import replicate
+from stepcal.simulator.simulation import SimConfig, simulate
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.simulator.factories import make_trace, random_trace
 
 MODEL = LinearStepModel(10.0, 0.0, 0.0)    # every step 10 ms

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main
-from simulator.errors import InputError
-from simulator.model_spec import PRESETS, load_model_spec
+from stepcal.experiments.cli import main
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.model_spec import PRESETS, load_model_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
 

@@ -4,12 +4,12 @@ import json
 import numpy as np
 import pytest
 
-from experiments.step_models import resolve_step_model
-from simulator.batch import StepBatch
-from simulator.errors import InputError
-from simulator.ranges import draw_bias, replicate, term_names, with_bias
-from simulator.simulation import SimConfig, simulate
-from simulator.step_model import HostTerms, HostTermsModel, LinearStepModel, TermUncertainty
+from stepcal.experiments.step_models import resolve_step_model
+from stepcal.simulator.batch import StepBatch
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.ranges import draw_bias, replicate, term_names, with_bias
+from stepcal.simulator.simulation import SimConfig, simulate
+from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel, TermUncertainty
 from tests.simulator.factories import random_trace
 
 TERMS = HostTerms(per_step_ms=1.0, per_seq_ms=0.05, per_token_ms=0.002)

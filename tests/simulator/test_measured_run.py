@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.errors import InputError
-from simulator.measured_run import (
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.measured_run import (
     METRICS,
     STATS,
     MetricStats,
@@ -18,7 +18,7 @@ from simulator.measured_run import (
     repeat_dirs,
     write_measured_run,
 )
-from simulator.trace import Trace
+from stepcal.simulator.trace import Trace
 
 
 def summary(ttft_p50: float, throughput: float) -> dict:

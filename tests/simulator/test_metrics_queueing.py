@@ -2,9 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.errors import InputError
-from simulator.metrics import distribution, request_metrics, summarize, weighted_percentiles
-from simulator.queueing import (
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.metrics import distribution, request_metrics, summarize, weighted_percentiles
+from stepcal.simulator.queueing import (
     erlang_c,
     md1_mean_wait_s,
     mg1_mean_wait_s,

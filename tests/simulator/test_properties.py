@@ -3,10 +3,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.kv_cache import BlockManager
-from simulator.schedulers import SCHEDULERS, SchedulerConfig
-from simulator.simulation import SimConfig, Simulation, simulate
-from simulator.step_model import LinearStepModel
+from stepcal.simulator.kv_cache import BlockManager
+from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
+from stepcal.simulator.simulation import SimConfig, Simulation, simulate
+from stepcal.simulator.step_model import LinearStepModel
 from tests.simulator.factories import make_trace
 
 

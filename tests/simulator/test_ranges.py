@@ -4,9 +4,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.batch import StepFeatures
-from simulator.errors import InputError
-from simulator.ranges import (
+from stepcal.simulator.batch import StepFeatures
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.ranges import (
     Scatter,
     ScatterSeries,
     draw_bias,
@@ -16,8 +16,8 @@ from simulator.ranges import (
     term_names,
     with_bias,
 )
-from simulator.simulation import SimConfig, simulate
-from simulator.step_model import FeatureStepModel, HostTerms, HostTermsModel, LinearStepModel
+from stepcal.simulator.simulation import SimConfig, simulate
+from stepcal.simulator.step_model import FeatureStepModel, HostTerms, HostTermsModel, LinearStepModel
 from tests.simulator.factories import random_trace
 
 

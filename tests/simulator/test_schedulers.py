@@ -1,14 +1,14 @@
 """Each policy's defining behaviour, driven by hand (no event loop)."""
 import pytest
 
-from simulator.errors import InputError
-from simulator.request import Status
-from simulator.schedulers import SCHEDULERS, make_scheduler
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.request import Status
+from stepcal.simulator.schedulers import SCHEDULERS, make_scheduler
 from tests.simulator.factories import make_request, make_scheduler_with_kv, run_to_completion
 
 
 def test_registry_matches_cli_choices():
-    from experiments.commands.flags import SCHEDULER_NAMES
+    from stepcal.experiments.commands.flags import SCHEDULER_NAMES
     assert tuple(SCHEDULERS) == SCHEDULER_NAMES
     with pytest.raises(InputError, match="--scheduler"):
         make_scheduler("fifo", None)

@@ -2,11 +2,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.errors import InputError
-from simulator.queueing import md1_mean_wait_s
-from simulator.schedulers import SCHEDULERS, SchedulerConfig
-from simulator.simulation import SimConfig, simulate
-from simulator.step_model import ConstStepModel, LinearStepModel
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.queueing import md1_mean_wait_s
+from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
+from stepcal.simulator.simulation import SimConfig, simulate
+from stepcal.simulator.step_model import ConstStepModel, LinearStepModel
 from tests.simulator.factories import make_trace, random_trace
 
 LINEAR = LinearStepModel(5.0, 0.02, 0.0005)

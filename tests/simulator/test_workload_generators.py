@@ -4,8 +4,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InputError
-from simulator.workload import (
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.workload import (
     Empirical,
     Fixed,
     Gamma,

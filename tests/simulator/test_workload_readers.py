@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InputError
-from simulator.trace import Trace
-from simulator.workload import read_trace, write_trace
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.trace import Trace
+from stepcal.simulator.workload import read_trace, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "data"

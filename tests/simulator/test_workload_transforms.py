@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InputError
-from simulator.trace import Trace
-from simulator.workload import cut, load_workload, mean_rate_rps, rescale_rate, trace_stats
+from stepcal.simulator.errors import InputError
+from stepcal.simulator.trace import Trace
+from stepcal.simulator.workload import cut, load_workload, mean_rate_rps, rescale_rate, trace_stats
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data"
 
