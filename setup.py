@@ -1,12 +1,14 @@
 """Packaging: the repository's top-level stage folders install under the one import name `stepcal`.
 
-`profiler/` installs as `stepcal.profiler`, and so on; `stepcal/` itself holds the package root. The
-rest of the metadata is in pyproject.toml; only the package list and its folders are computed here,
-so a new subpackage of a stage is installed without being listed by hand.
+`profiler/` installs as `stepcal.profiler`, `core/` (the ground floor) as `stepcal.core`, and so on;
+`stepcal/` itself holds the package root. The rest of the metadata is in pyproject.toml; only the
+package list and its folders are computed here, so a new subpackage is installed without being
+listed by hand.
 """
 from setuptools import find_packages, setup
 
-STAGES = ("simulator", "costmodel", "profiler", "experiments")
+# core is the ground floor every stage imports; it imports none of them
+STAGES = ("core", "simulator", "costmodel", "profiler", "experiments")
 
 
 def stage_packages(stage: str) -> list[str]:

@@ -153,8 +153,8 @@ def bench_fit_wall_time() -> Path:
 
 
 def bench_composed(table_dir: Path) -> None:
+    from stepcal.core.batch import StepBatch, feature_row
     from stepcal.costmodel.tables import load_step_model
-    from stepcal.simulator.batch import StepBatch, feature_row
     model = load_step_model(table_dir)
     print(f"\n== T_step of Qwen3-14B on H100, bf16, from AIConfigurator tables ({table_dir}) ==")
     cases = {

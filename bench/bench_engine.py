@@ -33,14 +33,14 @@ def main() -> None:
 
     import torch
 
+    from stepcal.core.measured_run import noise_floor
+    from stepcal.core.metrics import clean_json
+    from stepcal.core.model_files import load_model_spec
+    from stepcal.core.workload import load_workload
     from stepcal.profiler.engine import Engine, EngineConfig
     from stepcal.profiler.engine.measure import warm_up
     from stepcal.profiler.model import build_model
-    from stepcal.simulator.measured_run import noise_floor
-    from stepcal.simulator.metrics import clean_json
-    from stepcal.simulator.model_spec import load_model_spec
     from stepcal.simulator.schedulers import SchedulerConfig
-    from stepcal.simulator.workload import load_workload
 
     torch.set_num_threads(args.threads)
     model = build_model(load_model_spec(args.model_spec), device=args.device, dtype=args.dtype)

@@ -33,8 +33,8 @@ def stepcal(*args: str) -> None:
 
 def ratios(profile: Path, tables: Path) -> tuple[pd.DataFrame, np.ndarray]:
     """The whole-step points and composed / measured for each."""
+    from stepcal.core.batch import StepFeatures, batch_row
     from stepcal.experiments.step_models import resolve_step_model
-    from stepcal.simulator.batch import StepFeatures, batch_row
     frame = pd.read_parquet(profile)
     steps = frame[(frame["op"] == "step") & (frame["status"] == "ok")].groupby("point_key").agg(
         time_ms=("time_ms", "median"), q_lens=("q_lens", "first"), kv_lens=("kv_lens", "first"))

@@ -38,12 +38,13 @@ NUM_ROWS = 20_000
 
 def tables(profile: Path, scratch: Path) -> dict:
     """{"fixed": TableStepModel, "data": TableStepModel} from one fit."""
+    from stepcal.core.model_files import load_model_spec
+    from stepcal.core.model_spec import Parallelism
     from stepcal.costmodel.axes import Axes
     from stepcal.costmodel.build import build_tables, composed_ops
     from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
     from stepcal.costmodel.importers import load_profiles
     from stepcal.costmodel.tables import load_step_model
-    from stepcal.simulator.model_spec import Parallelism, load_model_spec
     spec, parallelism = load_model_spec("llama-3-8b"), Parallelism(tp=1)
     records = select_records(load_profiles([str(profile)], "auto"), dtype=dtypes_for(spec),
                              ops=composed_ops(spec, parallelism))
@@ -72,7 +73,7 @@ def ways(models: dict) -> dict:
 def batches(seed: int = 0, num_batches: int = NUM_BATCHES, num_rows: int = NUM_ROWS):
     """Random decode-heavy batches: all of them as one StepFeatures, the first RUN_BATCHES as another,
     and the first num_rows as feature rows (bench_table_resolution times the same)."""
-    from stepcal.simulator.batch import FEATURE_NAMES, StepFeatures
+    from stepcal.core.batch import FEATURE_NAMES, StepFeatures
     rng = np.random.default_rng(seed)
     seqs = rng.integers(1, 256, num_batches).astype(np.float64)
     columns = {name: np.zeros(num_batches) for name in FEATURE_NAMES}

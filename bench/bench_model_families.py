@@ -50,8 +50,8 @@ def fit(case, system: str, regressor: str, work: Path) -> Path:
 
 
 def breakdown(tables: Path, seqs: int, q: int, kv: int) -> tuple[float, dict[str, float]]:
+    from stepcal.core.batch import StepBatch
     from stepcal.costmodel.tables import load_step_model
-    from stepcal.simulator.batch import StepBatch
     model = load_step_model(tables)
     batch = StepBatch.of(list(range(seqs)), [q] * seqs, [kv] * seqs)
     parts = {name: float(v[0]) for name, v in model.term_ms(batch.features()).items()}
@@ -74,7 +74,7 @@ def linear_split(tables: Path, num_tokens: int) -> dict[str, float]:
 def roofline_decode_ms(preset: str, tp: int, ep: int, seqs: int, kv: int, system: str) -> float:
     """Bytes one GPU must read per decode step (its dense weights, the experts the batch's tokens
     hit under balanced routing, its KV cache) over HBM bandwidth: a floor, not a prediction."""
-    from stepcal.simulator.model_spec import PRESETS, Parallelism
+    from stepcal.core.model_spec import PRESETS, Parallelism
     spec, p = PRESETS[preset], Parallelism(tp, ep)
     experts = spec.num_experts / p.ep
     hit = experts * (1 - (1 - spec.experts_per_token / spec.num_experts) ** seqs)
@@ -86,9 +86,9 @@ def roofline_decode_ms(preset: str, tp: int, ep: int, seqs: int, kv: int, system
 
 
 def kv_blocks(preset: str, tp: int, ep: int, memory_gb: float) -> str:
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
+    from stepcal.core.model_spec import PRESETS, Parallelism
     from stepcal.simulator.kv_cache import kv_blocks_from_memory
-    from stepcal.simulator.model_spec import PRESETS, Parallelism
     spec, p = PRESETS[preset], Parallelism(tp, ep)
     try:
         blocks = kv_blocks_from_memory(spec, 16, memory_gb, parallelism=p)

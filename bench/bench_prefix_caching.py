@@ -32,7 +32,7 @@ TIMED_RUN = """
 import json, sys, time
 from stepcal.experiments.step_models import resolve_step_model
 from stepcal.simulator.simulation import SimConfig, Simulation
-from stepcal.simulator.workload import load_workload
+from stepcal.core.workload import load_workload
 trace_path, table, rate, caching, kv_blocks = sys.argv[1:6]
 trace = load_workload(trace_path, rate_rps=float(rate) if rate != "-" else None)
 model = resolve_step_model(table)
@@ -61,8 +61,8 @@ def fit_table(work: Path) -> Path:
 
 def kv_blocks_80gb() -> int:
     sys.path.insert(0, str(REPO))
+    from stepcal.core.model_files import load_model_spec
     from stepcal.simulator.kv_cache import kv_blocks_from_memory
-    from stepcal.simulator.model_spec import load_model_spec
     return kv_blocks_from_memory(load_model_spec("llama-3-8b"), 16, 80.0)
 
 

@@ -27,9 +27,9 @@ POISSON = "poisson:rate=20,n={n},prompt=lognormal:512:1.0,output=lognormal:128:1
 def run_case(trace: str, scheduler: str, fast: bool) -> dict:
     """One simulation in this process; returns wall time, steps and peak RSS."""
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    from stepcal.core.workload import load_workload
     from stepcal.experiments.step_models import resolve_step_model
     from stepcal.simulator.simulation import SimConfig, Simulation
-    from stepcal.simulator.workload import load_workload
     workload = load_workload(trace)
     model = resolve_step_model(STEP_MODEL)
     t0, c0 = time.perf_counter(), time.process_time()

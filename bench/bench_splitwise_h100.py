@@ -59,7 +59,7 @@ def fit(kind: str, tp: int, regressor: str, work: Path) -> Path:
 
 def predictions(model, rows) -> tuple[np.ndarray, np.ndarray]:
     """(prefill ms, mean decode-iteration ms) of every Splitwise row."""
-    from stepcal.simulator.batch import StepBatch
+    from stepcal.core.batch import StepBatch
     prefill, decode = [], []
     for b, p, t in zip(rows["batch_size"], rows["prompt_size"], rows["token_size"]):
         ids = list(range(int(b)))
@@ -80,9 +80,9 @@ def main() -> int:
     args = ap.parse_args()
     import pandas as pd
 
+    from stepcal.core.batch import StepBatch
     from stepcal.costmodel.tables import load_step_model
     from stepcal.experiments.host_defaults import host_defaults
-    from stepcal.simulator.batch import StepBatch
     from stepcal.simulator.step_model import HostTerms, HostTermsModel
     measured = pd.read_csv(SPLITWISE)
     measured = measured[measured["hardware"] == "h100-80gb"]

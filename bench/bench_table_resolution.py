@@ -186,9 +186,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=Path, help="write the two table directories here (else a temporary one)")
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from stepcal.core.model_files import load_model_spec
+    from stepcal.core.model_spec import Parallelism
     from stepcal.costmodel.build import build_tables
     from stepcal.costmodel.compose import Axes
-    from stepcal.simulator.model_spec import Parallelism, load_model_spec
 
     spec, parallelism = load_model_spec(args.model_spec), Parallelism(tp=1)
     started = time.perf_counter()

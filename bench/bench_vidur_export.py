@@ -150,7 +150,7 @@ TRACE_READER = "vidur/request_generator/trace_replay_request_generator.py"
 
 def vidur_trace(work: Path, num_requests: int | None) -> Path:
     """The Azure conv trace at half its rate in Vidur's trace CSV (TRACE_COLUMNS)."""
-    from stepcal.simulator.workload import read_trace
+    from stepcal.core.workload import read_trace
     trace = read_trace(CONV_TRACE)
     n = len(trace) if num_requests is None else min(num_requests, len(trace))
     frame = pd.DataFrame(dict(zip(TRACE_COLUMNS, (2.0 * trace.arrival_s[:n], trace.num_prompt_tokens[:n],

@@ -65,11 +65,11 @@ def tables(work: Path) -> Path:
 
 def write_bench(path: Path, base_dir: Path, terms: dict, rate: float, prompt: str) -> None:
     """One load of the known deployment as a bench JSON."""
+    from stepcal.core.workload import load_workload
     from stepcal.experiments.step_models import resolve_step_model
     from stepcal.simulator.schedulers.base import SchedulerConfig
     from stepcal.simulator.simulation import SimConfig, simulate
     from stepcal.simulator.step_model import HostTerms, HostTermsModel
-    from stepcal.simulator.workload import load_workload
     model = HostTermsModel(resolve_step_model(str(base_dir)), HostTerms(**terms))
     trace = load_workload(f"poisson:rate={rate:g},n={int(rate * DURATION_S)},prompt={prompt},"
                           f"output=uniform:128:128", seed=int(rate))

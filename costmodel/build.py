@@ -4,6 +4,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_parquet
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.axes import measured_values
 from stepcal.costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
 from stepcal.costmodel.compose_attention import attention_targets
@@ -13,9 +16,6 @@ from stepcal.costmodel.fitting import FitResult
 from stepcal.costmodel.profile_speed import profile_speed_probes
 from stepcal.costmodel.tables import write_meta
 from stepcal.costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.io import atomic_write_parquet
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 
 def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,

@@ -17,6 +17,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.axes import Axes, measured_values, refine_steps
 from stepcal.costmodel.compose_attention import attention_terms
 from stepcal.costmodel.compose_comm import (
@@ -44,8 +46,6 @@ from stepcal.costmodel.fitting import FitResult
 from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.records import normalise_dtype
 from stepcal.costmodel.terms import AdditiveStep, FeatureCurve, Term
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 OPS_COLUMNS = ["op", "num_tokens", "time_ms", "spread_ms", "layers"]
 EXPERTS_OP = "moe_experts"

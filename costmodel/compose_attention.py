@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.terms import DecodeAttention, PrefillAttention, Term
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 
 def attention_targets(spec: ModelSpec) -> tuple[str, str]:

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.terms import FeatureCurve, Term
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 
 @dataclass(frozen=True)

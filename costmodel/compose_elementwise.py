@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import HEAD_NORMS, ModelSpec, Parallelism
 from stepcal.costmodel import roofline
 from stepcal.costmodel.devices import DeviceSpec, device_spec, find_device
 from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.terms import FeatureCurve
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import HEAD_NORMS, ModelSpec, Parallelism
 
 # Vidur's per-layer small operators (its mlp.csv columns); `emb` runs once per step, not per layer.
 PER_LAYER_ELEMENTWISE = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.compose import gemm_dtype_notes, moe_target
 from stepcal.costmodel.compose_comm import Composition
 from stepcal.costmodel.features import assign_targets
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 # The one MLA shape AIConfigurator's tables are measured at (DeepSeek-V3's).
 MLA_TABLE_SHAPE = {"kv_latent_dim": 512, "rope_head_dim": 64, "head_dim": 128}

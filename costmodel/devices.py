@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 DATA_FILE = "devices.json"
 

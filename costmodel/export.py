@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepcal.core.errors import InputError
 from stepcal.costmodel.export_plain import OPS_WHAT, export_csv, export_json
 from stepcal.costmodel.export_vidur import GEMM_OPS, VIDUR_OPS, export_vidur
 from stepcal.costmodel.export_vidur_attention import (
@@ -17,7 +18,6 @@ from stepcal.costmodel.export_vidur_attention import (
 )
 from stepcal.costmodel.tables import read_meta
 from stepcal.costmodel.vidur_models import STATS
-from stepcal.simulator.errors import InputError
 
 EXPORT_FORMATS = ("vidur", "csv", "json")
 __all__ = ["ATTENTION_BACKEND", "ATTENTION_SOURCES", "DEFAULT_HBM_GBPS", "EXPORT_FORMATS", "GEMM_OPS", "OPS_WHAT",

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepcal.core.io import atomic_write_bytes, atomic_write_json
+from stepcal.core.readers import read_parquet
 from stepcal.costmodel.tables import term_entry
-from stepcal.simulator.io import atomic_write_bytes, atomic_write_json
-from stepcal.simulator.readers import read_parquet
 
 OPS_WHAT = "the per-layer operator times of a T_step table directory"
 

@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError, shown
+from stepcal.core.model_spec import HEAD_NORMS, ModelSpec, Parallelism
+from stepcal.core.readers import one_line, read_parquet
 from stepcal.costmodel.export_plain import OPS_WHAT, write_csv
 from stepcal.costmodel.export_vidur_attention import vidur_attention
 from stepcal.costmodel.saved_regressors import fitted, load_regressor
 from stepcal.costmodel.terms import require_finite_numbers
 from stepcal.costmodel.vidur_keys import filter_keys
 from stepcal.costmodel.vidur_models import num_tokens_sweep, stat_columns
-from stepcal.simulator.errors import InputError, shown
-from stepcal.simulator.model_spec import HEAD_NORMS, ModelSpec, Parallelism
-from stepcal.simulator.readers import one_line, read_parquet
 
 # Our operator names -> Vidur's (mlp.csv columns time_stats.<op>.<stat>).
 VIDUR_OPS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",

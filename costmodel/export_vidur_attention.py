@@ -11,6 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stepcal.core.batch import StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec, Parallelism
+from stepcal.core.readers import read_parquet
 from stepcal.costmodel.saved_regressors import fitted, load_regressor
 from stepcal.costmodel.tables import term_entry
 from stepcal.costmodel.terms import GRID_COLUMNS, read_term
@@ -23,10 +27,6 @@ from stepcal.costmodel.vidur_models import (
     attention_inputs,
     stat_columns,
 )
-from stepcal.simulator.batch import StepFeatures
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
-from stepcal.simulator.readers import read_parquet
 
 # Device memory bandwidth of the KV-cache-save estimate: A100-SXM4-80GB's HBM2e, 2039 GB/s.
 DEFAULT_HBM_GBPS = 2039.0

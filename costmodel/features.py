@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stepcal.simulator.batch import FEATURE_NAMES
-from stepcal.simulator.model_spec import DTYPE_BYTES
+from stepcal.core.batch import FEATURE_NAMES
+from stepcal.core.model_spec import DTYPE_BYTES
 
 # Bytes per element of every dtype a record may carry: the model spec's, plus the quantised
 # weights of imported kernel tables (block-scaled fp8, weight-only int4).

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError
 from stepcal.costmodel.additive import AdditiveGridRegressor
 from stepcal.costmodel.evaluation import SPLITS, error_stats, extrapolation_split, group_ids, random_split
 from stepcal.costmodel.features import assign_targets, design, kind_for, kind_of
 from stepcal.costmodel.records import data_hash
 from stepcal.costmodel.regressors import make_regressor
 from stepcal.costmodel.tuning import Choice, default_choice, tune
-from stepcal.simulator.errors import InputError
 
 REGRESSORS = ("rf", "tuned")
 MIN_ROWS = 8

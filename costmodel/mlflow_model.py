@@ -18,7 +18,7 @@ class TStepPyfunc(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
-        from stepcal.simulator.batch import StepFeatures
+        from stepcal.core.batch import StepFeatures
         features = StepFeatures.from_columns(model_input)
         return pd.DataFrame({"t_step_ms": self.model.features_ms(features),
                              "spread_ms": np.asarray(self.model.features_spread_ms(features))})

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stepcal.core.batch import StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.core.readers import one_line
 from stepcal.costmodel.features import assign_targets, design
 from stepcal.costmodel.pickled import load_pickled
 from stepcal.costmodel.regressors import predict_with_spread
 from stepcal.costmodel.tables import load_step_model, read_meta
-from stepcal.simulator.batch import StepFeatures
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.readers import one_line
 
 OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_decode",
                         "decode_kv_sum", "decode_kv_max", "prefill_tokens", "prefill_attn_work",

@@ -10,8 +10,8 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from stepcal.simulator.batch import FEATURE_NAMES
-from stepcal.simulator.errors import InputError, shown
+from stepcal.core.batch import FEATURE_NAMES
+from stepcal.core.errors import InputError, shown
 
 # op: gemm, attn_prefill, attn_decode, step, overhead, elementwise (Vidur's small per-layer ops),
 # moe, mla_prefill, mla_decode, or an imported op name. name: the sub-operation (qkv_proj,

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel import grid
 from stepcal.costmodel.compose import (
     Axes,
@@ -28,8 +30,6 @@ from stepcal.costmodel.compose import (
 from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from stepcal.costmodel.pickled import load_pickled
 from stepcal.costmodel.terms import FeatureCurve, Term
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
 
 CHUNK_SIZES = (256, 512, 1024, 2048, 4096)
 # Term -> the axis of its table (and of the measured values in meta.json's "axes").

@@ -29,7 +29,7 @@ OP_CLASSES = {"emb": "emb", "input_layernorm": "norm", "post_attention_layernorm
               "add": "add", "sampling": "norm"}
 CLASSES = ("emb", "norm", "rope", "act", "add")
 
-# Bytes an operator reads and writes per element simulator.model_spec.elementwise_widths_of() counts,
+# Bytes an operator reads and writes per element core.model_spec.elementwise_widths_of() counts,
 # in units of the element's size, as Vidur's profiler runs the operator (vidur/profiling/mlp/mlp_impl.py):
 PASSES_PER_WIDTH_ELEMENT = {
     "emb": 2.0,                       # width = hidden: gathers one table row per token, writes it

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepcal.core.errors import InputError
+from stepcal.core.readers import one_line
 from stepcal.costmodel.pickled import load_pickled
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.readers import one_line
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from stepcal.core.batch import FEATURE_NAMES, StepBatch, StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_json
+from stepcal.core.readers import read_json, read_parquet, require_keys
+from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.costmodel.terms import GRID_COLUMNS, Term, read_term
-from stepcal.simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.io import atomic_write_json
-from stepcal.simulator.readers import read_json, read_parquet, require_keys
-from stepcal.simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.simulator.step_model import FeatureStepModel
 
 TABLE_KIND = "stepcal.t_step_tables"

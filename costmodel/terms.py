@@ -1,6 +1,6 @@
 """The kinds of T_step term: each owns its grid, how it is written (its Parquet layout and its
 meta.json entry) and how it is looked up, on StepFeatures (vectorised) and on one
-simulator.batch.feature_row() tuple (plain floats, the simulator's one-step path: the same
+core.batch.feature_row() tuple (plain floats, the simulator's one-step path: the same
 operations in the same order, so the same bits).
 
 TERM_KINDS names the kind of every term a table directory may hold. Composition
@@ -16,11 +16,11 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
+from stepcal.core.batch import FEATURE_NAMES, StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_parquet
 from stepcal.costmodel import grid
 from stepcal.costmodel.grid import interp1_at, interp2_at
-from stepcal.simulator.batch import FEATURE_NAMES, StepFeatures
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.io import atomic_write_parquet
 
 GRID_COLUMNS = ("time_ms", "spread_ms")
 

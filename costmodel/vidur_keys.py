@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError, shown
+from stepcal.core.model_spec import ModelSpec
+from stepcal.core.readers import one_line
 from stepcal.costmodel.importers.vidur import KEY_COLUMNS as VIDUR_PROFILE_KEYS
 from stepcal.costmodel.vidur_models import MODEL_COLUMNS, SHAPE_COLUMNS, like_spec, model_keys, spec_keys, vidur_model
-from stepcal.simulator.errors import InputError, shown
-from stepcal.simulator.model_spec import ModelSpec
-from stepcal.simulator.readers import one_line
 
 STORED_KEYS = "vidur_profile_keys"      # meta.json's list of {file, num_tensor_parallel_workers, keys}
 TP_COLUMN = "num_tensor_parallel_workers"

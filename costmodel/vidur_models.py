@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec
 
 VIDUR_REPO = "microsoft/vidur"
 

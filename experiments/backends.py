@@ -75,7 +75,7 @@ class RayRunner:
         try:
             import ray
         except ImportError:
-            from stepcal.simulator.errors import InputError
+            from stepcal.core.errors import InputError
             raise InputError("--backend ray needs Ray: pip install 'stepcal[ray]'") from None
         self._ray = ray
         self._started = not ray.is_initialized()
@@ -88,7 +88,7 @@ class RayRunner:
         self._shared_ref = ray.put(shared)   # shipped to each node once, not once per task
 
     def as_completed(self, tasks: Sequence) -> Iterator[tuple[int, object]]:
-        from stepcal.simulator.errors import InputError
+        from stepcal.core.errors import InputError
         ray = self._ray
         pending = {self._remote.remote(task, self._shared_ref): index for index, task in enumerate(tasks)}
         # Tasks left pending by an error or an interrupt are not cancelled: ray.cancel racing a task's
@@ -117,7 +117,7 @@ class open_runner:
 
     def __init__(self, function: Callable, shared, *, backend: str = "local", workers: int = 1,
                  address: str | None = None, start_method: str = "spawn") -> None:
-        from stepcal.simulator.errors import InputError
+        from stepcal.core.errors import InputError
         if backend not in BACKENDS:
             raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if workers < 1:

@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 # Module names under experiments.commands; each defines register(subparsers).
 COMMAND_MODULES = ("quickstart", "simulate", "measure", "validate", "calibrate", "trace", "profile", "fit", "predict", "tables", "capacity", "sweep", "import_cmd", "report")

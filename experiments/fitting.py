@@ -40,6 +40,10 @@ def fit_tables(args: FitOptions) -> None:
     """Fit every target, write the T_step table directory args.out, track it in MLflow, print the errors."""
     from pathlib import Path
 
+    from stepcal.core.errors import InputError
+    from stepcal.core.io import atomic_output_dir
+    from stepcal.core.model_files import load_model_spec
+    from stepcal.core.model_spec import Parallelism
     from stepcal.costmodel.axes import AXES_RULES, Axes
     from stepcal.costmodel.build import build_tables, composed_ops
     from stepcal.costmodel.compose_comm import Composition
@@ -48,9 +52,6 @@ def fit_tables(args: FitOptions) -> None:
     from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
     from stepcal.costmodel.importers import load_profiles
     from stepcal.costmodel.records import normalise_dtype
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.io import atomic_output_dir
-    from stepcal.simulator.model_spec import Parallelism, load_model_spec
 
     if args.axes not in AXES_RULES:
         raise InputError(f"--axes must be one of {', '.join(AXES_RULES)}, got {args.axes!r}")
@@ -135,6 +136,8 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
 
     import numpy as np
 
+    from stepcal.core.errors import InputError
+    from stepcal.core.measured_run import STEPS, repeat_dirs
     from stepcal.experiments.validation.measured import load_measured_run
     from stepcal.experiments.validation.scatter import (
         SOURCE,
@@ -146,8 +149,6 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
         run_pairs,
         scatter_run_dirs,
     )
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.measured_run import STEPS, repeat_dirs
     runs = sorted({Path(p).parent.parent for p in paths
                    if Path(p).name == STEPS and Path(p).parent.name.startswith("repeat_")})
     found = {}

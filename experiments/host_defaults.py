@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 DEFAULTS_PATH = Path(__file__).parent / "data" / "serving_defaults.json"
 # The engines of the data file, listed here so `--help` reads no file (a test checks they agree).
@@ -36,7 +36,7 @@ MAX_HOW_DERIVED_CHARS = 200   # `how_derived` is one line: the arithmetic, not t
 
 
 def read_serving_defaults(path: Path = DEFAULTS_PATH) -> dict:
-    from stepcal.simulator.readers import read_json
+    from stepcal.core.readers import read_json
     data = read_json(path, "the serving-defaults data file")
     check_serving_defaults(data, path)
     return data
@@ -109,7 +109,7 @@ def has_calibrated_terms(step_model: str) -> bool:
     meta = Path(step_model) / "meta.json"
     if not meta.is_file():
         return False
-    from stepcal.simulator.readers import read_json
+    from stepcal.core.readers import read_json
     return bool(read_json(meta, "the meta.json of a step-model directory").get("host_terms"))
 
 

@@ -1,12 +1,12 @@
 """The work of `stepcal profile`: a kernel sweep with its settings checked (the campaign runs it too).
 
-Imports only simulator.errors at load time: the command module reads OPS for its --help.
+Imports only core.errors at load time: the command module reads OPS for its --help.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
 
@@ -18,8 +18,8 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result.
     `ops` None: every op the model has (moe for mixture-of-experts models only). `rounds`: passes
     over the grid instead of the grid's own number (the quickstart splits them over its run)."""
+    from stepcal.core.model_files import load_model_spec
     from stepcal.profiler.grid import load_grid, ops_for, parse_shard
-    from stepcal.simulator.model_spec import load_model_spec
 
     if not model_spec:
         raise InputError("profile: --model-spec is required")
@@ -63,7 +63,7 @@ def _reused(result) -> str:
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
-    from stepcal.simulator.bounds import choices
+    from stepcal.core.bounds import choices
     try:
         return choices(text, OPS)
     except InputError as exc:
@@ -71,7 +71,7 @@ def parse_ops(text: str) -> tuple[str, ...]:
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:
-    from stepcal.simulator.model_spec import DTYPE_BYTES
+    from stepcal.core.model_spec import DTYPE_BYTES
     if dtype is None:
         return "bfloat16" if device.startswith("cuda") else "float32"
     canonical = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)

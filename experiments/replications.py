@@ -68,7 +68,7 @@ class Task:
 
 
 def run_task(task: Task, shared: Shared):
-    from stepcal.simulator.workload import rescale_rate
+    from stepcal.core.workload import rescale_rate
     trace = shared.trace if task.rate_rps is None else rescale_rate(shared.trace, task.rate_rps)
     return task.keep(run_replication(trace, shared.model, shared.config, task.seed))
 

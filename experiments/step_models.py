@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
+from stepcal.core.readers import read_json
 from stepcal.simulator.frontend import FrontEnd
-from stepcal.simulator.readers import read_json
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
 
 

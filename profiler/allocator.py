@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 M_TRIM_THRESHOLD = -1                # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3

@@ -23,15 +23,12 @@ timed eagerly, launches included, as our engine runs them (not replayed from a C
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
+from stepcal.core.errors import InputError
 from stepcal.profiler.grid import Point
-from stepcal.simulator.errors import InputError
-
-if TYPE_CHECKING:
-    from stepcal.profiler.ops import OpContext
+from stepcal.profiler.op_context import OpContext
 
 KV_STORE_CONTEXT = 64      # tokens cached per sequence of a kv_store point (a store does not read them)
 

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import HEAD_NORMS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
-from stepcal.simulator.readers import read_config_file
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import HEAD_NORMS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, ModelSpec
+from stepcal.core.readers import read_config_file
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
 MOE_OPS = ("moe",)                   # ops that only a mixture-of-experts spec has

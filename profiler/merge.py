@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_json, atomic_write_parquet
 from stepcal.profiler.serve import SERVED
 from stepcal.profiler.store import read_meta, read_rows
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.io import atomic_write_json, atomic_write_parquet
 
 # The parts of a sweep's identity that must agree to merge (threads and seed may differ by host).
 MUST_MATCH = ("model_spec", "device", "dtype", "ops", "grid_fingerprint")
@@ -79,8 +79,8 @@ def _check_compatible(inputs, metas: list[dict]) -> None:
 
 def _grid_order(meta: dict) -> list[str]:
     """The grid's point order, rebuilt from the grid source stored in meta.json (best effort)."""
+    from stepcal.core.model_spec import ModelSpec
     from stepcal.profiler.grid import expand_grid
-    from stepcal.simulator.model_spec import ModelSpec
     identity, source = meta.get("identity", {}), meta.get("grid_source")
     if not source or "model_spec" not in identity:
         return []

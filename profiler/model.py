@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec
 from stepcal.profiler.moe import MoEFFN, RoutedExperts
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec
 
 TORCH_DTYPES = {"float32": torch.float32, "fp32": torch.float32,
                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from stepcal.simulator.model_spec import ModelSpec
+from stepcal.core.model_spec import ModelSpec
 
 
 @dataclass

@@ -26,50 +26,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from stepcal.core.model_spec import ModelSpec
 from stepcal.profiler.elementwise import KV_STORE_CONTEXT, elementwise_run
 from stepcal.profiler.grid import Point, is_probe_batch, routed_expert_ids
-from stepcal.profiler.model import KVCache, LlamaModel, attend, prepare_step, torch_dtype
+from stepcal.profiler.model import KVCache, attend, prepare_step
 from stepcal.profiler.moe import routed_experts
-from stepcal.simulator.model_spec import ModelSpec
+from stepcal.profiler.op_context import OpContext
 
 MAX_BUFFER_SETS = 8
 STEP_BLOCK_SIZE = 16     # the engine's default KV block size (`stepcal measure`)
-
-
-@dataclass
-class OpContext:
-    """What every kernel of a sweep shares: the model shape, device, dtype, and the lazily built model."""
-    spec: ModelSpec
-    device: str
-    dtype: str
-    seed: int = 0
-    rotate_bytes: int = 0
-    _model: LlamaModel | None = field(default=None, repr=False)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch_dtype(self.dtype)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return torch.empty(0, dtype=self.torch_dtype).element_size()
-
-    @property
-    def model_built(self) -> bool:
-        return self._model is not None
-
-    def model(self) -> LlamaModel:
-        if self._model is None:
-            self._model = LlamaModel(self.spec, dtype=self.torch_dtype, device=self.device, seed=self.seed)
-        return self._model
-
-    def generator(self, point: Point) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + hash_point(point))
 
 
 @dataclass
@@ -78,10 +48,6 @@ class Kernel:
     graph_safe: bool = False        # may be captured into a CUDA graph
     host_side: bool = False         # host work: timed with perf_counter on any device
     self_timed: bool = False        # run(i) returns its own milliseconds (profiler.timing.SelfTimer)
-
-
-def hash_point(point: Point) -> int:
-    return int(point.key.rsplit("/", 1)[-1], 16) % (2**31)
 
 
 def num_buffer_sets(set_bytes: int, rotate_bytes: int) -> int:

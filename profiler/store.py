@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.io import atomic_write_json, atomic_write_parquet
-from stepcal.simulator.readers import read_json, read_parquet
-from stepcal.simulator.schemas import PROFILE_COLUMNS
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_json, atomic_write_parquet
+from stepcal.core.readers import read_json, read_parquet
+from stepcal.core.schemas import PROFILE_COLUMNS
 
 # Columns the profiler adds to the profile table of DESIGN.md.
 EXTRA_COLUMNS = ("inner_repeats",   # calls per timed sample (tiny kernels repeat inside a sample)

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepcal.core.batch import batch_row
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec
+from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.profiler.allocator import configure_allocator
 from stepcal.profiler.grid import Grid, Point
 from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
 from stepcal.profiler.speed_guard import every_s as guard_every_s
 from stepcal.profiler.store import ProfileDir
 from stepcal.profiler.timing import Measurement, TimingPolicy, torch_threads
-from stepcal.simulator.batch import batch_row
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec
-from stepcal.simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
 
 FLUSH_POINTS = 8        # rows per part file at most
 FLUSH_S = 2.0           # and at least this often
@@ -256,7 +256,7 @@ class PointMeasurer:
     """Builds and times one point at a time; failures become rows with a reason."""
 
     def __init__(self, config: SweepConfig, timer_factory=None) -> None:
-        from stepcal.profiler.ops import OpContext
+        from stepcal.profiler.op_context import OpContext
         self.config = config
         self.policy = config.policy.for_round()
         self.ctx = OpContext(config.spec, config.device, config.dtype, seed=config.seed,

@@ -11,13 +11,20 @@ goes on after a timeout: its next turn is sent a think time after the client gav
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from stepcal.core.trace import Trace, session_pairs
 from stepcal.simulator.request import Request, Status
-from stepcal.simulator.trace import Trace, session_pairs
 
-if TYPE_CHECKING:
-    from stepcal.simulator.simulation import Simulation
+
+class Serving(Protocol):
+    """What a client's events ask of the simulation (simulation.Simulation): route a request, abort
+    it on its replica, and end it."""
+    replicas: list
+
+    def send(self, request: Request, now_s: float, cut_runs: bool = False) -> None: ...
+
+    def end_requests(self, done: list[Request], now_s: float) -> None: ...
 
 
 def link_turns(trace: Trace, requests: list[Request]) -> list[Request]:
@@ -41,7 +48,7 @@ def link_turns(trace: Trace, requests: list[Request]) -> list[Request]:
 class Release:
     """A request reaches the router at the end of its path (a closed-loop turn, or any request behind a
     front end whose delay depends on the load); `sim.send` routes it."""
-    sim: Simulation
+    sim: Serving
     request: Request
 
     def fire(self, now_s: float) -> None:
@@ -51,7 +58,7 @@ class Release:
 @dataclass(slots=True, eq=False)
 class Timeout:
     """The client gives up on `request` unless it finished first."""
-    sim: Simulation
+    sim: Serving
     request: Request
 
     def fire(self, now_s: float) -> None:

@@ -39,18 +39,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
+from stepcal.core.metrics import distribution, summarize
+from stepcal.core.trace import Trace
 from stepcal.simulator.events import ARRIVAL, EventLoop, paused_gc
 from stepcal.simulator.frontend import FrontEnd, entry_order, path_of
 from stepcal.simulator.kv_cache import blocks_for
 from stepcal.simulator.logs import request_log
-from stepcal.simulator.metrics import distribution, summarize
 from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
 from stepcal.simulator.request import Request, make_requests
 from stepcal.simulator.router import make_router
 from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig
 from stepcal.simulator.simulation import SimResult
-from stepcal.simulator.trace import Trace
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _STREAM_KEY = 0x66726F6E74   # keeps these draws apart from other seeded draws of the same seed

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import ModelSpec, Parallelism
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.simulator.request import Request
 
 
@@ -88,11 +88,3 @@ def uses_prefix_caching(scheduler: str, setting: bool | None) -> bool:
     """--prefix-caching as set, or by default: on for the vllm scheduler (as in vLLM's V1 engine),
     off for the others."""
     return scheduler == "vllm" if setting is None else setting
-
-
-def make_block_manager(num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
-    """The counting manager, or the one with block ids, reference counts and keys."""
-    if prefix_caching:
-        from stepcal.simulator.prefix_cache import PrefixCachingBlockManager
-        return PrefixCachingBlockManager(num_blocks, block_size)
-    return BlockManager(num_blocks, block_size)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepcal.simulator.metrics import request_metrics
+from stepcal.core.metrics import request_metrics
 from stepcal.simulator.request import Request
 
 

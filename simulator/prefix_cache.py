@@ -1,8 +1,8 @@
-"""Automatic prefix caching: KV blocks with ids, reference counts and content keys (issue 15).
+"""Automatic prefix caching: KV blocks with ids, reference counts and content keys.
 
 The policy is vLLM's (v1 KVCacheManager), in the simulator and the engine alike:
 - a full block is identified by a key standing for its tokens and every token before them; a
-  request's keys come from its trace's prefix_hash_ids (`block_keys`), or from its tokens;
+  request's keys come from its trace's prefix_hash_ids (prefix_keys.block_keys), or from its tokens;
 - a new request reuses the longest chain of its leading keys that is cached, at most up to its
   last known token minus one (that one is always computed, for its logits);
 - a block is reference-counted; a freed block keeps its key and stays cached; it is evicted, least
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepcal.core.trace import continued_turns
 from stepcal.simulator.kv_cache import BlockManager, blocks_for
 from stepcal.simulator.request import Request, Status
 
@@ -306,49 +307,14 @@ class PrefixCachingBlockManager(BlockManager):
         assert len(keyed) == int((self.key_of >= 0).sum()), "key map drifted"
 
 
-def block_keys(dense_ids: np.ndarray, num_prompt_tokens: int, trace_block_tokens: int,
-               block_size: int) -> np.ndarray:
-    """Keys of a prompt's full KV blocks of `block_size` tokens, from its trace ids given as dense
-    ints 0..U-1 (one per `trace_block_tokens` tokens, each standing for its tokens and all before).
-
-    KV block k ends at token e = (k+1)·block_size. The prefix up to e is identified by the id of the
-    trace block j holding token e-1 and by how far into it e is; KV blocks ending in the same trace
-    block are (e - j·trace_block_tokens - 1) // block_size apart, so key = id · M + that, with
-    M = ceil(trace_block_tokens / block_size): keys are dense, 0..U·M-1, and index arrays directly.
-    Blocks past the ids, or not full within the prompt, get no key.
-    """
-    per_id = -(-trace_block_tokens // block_size)
-    covered = min(num_prompt_tokens, len(dense_ids) * trace_block_tokens)
-    ends = np.arange(1, covered // block_size + 1, dtype=np.int64) * block_size
-    trace_block = (ends - 1) // trace_block_tokens
-    within = (ends - trace_block * trace_block_tokens - 1) // block_size
-    return dense_ids[trace_block] * per_id + within
-
-
-def trace_prefix_keys(trace, block_size: int) -> list[np.ndarray] | None:
-    """Per request of `trace` (in trace order), the keys of its full prompt blocks at `block_size`;
-    None when the trace carries no prefix ids. Equal keys mean equal tokens up to the block's end,
-    whatever the trace's own block size."""
-    if trace.prefix_hash_ids is None:
-        return None
-    lengths = np.fromiter((len(ids) for ids in trace.prefix_hash_ids), np.int64, len(trace))
-    flat = np.fromiter((i for ids in trace.prefix_hash_ids for i in ids), np.int64, int(lengths.sum()))
-    _, dense = np.unique(flat, return_inverse=True)
-    starts = np.concatenate(([0], np.cumsum(lengths)))
-    prompt = trace.num_prompt_tokens.tolist()
-    return [block_keys(dense[starts[i]:starts[i + 1]], prompt[i], trace.prefix_block_tokens, block_size)
-            for i in range(len(trace))]
-
-
 def key_answers(trace, requests: list[Request], block_size: int) -> int:
     """Give each session turn's answer blocks the keys its next turn's prompt has for them.
 
     Turn k's KV holds its prompt and all but the last of its answer tokens; turn k+1's prompt is
-    the same stream, longer. Where it continues turn k's (simulator.trace.continued_turns), turn k
+    the same stream, longer. Where it continues turn k's (core.trace.continued_turns), turn k
     takes turn k+1's keys for every block full within its KV; that includes the blocks of turn k's
     partial last trace block, whose own id names tokens the next turn's block starts with. Returns
     the number of turns extended."""
-    from stepcal.simulator.trace import continued_turns
     by_id = {r.request_id: r for r in requests}
     ids = trace.request_id.tolist()
     extended = 0
@@ -361,3 +327,10 @@ def key_answers(trace, requests: list[Request], block_size: int) -> int:
             turn.prefix_keys = following.prefix_keys[:num_full].copy()
             extended += 1
     return extended
+
+
+def make_block_manager(num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
+    """The counting manager, or the one with block ids, reference counts and keys."""
+    if prefix_caching:
+        return PrefixCachingBlockManager(num_blocks, block_size)
+    return BlockManager(num_blocks, block_size)

@@ -1,7 +1,7 @@
 """Queueing closed forms for fast screening, before any simulation."""
 from __future__ import annotations
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 
 def _check_load(rho: float, what: str) -> None:

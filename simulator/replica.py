@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from stepcal.simulator.batch import StepFeatures, feature_row
+from stepcal.core.batch import StepFeatures, feature_row
+from stepcal.core.step_log import StepLogBuilder
 from stepcal.simulator.events import STEP_DONE, WAKE, EventLoop
-from stepcal.simulator.kv_cache import make_block_manager
+from stepcal.simulator.prefix_cache import make_block_manager
 from stepcal.simulator.request import Request, Status
+from stepcal.simulator.scatter import ScatterSeries
 from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
-from stepcal.simulator.step_log import StepLogBuilder
 from stepcal.simulator.step_model import FeatureStepModel
 
 
@@ -62,7 +63,7 @@ class ReplicaSettings:
     step_overhead_ms: float = 0.0
     record_batches: bool = True
     prefix_caching: bool = False
-    scatter: object = None                # simulator.ranges.Scatter: step-to-step scatter of step time
+    scatter: object = None                # simulator.scatter.Scatter: step-to-step scatter of step time
     scatter_seed: int = 0
 
 
@@ -92,7 +93,6 @@ class Replica:
         self.num_steps_done = 0
         self.scatter = None                       # the factors of this replica's steps, by step number
         if settings.scatter is not None and not settings.scatter.is_zero:
-            from stepcal.simulator.ranges import ScatterSeries
             self.scatter = ScatterSeries(settings.scatter, settings.scatter_seed, index)
 
     def abort(self, request: Request, now_s: float) -> None:

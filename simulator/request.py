@@ -5,14 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError
-
-if TYPE_CHECKING:
-    from stepcal.simulator.trace import Trace
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
+from stepcal.simulator.prefix_keys import trace_prefix_keys
 
 
 class Status(IntEnum):
@@ -109,7 +107,6 @@ def make_requests(trace: Trace, block_size: int, kv_blocks: int | None, skip_ove
     think = _optional_floats(trace.think_time_s)
     keys = None
     if prefix_caching and trace.prefix_hash_ids is not None:
-        from stepcal.simulator.prefix_cache import trace_prefix_keys
         keys = trace_prefix_keys(trace, block_size)
     requests = [Request(ids[i], arr[i], prompt[i], output[i],
                         priority=int(priority[i]) if priority else 0,

@@ -1,7 +1,7 @@
 """Routers spread arriving requests over replicas."""
 from __future__ import annotations
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 
 class RoundRobinRouter:

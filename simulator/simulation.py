@@ -15,19 +15,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepcal.core.errors import InputError
+from stepcal.core.metrics import prefix_cache_summary, summarize
+from stepcal.core.trace import Trace
 from stepcal.simulator.client import Release, Timeout, count_timeouts, link_turns
-from stepcal.simulator.errors import InputError
 from stepcal.simulator.events import ARRIVAL, EventLoop, paused_gc
 from stepcal.simulator.frontend import FrontEnd, entry_order, path_of
 from stepcal.simulator.kv_cache import blocks_for, uses_prefix_caching
 from stepcal.simulator.logs import request_log
-from stepcal.simulator.metrics import prefix_cache_summary, summarize
 from stepcal.simulator.prefix_cache import key_answers
 from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
 from stepcal.simulator.request import make_requests
 from stepcal.simulator.router import make_router
 from stepcal.simulator.schedulers import SchedulerConfig
-from stepcal.simulator.trace import Trace
 
 
 @dataclass
@@ -48,7 +48,7 @@ class SimConfig:
     slo_tpot_ms: float | None = None
     prefix_caching: bool | None = None    # None: the scheduler's default (on for vllm)
     timeout_s: float | None = None        # client timeout of requests whose trace gives none
-    scatter: object = None                # simulator.ranges.Scatter: step-to-step scatter (ranges)
+    scatter: object = None                # simulator.scatter.Scatter: step-to-step scatter (ranges)
     scatter_seed: int = 0
 
     @property

@@ -7,8 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from stepcal.simulator.batch import StepBatch, StepFeatures, feature_row
-from stepcal.simulator.errors import InputError
+from stepcal.core.batch import StepBatch, StepFeatures, feature_row
+from stepcal.core.errors import InputError
 from stepcal.simulator.frontend import FrontEnd
 
 

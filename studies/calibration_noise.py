@@ -52,11 +52,11 @@ def scatter_variance(fit, terms, keys) -> float:
 
 
 def one_model(campaign: Path, model_name: str, scheduler: str) -> str:
+    from stepcal.core.readers import read_json
     from stepcal.experiments.step_models import resolve_step_model
     from stepcal.experiments.validation.calibration import OBJECTIVE, _Fit
     from stepcal.experiments.validation.measured import load_measured_run
-    from stepcal.simulator.ranges import Scatter
-    from stepcal.simulator.readers import read_json
+    from stepcal.simulator.scatter import Scatter
     from stepcal.simulator.step_model import HostTerms
     directory = campaign / model_name / scheduler
     meta = read_json(directory / "meta.json", "a calibrated step model's meta.json")

@@ -47,7 +47,7 @@ def write_slo_trace(args, path: Path) -> Path:
 
     import numpy as np
 
-    from stepcal.simulator.workload import load_workload, write_trace
+    from stepcal.core.workload import load_workload, write_trace
     trace = load_workload(args.trace)
     tight = np.random.default_rng(1).random(len(trace)) < args.latency_sensitive
     slo = np.where(tight, args.ls_ttft_ms, args.tp_ttft_ms).astype(np.float64)

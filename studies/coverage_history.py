@@ -59,7 +59,7 @@ def load_runs(campaign: Path) -> dict[str, list[Path]]:
 
 def calibration_repeats(campaign: Path) -> int:
     """Repeats of the runs the campaign's models were calibrated on (each scheduler's lowest load)."""
-    from stepcal.simulator.measured_run import repeat_dirs
+    from stepcal.core.measured_run import repeat_dirs
     return min(len(repeat_dirs(runs[0])) for runs in load_runs(campaign).values())
 
 

@@ -63,12 +63,12 @@ def main() -> None:
 
     import torch
 
+    from stepcal.core.model_files import load_model_spec
     from stepcal.profiler.engine.measure import warm_up
     from stepcal.profiler.engine.paged import held_batch
     from stepcal.profiler.model import build_model
-    from stepcal.profiler.ops import OpContext
+    from stepcal.profiler.op_context import OpContext
     from stepcal.profiler.sweep import _rotate_bytes
-    from stepcal.simulator.model_spec import load_model_spec
     torch.set_num_threads(1)
     spec = load_model_spec(args.model_spec)
     model = build_model(spec, device="cpu", dtype="float32", seed=0)

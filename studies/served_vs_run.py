@@ -59,12 +59,12 @@ def main() -> None:
     import pandas as pd
     import torch
 
+    from stepcal.core.measured_run import read_measured_run
+    from stepcal.core.model_spec import ModelSpec
     from stepcal.profiler.engine.engine import Engine, EngineConfig
     from stepcal.profiler.engine.measure import warm_up
     from stepcal.profiler.model import build_model
     from stepcal.profiler.serve import Workload, serve
-    from stepcal.simulator.measured_run import read_measured_run
-    from stepcal.simulator.model_spec import ModelSpec
     from stepcal.simulator.schedulers import SchedulerConfig
     torch.set_num_threads(1)
     run = read_measured_run(args.measured_run)

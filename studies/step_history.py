@@ -29,8 +29,8 @@ def decode_model(model_spec: str):
     """The model on one thread, and one request's cache holding 100 tokens."""
     import torch
 
+    from stepcal.core.model_files import load_model_spec
     from stepcal.profiler.model import build_model
-    from stepcal.simulator.model_spec import load_model_spec
     torch.set_num_threads(1)
     model = build_model(load_model_spec(model_spec))
     cache = model.new_cache()

@@ -28,9 +28,9 @@ STATS = [(metric, stat) for metric in ("ttft_ms", "tpot_ms", "e2e_ms") for stat 
 
 def run_errors(run, model, config, seeds: int, noise: StepNoise | None) -> list[float]:
     """Errors of the STATS, each simulated statistic averaged over the seeds when there is noise."""
+    from stepcal.core.measured_run import RunStats
     from stepcal.experiments.validation.errors import stat_error
     from stepcal.experiments.validation.measured import mean_over_repeats
-    from stepcal.simulator.measured_run import RunStats
     from stepcal.simulator.simulation import simulate
     if noise is None:
         simulated = RunStats.from_summary(simulate(run.trace, model, config).summary)

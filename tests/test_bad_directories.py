@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stepcal.core.errors import InputError
+from stepcal.core.workload import read_trace
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.compare import RECORD_KEYS
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.measured_run import REPLAY
-from stepcal.simulator.workload import read_trace
+from stepcal.experiments.validation.measured import REPLAY
 from tests.costmodel.conftest import make_profile
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -401,7 +401,7 @@ OWN_PARQUET = ("tables/linear.parquet", "tables/decode_attn.parquet", "tables/op
 def test_damaged_parquet_files_are_read_or_refused(name, flips, intact, scratch):
     """A few bytes flipped anywhere (pages, footer, pandas metadata): read, or an InputError naming the file.
     (Damaged pandas metadata raises KeyError or TypeError inside pandas, not only pyarrow's errors.)"""
-    from stepcal.simulator.readers import read_parquet
+    from stepcal.core.readers import read_parquet
     data = bytearray((intact / name).read_bytes())
     for where, value in flips:
         data[int(where * len(data))] = value

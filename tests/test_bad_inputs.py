@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.experiments.cli import main
-from stepcal.simulator.model_spec import PRESETS
 
 DATA = Path(__file__).parent / "data"
 GEN = "poisson:rate=5,n=20,prompt=fixed:16,output=fixed:4"
@@ -172,8 +172,8 @@ def test_sparse_inter_token_gaps_are_a_warning(tmp_path, capsys):
 
 
 def test_report_does_not_create_an_mlflow_store_to_look_for_a_run(tmp_path):
+    from stepcal.core.errors import InputError
     from stepcal.experiments.report.build import mlflow_client
-    from stepcal.simulator.errors import InputError
     store = tmp_path / "new.db"
     with pytest.raises(InputError, match=f"--tracking-uri sqlite:///{store}: no MLflow store at {store}"):
         mlflow_client("abc", f"sqlite:///{store}")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from stepcal.core.errors import InputError
+from stepcal.core.readers import check_text, one_line, read_parquet
 from stepcal.costmodel.importers import aiconfigurator, native, splitwise, vidur
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.readers import check_text, one_line, read_parquet
 
 FORMATS = ("auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise")
 _IMPORTERS = {

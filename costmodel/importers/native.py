@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepcal.core.batch import FEATURE_NAMES, batch_row
+from stepcal.core.errors import InputError, shown
 from stepcal.costmodel.records import check_positive, check_times, make_records, require_columns
-from stepcal.simulator.batch import FEATURE_NAMES, batch_row
-from stepcal.simulator.errors import InputError, shown
 
 STEP_LIKE_OPS = ("attn_prefill", "attn_decode", "step", "overhead")
 # A moe row's expert shape: record column -> the ModelSpec field it comes from.
@@ -15,7 +15,7 @@ MOE_ONE_DEVICE = ("tp", "ep")        # the profiler times a whole MoE layer on o
 
 
 def import_profile(frame: pd.DataFrame, path: str) -> pd.DataFrame:
-    """A profile table (simulator.schemas.PROFILE_COLUMNS); failed points are skipped."""
+    """A profile table (core.schemas.PROFILE_COLUMNS); failed points are skipped."""
     require_columns(frame, ("op", "time_ms"), path=path, what="stepcal profile")
     frame = frame.reset_index(drop=True)
     ok = _ok_rows(frame, path)

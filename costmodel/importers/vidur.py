@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import elementwise_widths_of, gemm_shapes_of
 from stepcal.costmodel.records import check_positive, check_times, make_records, require_columns
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import elementwise_widths_of, gemm_shapes_of
 
 KEY_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
                "num_tokens", "num_tensor_parallel_workers")
-# Vidur op -> our GEMM sub-operation name (simulator.model_spec.gemm_shapes_of).
+# Vidur op -> our GEMM sub-operation name (core.model_spec.gemm_shapes_of).
 GEMM_OPS = {"attn_pre_proj": "qkv_proj", "attn_post_proj": "o_proj",
             "mlp_up_proj": "gate_up_proj", "mlp_down_proj": "down_proj"}
 ELEMENTWISE_OPS = ("emb", "input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add")

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.campaign.config import CALIBRATED, PROFILED_OPS, CampaignConfig, load_name
 from stepcal.experiments.campaign.headline import Headline, HeadlineRow
 from stepcal.experiments.commands.output_paths import check_output
-from stepcal.simulator.errors import InputError
 
 T = TypeVar("T")
 
@@ -222,8 +222,8 @@ class Campaign:
         campaign (on this project's VMs its speed moves 10-30% over minutes, and a profile taken at
         the start alone put whole-step tables 15-25% off runs measured minutes later, one way or
         the other)."""
+        from stepcal.core.model_files import load_model_spec
         from stepcal.profiler.grid import load_grid
-        from stepcal.simulator.model_spec import load_model_spec
         try:
             rounds = int(load_grid(self.c.grid, load_model_spec(self.c.model_spec)).timing.get("rounds", 1))
         except InputError:
@@ -247,12 +247,12 @@ class Campaign:
 
     def measure(self, scheduler: str, workload: str, out: Path) -> dict:
         """One repeat of a generated workload, served by the engine with measure's default flags."""
+        from stepcal.core.model_files import load_model_spec
+        from stepcal.core.workload import load_workload
         from stepcal.experiments.commands.flags import DEFAULT_BLOCK_SIZE, scheduler_config
         from stepcal.experiments.commands.output import print_warnings
         from stepcal.profiler.engine.engine import EngineConfig
         from stepcal.profiler.engine.measure import measure_trace
-        from stepcal.simulator.model_spec import load_model_spec
-        from stepcal.simulator.workload import load_workload
         c = self.c
         spec = load_model_spec(c.model_spec)
         trace = load_workload(workload, seed=c.seed)
@@ -405,9 +405,9 @@ class Campaign:
         miss no model can avoid and a noise floor that excuses every other. The served-again repeats
         are named. Returns the repeats kept because their slow stretch came back in the same place
         (said on stderr): the engine's own, flagged so when the repeats are combined."""
+        from stepcal.core.measured_run import SAME_PLACE, read_measured_run
         from stepcal.profiler.engine.measure import serve_slowed_again
         from stepcal.profiler.engine.slowdown import SlowestWindow
-        from stepcal.simulator.measured_run import SAME_PLACE, read_measured_run
         c = self.c
         dirs = [parts / scheduler / load_name(load) / str(k) for k in range(c.repeats)]
         repeats = []
@@ -432,8 +432,8 @@ class Campaign:
 
     def headline(self, capacity: dict, validations: list, reproducibility: dict | None = None) -> Headline:
         """Every validation's row, read back from its validation.json; writes OUT/headline.json."""
+        from stepcal.core.io import atomic_write_bytes
         from stepcal.experiments.validation.compare import read_record
-        from stepcal.simulator.io import atomic_write_bytes
         # The profiled tables saw no run: every load is held out for them.
         rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0] or model_name == "profiled",
                                read_record(path / "validation.json"))
@@ -458,6 +458,6 @@ def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load:
     """Training data beyond the kernel profile: the step logs of every scheduler's runs that are
     never validated: the calibration load (every repeat: the machine's speed drifts, and more of
     it averages out) and the saturation run (it covers the largest batches)."""
-    from stepcal.simulator.measured_run import STEPS, repeat_dir, repeat_dirs
+    from stepcal.core.measured_run import STEPS, repeat_dir, repeat_dirs
     logs = [d / STEPS for s in schedulers for d in repeat_dirs(measured / s / load_name(calibration_load))]
     return logs + [repeat_dir(measured / s / "saturation", 0) / STEPS for s in schedulers]

@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from stepcal.simulator.trace import Trace
-from stepcal.simulator.workload import rescale_rate
+from stepcal.core.trace import Trace
+from stepcal.core.workload import rescale_rate
 
 
 @dataclass

@@ -103,7 +103,7 @@ def search_capacity_ranges(replicated: ReplicatedRates, *, start_rps: float, tar
 
 
 def probe_figures(summary: dict) -> dict:
-    from stepcal.simulator.measured_run import RunStats
+    from stepcal.core.measured_run import RunStats
     stats = RunStats.from_summary(summary)
     return {"slo_attainment": summary.get("slo_attainment"), "goodput_rps": summary.get("goodput_rps"),
             "throughput_rps": stats.throughput_rps, "ttft_p99_ms": stats.stat("ttft_ms", "p99"),
@@ -115,7 +115,7 @@ def ranges_record(curves: dict[str, CurveCapacity], replicated: ReplicatedRates,
     `max_rate_rps` as {median, low, high} (None where a curve is beyond
     the searched range; `curves` says which side), each curve's search, and every rate probed with
     the median and 90% interval of its figures over the replications."""
-    from stepcal.simulator.metrics import clean_json
+    from stepcal.core.metrics import clean_json
     probes = [{"rate_rps": rate, **ranges_block([probe_figures(s) for s in summaries])}
               for rate, summaries in sorted(replicated.cache.items())]
     return clean_json({**settings, "num_replications": len(replicated.seeds),

@@ -1,9 +1,9 @@
 """capacity.json: the answer of a capacity search, its check 5% above, and every probe."""
 from __future__ import annotations
 
+from stepcal.core.measured_run import RunStats
+from stepcal.core.metrics import clean_json
 from stepcal.experiments.capacity.search import CapacityResult, RateProbe
-from stepcal.simulator.measured_run import RunStats
-from stepcal.simulator.metrics import clean_json
 
 
 def probe_row(probe: RateProbe) -> dict:

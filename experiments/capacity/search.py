@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 DEFAULT_TOLERANCE = 0.02
 CHECK_ABOVE = 0.05       # the answer is checked by simulating this much (relative) above it

@@ -1,14 +1,14 @@
 """argparse `type=` functions: every numeric flag is checked when the command line is parsed, so a
 bad value is one line naming the flag (argparse adds it) before any work starts.
 
-Imports only simulator.bounds (math and simulator.errors): `stepcal --help` stays instant.
+Imports only core.bounds (math and core.errors): `stepcal --help` stays instant.
 """
 from __future__ import annotations
 
 import argparse
 
-from stepcal.simulator import bounds
-from stepcal.simulator.errors import InputError
+from stepcal.core import bounds
+from stepcal.core.errors import InputError
 
 
 def _checked(check):

@@ -1,10 +1,10 @@
 """`stepcal capacity`: the highest request rate a deployment serves within its SLOs."""
 from __future__ import annotations
 
+from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import STEP_MODEL_HELP, add_command, add_ranges_flags, add_scheduler_flags
 from stepcal.experiments.host_defaults import add_host_defaults_flag
-from stepcal.simulator import bounds
 
 HELP = """Find the highest request rate (the trace's arrivals rescaled to that mean rate) at which the
 share of requests meeting the SLOs (TTFT ≤ --slo-ttft-ms and TPOT ≤ --slo-tpot-ms) is at least
@@ -100,7 +100,7 @@ def register(subparsers) -> None:
 
 def parse_split(text: str) -> tuple[int, int]:
     """'P:D' → (P, D), both positive."""
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     head, sep, tail = text.partition(":")
     try:
         p, d = int(head), int(tail)
@@ -116,6 +116,10 @@ def run(args) -> int:
 
     from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out)
+    from stepcal.core.errors import InputError
+    from stepcal.core.io import atomic_output_dir, atomic_write_json
+    from stepcal.core.metrics import clean_json
+    from stepcal.core.workload import load_workload, mean_rate_rps
     from stepcal.experiments.capacity import (
         RateEvaluator,
         aggregated,
@@ -133,11 +137,7 @@ def run(args) -> int:
     )
     from stepcal.experiments.commands.output import print_warnings
     from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_model
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.io import atomic_output_dir, atomic_write_json
-    from stepcal.simulator.metrics import clean_json
     from stepcal.simulator.simulation import SimConfig
-    from stepcal.simulator.workload import load_workload, mean_rate_rps
 
     if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
         raise InputError("capacity needs an SLO: give --slo-ttft-ms and/or --slo-tpot-ms")
@@ -233,8 +233,8 @@ def pools_front_end(args, prefill_model, decode_model):
     """The disaggregated deployment's request path: one per deployment (the client's API server hands
     each request to the prefill pool), so the pools' step models must not disagree on it. A pool whose
     model has none (uncalibrated tables) takes the other's."""
+    from stepcal.core.errors import InputError
     from stepcal.experiments.step_models import front_end
-    from stepcal.simulator.errors import InputError
     prefill, decode = front_end(prefill_model), front_end(decode_model)
     if not prefill.is_zero and not decode.is_zero and prefill != decode:
         raise InputError(f"--decode-step-model {args.decode_step_model or args.step_model}: its request path "
@@ -244,9 +244,9 @@ def pools_front_end(args, prefill_model, decode_model):
 
 
 def disagg_config_from_args(args, config, split: tuple[int, int], front_end=None):
+    from stepcal.core.errors import InputError
+    from stepcal.core.model_files import load_model_spec
     from stepcal.simulator.disaggregation import DisaggConfig, PoolConfig
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.model_spec import load_model_spec
     if not args.model_spec:
         raise InputError("--disaggregated needs --model-spec: the KV transfer's bytes come from its "
                          "KV bytes per token")
@@ -262,7 +262,7 @@ def disagg_config_from_args(args, config, split: tuple[int, int], front_end=None
 
 
 def _aggregated_replicas(replicas: int | None, split: tuple[int, int] | None) -> int:
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     if split is None:
         return 1 if replicas is None else replicas
     if replicas is not None and replicas != sum(split):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
-from stepcal.simulator import bounds
 
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
 SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
@@ -78,7 +78,7 @@ def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
 def scheduler_config(max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_batched_tokens: int | None = None,
                      chunk_size: int = 512, block_size: int = DEFAULT_BLOCK_SIZE, kv_blocks: int | None = None):
     """A SchedulerConfig; every size must be positive (InputError naming the flag)."""
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     from stepcal.simulator.schedulers import SchedulerConfig
     sizes = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens, "chunk_size": chunk_size,
              "block_size": block_size, "kv_blocks": kv_blocks}
@@ -95,9 +95,9 @@ def scheduler_config_from_args(args):
 
 
 def kv_blocks_from_args(args) -> int | None:
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
+    from stepcal.core.model_files import load_model_spec
     from stepcal.simulator.kv_cache import kv_blocks_from_memory
-    from stepcal.simulator.model_spec import load_model_spec
     parallelism = parallelism_from_args(args)
     if args.kv_blocks is not None or args.device_memory_gb is None:
         return args.kv_blocks
@@ -110,7 +110,7 @@ def kv_blocks_from_args(args) -> int | None:
 
 def parallelism_from_args(args):
     """Parallelism from --tp / --ep (argtypes refused values below 1 when parsing); measure has neither."""
-    from stepcal.simulator.model_spec import Parallelism
+    from stepcal.core.model_spec import Parallelism
     return Parallelism(tp=getattr(args, "tp", 1), ep=getattr(args, "ep", 1))
 
 
@@ -191,7 +191,7 @@ def scatter_from_args(args):
     scatter), else 0; --scatter-run-cv-pairs, else 0 (run_cv taken as exact); and where it came from
     (scatter_source)."""
     from stepcal.experiments.step_models import stored_scatter
-    from stepcal.simulator.ranges import Scatter
+    from stepcal.simulator.scatter import Scatter
     stored = stored_scatter(getattr(args, "step_model", ""))
 
     def chosen(flag: str, key: str, default=0.0):

@@ -57,11 +57,11 @@ def run(args) -> int:
 
     from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out)
+    from stepcal.core.errors import InputError
+    from stepcal.core.model_files import load_model_spec
+    from stepcal.core.workload import load_workload
     from stepcal.experiments.commands.output import format_summary, print_warnings
     from stepcal.profiler.engine.measure import measure_trace
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.model_spec import load_model_spec
-    from stepcal.simulator.workload import load_workload
     if args.repeats < 1 or args.threads < 1:
         raise InputError("--repeats and --threads must be at least 1")
     spec = load_model_spec(args.model_spec)

@@ -12,7 +12,7 @@ def print_warnings(warnings) -> None:
 
 def format_summary(summary: dict) -> str:
     """The table `simulate`, `measure` and `import` print: counts, throughput, each metric's statistics."""
-    from stepcal.simulator.measured_run import METRICS, RunStats
+    from stepcal.core.measured_run import METRICS, RunStats
     stats = RunStats.from_summary(summary)
     lines = [f"{summary['num_finished']}/{summary['num_requests']} requests finished in "
              f"{summary['duration_s']:.1f} s: {_num(summary['throughput_rps'])} req/s, "

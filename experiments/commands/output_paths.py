@@ -1,14 +1,14 @@
 """Output paths checked before any work: a command that cannot write its result refuses at once,
 in one line naming the flag, instead of failing with a traceback after minutes of work.
 
-Loads only the standard library (and simulator.errors), so the check runs before any heavy import.
+Loads only the standard library (and core.errors), so the check runs before any heavy import.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 # Kernel views, not storage: writes there fail or, worse, poke the kernel. /dev/shm is a real tmpfs.
 PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -20,7 +20,7 @@ def check_output(path: str | Path, *, kind: str = "dir", flag: str = "--out", st
     """`path` as an output the command can write, or an InputError `FLAG PATH: why`. Creates nothing.
 
     kind "dir": a directory, new or existing (its files are replaced); "file": a file, new or
-    existing. `staged`: written through a temporary sibling and renamed into place (simulator.io),
+    existing. `staged`: written through a temporary sibling and renamed into place (core.io),
     so the parent must be writable too; False for directories filled in place (resumable runs).
     `suffixes`: the file name must end in one of them (lower case, e.g. (".csv", ".parquet")).
     """

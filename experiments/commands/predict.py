@@ -27,9 +27,9 @@ def run(args) -> int:
 
     from pathlib import Path
 
+    from stepcal.core.io import atomic_write_bytes, atomic_write_parquet
     from stepcal.costmodel.importers import load_file
     from stepcal.costmodel.predict import predict_records
-    from stepcal.simulator.io import atomic_write_bytes, atomic_write_parquet
 
     table = predict_records(args.tables, load_file(Path(args.input), args.format))
     if out.suffix.lower() == ".parquet":

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
+from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import SCHEDULER_NAMES, add_command
-from stepcal.simulator import bounds
 
 # processes for the calibrations and replications: two, where the machine has two cores
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
@@ -90,9 +90,9 @@ def run(args) -> int:
     from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out, staged=False)   # the stages fill OUT as they go
 
+    from stepcal.core.errors import InputError
     from stepcal.experiments.campaign import Campaign, CampaignConfig, format_headline
     from stepcal.experiments.validation.device_history import history_file
-    from stepcal.simulator.errors import InputError
     # --schedulers, --repeats, --trials and --chunk-size were refused when parsed (argtypes)
     if args.num_requests < 20:
         raise InputError(f"quickstart: needs --num-requests >= 20 (for P99 of every run), got {args.num_requests}")
@@ -149,10 +149,10 @@ def _arrivals(text: str) -> str:
 
 def _check_setup(args) -> None:
     """Bad flags fail here, in one line, before minutes of profiling."""
+    from stepcal.core.errors import InputError
+    from stepcal.core.model_files import load_model_spec
+    from stepcal.core.workload.spec import parse_spec
     from stepcal.experiments.validation.device_history import history_file
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.model_spec import load_model_spec
-    from stepcal.simulator.workload.spec import parse_spec
     load_model_spec(args.model_spec)
     parse_spec(f"poisson:rate=1,n=1,prompt={args.prompt},output={args.output}", "--prompt / --output")
     if args.scatter_runs:
@@ -170,9 +170,9 @@ def _check_setup(args) -> None:
 
 def _check_scatter_runs(args) -> None:
     """--scatter-runs: runs of two or more repeats, measured on this machine (its fingerprint now)."""
+    from stepcal.core.errors import InputError
     from stepcal.experiments.validation.scatter import check_scatter_runs
     from stepcal.profiler.fingerprint import hardware_fingerprint
-    from stepcal.simulator.errors import InputError
     if args.repeats < 2:
         raise InputError("--scatter-runs needs --repeats of two or more: the step-to-step scatter comes from "
                          "this campaign's own repeats")

@@ -40,8 +40,8 @@ def run(args) -> int:
     from stepcal.experiments.commands.output_paths import check_output, check_store_uri
     check_output(args.out)
     check_store_uri(args.tracking_uri, flag="--tracking-uri", bare_kind="dir")   # the artifacts go there
+    from stepcal.core.errors import InputError
     from stepcal.experiments.report.build import build_report, describe_report, log_report_to_mlflow, mlflow_client
-    from stepcal.simulator.errors import InputError
     if args.tracking_uri and not args.mlflow_run_id:
         raise InputError("--tracking-uri needs --mlflow-run-id")
     client = mlflow_client(args.mlflow_run_id, args.tracking_uri) if args.mlflow_run_id else None

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import sys
 
+from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import add_command, add_ranges_flags, add_scheduler_flags
 from stepcal.experiments.host_defaults import add_host_defaults_flag
-from stepcal.simulator import bounds
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
@@ -69,6 +69,9 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 def run(args) -> int:
     from stepcal.experiments.commands.output_paths import check_output
     check_output(args.out)
+    from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+    from stepcal.core.metrics import clean_json
+    from stepcal.core.workload import load_workload
     from stepcal.experiments.commands.flags import (
         kv_blocks_from_args,
         prefix_caching_from_args,
@@ -77,10 +80,7 @@ def run(args) -> int:
     )
     from stepcal.experiments.commands.output import format_summary, print_warnings
     from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_model
-    from stepcal.simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
-    from stepcal.simulator.metrics import clean_json
     from stepcal.simulator.simulation import SimConfig, Simulation
-    from stepcal.simulator.workload import load_workload
 
     model = resolve_step_model(args.step_model, args.host_defaults)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,

@@ -49,8 +49,8 @@ def run_export(args) -> int:
     check_output(args.out)
     from pathlib import Path
 
+    from stepcal.core.io import atomic_output_dir
     from stepcal.costmodel.export import export_tables
-    from stepcal.simulator.io import atomic_output_dir
 
     with atomic_output_dir(Path(args.out)) as staging:
         export = export_tables(args.tables, args.format, staging, vidur_model=args.vidur_model,

@@ -5,9 +5,9 @@ import argparse
 
 from stepcal.experiments.commands import argtypes
 
-FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # simulator.workload.TRACE_FORMATS, kept
+FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # core.workload.TRACE_FORMATS, kept
                                                       # here so --help loads no numpy
-SUFFIXES = (".csv", ".parquet")                       # simulator.workload.writer.TRACE_SUFFIXES, likewise
+SUFFIXES = (".csv", ".parquet")                       # core.workload.writer.TRACE_SUFFIXES, likewise
 
 DESCRIPTION = """\
 Summarise a workload trace, or write one in stepcal's format.
@@ -114,8 +114,8 @@ def run(args) -> int:
     from stepcal.experiments.commands.output_paths import check_output
     if args.trace_command == "generate":
         check_output(args.out, kind="file", suffixes=SUFFIXES)
+    from stepcal.core.workload import load_workload, trace_stats, write_trace
     from stepcal.experiments.commands.output import print_warnings
-    from stepcal.simulator.workload import load_workload, trace_stats, write_trace
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.report.document import Document, Image
 from stepcal.experiments.report.inputs import SimulationInput, TablesInput, ValidationInput, load_input
 from stepcal.experiments.validation.compare import ValidationRecord
@@ -14,7 +15,6 @@ from stepcal.experiments.validation.extrapolated import describe_beyond
 from stepcal.experiments.validation.machine_speed import describe_speed
 from stepcal.experiments.validation.steps import StepLevelError
 from stepcal.experiments.validation.table import STEP_MATCHED_NOTE, step_matched_rows
-from stepcal.simulator.errors import InputError
 
 HEADLINE = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p90"),
             ("tpot_ms", "p99"), ("e2e_ms", "p50"), ("e2e_ms", "p90"), ("e2e_ms", "p99"))
@@ -23,7 +23,7 @@ MAX_META_ROWS = 80
 
 def build_report(dirs: list[str], out: str | Path, step_model_specs: list[str] = ()) -> list[str]:
     """Write OUT/report.md, OUT/report.html and the PNGs; returns the names of the files written."""
-    from stepcal.simulator.io import atomic_output_dir, atomic_write_bytes
+    from stepcal.core.io import atomic_output_dir, atomic_write_bytes
     inputs = [load_input(d) for d in dirs]
     models = [(spec, _resolve(spec)) for spec in step_model_specs]
     doc = make_document(inputs, models)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepcal.core.errors import InputError
+from stepcal.core.measured_run import REQUESTS, has_request_log, repeat_dirs
+from stepcal.core.readers import read_json, read_parquet
 from stepcal.costmodel.tables import TABLE_KIND
 from stepcal.experiments.replications import RANGES_PERCENTILES
 from stepcal.experiments.validation.compare import ValidationRecord, read_record
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.measured_run import REQUESTS, has_request_log, repeat_dirs
-from stepcal.simulator.readers import read_json, read_parquet
 
 
 @dataclass

@@ -115,7 +115,7 @@ def step_scatter(measured_ms, predicted_ms, title: str) -> bytes:
 def decode_grid_ms(model, batch_sizes=HEATMAP_BATCH_SIZES, kv_lens=HEATMAP_KV_LENS) -> np.ndarray:
     """T_step in ms of pure-decode batches: row j is kv_lens[j] tokens cached per sequence, column i
     is batch_sizes[i] sequences. NaN where the model cannot answer (outside a table's range)."""
-    from stepcal.simulator.batch import StepBatch
+    from stepcal.core.batch import StepBatch
     grid = np.full((len(kv_lens), len(batch_sizes)), np.nan)
     for j, kv in enumerate(kv_lens):
         for i, b in enumerate(batch_sizes):

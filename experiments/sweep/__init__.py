@@ -29,10 +29,10 @@ def run_sweep(config: SweepConfig, out: str | Path, *, backend: str = "local", w
               ray_address: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> SweepReport:
     import pandas as pd
 
+    from stepcal.core.errors import InputError
+    from stepcal.core.io import atomic_write_json, atomic_write_parquet
+    from stepcal.core.metrics import clean_json
     from stepcal.experiments.sweep.pareto import best_per_slo, plot_pareto
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.io import atomic_write_json, atomic_write_parquet
-    from stepcal.simulator.metrics import clean_json
 
     if backend not in BACKENDS:
         raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")

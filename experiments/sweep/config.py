@@ -51,8 +51,8 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.readers import read_toml
+from stepcal.core.errors import InputError
+from stepcal.core.readers import read_toml
 
 TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
             "host_defaults", "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
@@ -79,7 +79,7 @@ class SweepRanges:
     scatter_cv: float = 0.0
     scatter_rho: float = 0.0
     seed: int = 0
-    scatter_run_cv: float = 0.0     # the device's speed over a run (simulator.ranges.Scatter.run_cv)
+    scatter_run_cv: float = 0.0     # the device's speed over a run (simulator.scatter.Scatter.run_cv)
 
 
 @dataclass(frozen=True)

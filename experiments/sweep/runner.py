@@ -6,8 +6,8 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from stepcal.core.measured_run import METRICS, STATS, RunStats
 from stepcal.experiments.sweep.config import Slo, SweepConfig, SweepPoint, SweepRanges
-from stepcal.simulator.measured_run import METRICS, STATS, RunStats
 
 SUMMARY_SCALARS = ("num_requests", "num_finished", "duration_s", "throughput_rps", "output_tokens_per_s",
                    "num_preemptions", "num_steps")
@@ -18,7 +18,7 @@ RANGE_SUFFIXES = ("median", "low", "high")   # with ranges: <column>.median / .l
 @dataclass(frozen=True)
 class SweepContext:
     """What every worker needs, shipped once per worker: the base trace and the step models, loaded."""
-    trace: object                 # simulator.trace.Trace, cut but not rescaled
+    trace: object                 # core.trace.Trace, cut but not rescaled
     step_models: dict             # (spec, host-defaults engine or None) -> StepTimeModel
     block_size: int
     kv_blocks: int | None
@@ -29,8 +29,8 @@ class SweepContext:
 
 
 def build_context(config: SweepConfig) -> SweepContext:
+    from stepcal.core.workload import load_workload
     from stepcal.experiments.step_models import resolve_step_model
-    from stepcal.simulator.workload import load_workload
     trace = load_workload(config.trace, trace_format=config.trace_format, num_requests=config.num_requests,
                           duration_s=config.duration_s, seed=config.seed, arg_name=f"{config.path}: trace")
     # each step model with each engine's published host terms (experiments.host_defaults), once
@@ -55,10 +55,10 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
     with ranges each of those figures' median and 90% interval over the replications."""
     import numpy as np
 
+    from stepcal.core.workload import mean_rate_rps, rescale_rate
     from stepcal.experiments.step_models import front_end
     from stepcal.simulator.schedulers import SchedulerConfig
     from stepcal.simulator.simulation import SimConfig, Simulation
-    from stepcal.simulator.workload import mean_rate_rps, rescale_rate
 
     trace = context.trace if point.rate_rps is None else rescale_rate(context.trace, point.rate_rps)
     defaults = SchedulerConfig()
@@ -82,7 +82,7 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
 
 def figure_columns(result, slos: tuple[Slo, ...]) -> dict:
     """A run's figure columns: the summary's scalars, each latency statistic, each SLO's attainment and goodput."""
-    from stepcal.simulator.metrics import slo_summary
+    from stepcal.core.metrics import slo_summary
     summary = result.summary
     row = {name: summary[name] for name in SUMMARY_SCALARS}
     stats = RunStats.from_summary(summary)
@@ -101,7 +101,8 @@ def range_columns(trace, model, config, ranges: SweepRanges, slos: tuple[Slo, ..
     the sweep's backend already spreads the points over its workers."""
     from dataclasses import replace
 
-    from stepcal.simulator.ranges import Scatter, ranges_block, replication_seeds, run_replication
+    from stepcal.simulator.ranges import ranges_block, replication_seeds, run_replication
+    from stepcal.simulator.scatter import Scatter
     config = replace(config, scatter=Scatter(ranges.scatter_cv, ranges.scatter_rho, ranges.scatter_run_cv))
     rows = [figure_columns(run_replication(trace, model, config, seed), slos)
             for seed in replication_seeds(ranges.num_replications, ranges.seed)]

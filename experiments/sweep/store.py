@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stepcal.simulator.io import atomic_write_json
+from stepcal.core.io import atomic_write_json
 
 
 class PointStore:

@@ -1,6 +1,6 @@
 """Validation: how far a simulation is from a measured run of the same workload, and calibration.
 
-measured.py reads a measured run (simulator.measured_run's layout) as validation compares it;
+measured.py reads a measured run (core.measured_run's layout) as validation compares it;
 errors.py holds relative errors and one error cell; steps.py the step-level error and the
 step-time noise floor; compare.py the validation record (validation.json) and the errors left
 with step time matched; validate.py the work of `stepcal validate`; table.py its markdown table;

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stepcal.core.measured_run import RunStats
 from stepcal.experiments.validation.errors import relative_error
 from stepcal.experiments.validation.measured import MeasuredRun, sim_config_for
 from stepcal.experiments.validation.request_stats import (
@@ -62,8 +63,7 @@ from stepcal.experiments.validation.request_stats import (
     repeat_groups,
 )
 from stepcal.experiments.validation.step_log_terms import BASE_SCALE_BOUNDS, step_log_terms
-from stepcal.simulator.measured_run import RunStats
-from stepcal.simulator.ranges import Scatter
+from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.step_model import STEP_TERMS, HostTerms, HostTermsModel
 
 # (metric, statistic) pairs the fit matches; P99 is left out on purpose: it is what we validate.
@@ -116,7 +116,7 @@ class Calibration:
         too high may keep some of its excess (before the scale: a quickstart's served-profile tables
         priced a bursty sarathi run 4-7% high with every term at zero, and their 90% intervals, drawn
         about that level with the device's spread alone, held 45% of the held-out cells). --ranges
-        draws each replication's level with it too (simulator.ranges.Scatter.bias_cv).
+        draws each replication's level with it too (simulator.scatter.Scatter.bias_cv).
         Over the summary statistics: the TTFT slope is a shape, not a level."""
         logs = [math.log1p(e) for key, e in self.errors_after.items()
                 if key in SUMMARY_OBJECTIVE and e is not None and e > -1]
@@ -175,7 +175,7 @@ class _Fit:
 
     def __init__(self, run: MeasuredRun, base_model, scatter: Scatter | None = None) -> None:
         self.run, self.base_model = run, base_model
-        self.scatter = scatter     # simulator.ranges.Scatter of the device, measured on the run (or None)
+        self.scatter = scatter     # simulator.scatter.Scatter of the device, measured on the run (or None)
         self.logs = run.request_logs
         self.groups = repeat_groups(self.logs)   # each repeat's, from its own queue
         self.measured_front = measured_group_stats(self.logs, self.groups)
@@ -277,7 +277,7 @@ def calibrate(run: MeasuredRun, base_model, max_simulations: int = 300, start: H
               uncertainty: bool = True, scatter: Scatter | None = None, step_log: bool = True) -> Calibration:
     """Fit the host terms of `base_model` on `run`. `start` (e.g. an engine's published defaults) is where
     the search starts; its per-prompt-token term is kept as it is (a workload of similar prompts cannot
-    tell it from the median). `scatter` (simulator.ranges.Scatter: the device's step scatter, measured
+    tell it from the median). `scatter` (simulator.scatter.Scatter: the device's step scatter, measured
     on the run's repeats) is the noise the uncertainty is sized on; None: a bootstrap of the requests.
     Stage budgets, in simulations: a third of max_simulations for the first two step terms and for
     each of three searches of all four (_search_all_four; four where TPOT's slope gap gives one more
@@ -715,12 +715,12 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
     import shutil
     import tempfile
 
+    from stepcal.core.io import atomic_output_dir, atomic_write_json
+    from stepcal.core.metrics import clean_json
+    from stepcal.core.readers import read_json
     from stepcal.experiments.step_models import resolve_step_model
     from stepcal.experiments.validation.measured import load_measured_run, warn_slowed
     from stepcal.experiments.validation.scatter import run_pairs, scatter_run_dirs
-    from stepcal.simulator.io import atomic_output_dir, atomic_write_json
-    from stepcal.simulator.metrics import clean_json
-    from stepcal.simulator.readers import read_json
     run = load_measured_run(measured)
     more_runs = [run_pairs(r) for r in scatter_run_dirs(scatter_runs, own=measured)] + list(history)
     scatter = scatter_of(run, more_runs, scatter_profiles)  # before the search
@@ -758,9 +758,9 @@ def scatter_of(run: MeasuredRun, scatter_runs: list, scatter_profiles: Sequence 
     """The scatter block calibrate stores: measured_scatter of the run, its run_cv pooled with the
     repeats of `scatter_runs` (experiments.validation.scatter.RunPairs) and the two halves of
     `scatter_profiles` (early, late), and the run's repeats as model_level_repeats
-    (simulator.ranges.Scatter)."""
+    (simulator.scatter.Scatter)."""
+    from stepcal.core.errors import InputError
     from stepcal.experiments.validation.scatter import measured_scatter, profile_log_ratio
-    from stepcal.simulator.errors import InputError
     if (scatter_runs or scatter_profiles) and run.num_repeats < 2:
         flag = "--scatter-runs" if scatter_runs else "--scatter-profiles"
         raise InputError(f"{flag} needs --measured of two or more repeats ({run.path} has one): "

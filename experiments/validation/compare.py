@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepcal.core.errors import InputError
+from stepcal.core.measured_run import METRICS, STATS, MetricStats, RunStats
+from stepcal.core.readers import read_json
 from stepcal.experiments.validation.errors import ErrorCell, relative_error, stat_error
 from stepcal.experiments.validation.measured import MeasuredRun
 from stepcal.experiments.validation.steps import StepLevelError
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.measured_run import METRICS, STATS, MetricStats, RunStats
-from stepcal.simulator.readers import read_json
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class ValidationRecord:
                    data.get("slowed_repeats"), data.get("beyond_fitted"), data.get("profile_speed_probe_ms"))
 
     def to_dict(self) -> dict:
-        from stepcal.simulator.metrics import clean_json
+        from stepcal.core.metrics import clean_json
         return clean_json({
             "measured_run": self.measured_run, "num_requests": self.num_requests, "num_repeats": self.num_repeats,
             "num_finished_both": self.num_finished_both,
@@ -219,7 +219,7 @@ def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, con
     over the measured step log, the same workload simulated again. What remains is queueing,
     scheduling and KV capacity; the difference to the plain errors is step time's share.
     None without a step log, or for a model that is not a FeatureStepModel."""
-    from stepcal.simulator.metrics import clean_json
+    from stepcal.core.metrics import clean_json
     from stepcal.simulator.simulation import simulate
     from stepcal.simulator.step_model import FeatureStepModel
     if step_level.total_error is None or not isinstance(model, FeatureStepModel):

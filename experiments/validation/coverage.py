@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepcal.simulator.measured_run import METRICS, STATS, RunStats
+from stepcal.core.measured_run import METRICS, STATS, RunStats
 
 
 def coverage_block(measured: RunStats, stats: dict, repeats: list[RunStats] | None = None) -> dict:

@@ -106,8 +106,8 @@ def record_runs(path: str | Path, runs: Iterable[str | Path], campaign: str | Pa
     ledger at `path`, replacing earlier entries of the same run directories. -> the entries added."""
     from datetime import datetime, timezone
 
+    from stepcal.core.measured_run import repeat_dirs
     from stepcal.experiments.validation.scatter import run_pairs
-    from stepcal.simulator.measured_run import repeat_dirs
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     added = []
     for run in runs:
@@ -125,7 +125,7 @@ def _rewrite(path: Path, added: Sequence[HistoryEntry]) -> None:
     """Under an exclusive lock: the ledger's entries minus those of the added runs, plus them."""
     import fcntl
 
-    from stepcal.simulator.io import atomic_write_bytes
+    from stepcal.core.io import atomic_write_bytes
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # two campaigns ending together both keep their runs

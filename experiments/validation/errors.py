@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepcal.simulator.measured_run import RunStats
+from stepcal.core.measured_run import RunStats
 
 
 def relative_error(predicted, measured) -> float | None:

@@ -1,6 +1,6 @@
 """A measured run as validation compares it: the workload, repeat 0's request log (and the later
 repeats' for calibration), every repeat's step log, and each statistic averaged over the repeats
-(files: simulator.measured_run)."""
+(files: core.measured_run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -8,14 +8,48 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.simulator.measured_run import METRICS, REPLAY, SAME_PLACE, STATS, MetricStats, RunStats, read_measured_run
+from stepcal.core.errors import InputError, shown
+from stepcal.core.measured_run import METRICS, SAME_PLACE, STATS, MetricStats, Needs, RunStats, read_measured_run
+from stepcal.core.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
+
+
+def check_replay_meta(where: Path, meta: dict) -> None:
+    """The settings a replay builds its SimConfig from, each of the type it needs."""
+    if meta["kind"] != "measured_run":
+        raise InputError(f"{where}: kind is {meta['kind']!r}, expected 'measured_run'")
+    if not isinstance(meta["scheduler"], str) or meta["scheduler"] not in SCHEDULERS:
+        raise InputError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)}, got {meta['scheduler']!r}")
+    config = meta["scheduler_config"]
+    known = set(SchedulerConfig.__dataclass_fields__)
+    if not isinstance(config, dict) or not set(config) <= known:
+        raise InputError(f"{where}: scheduler_config must be an object with keys among {', '.join(sorted(known))}, "
+                         f"got {config!r}")
+    settings = [("block_size", meta["block_size"]), ("kv_blocks", meta["kv_blocks"])]
+    settings += [(f"scheduler_config.{k}", v) for k, v in config.items()]
+    for key, value in settings:
+        if value is None and key.split(".")[-1] in NULLABLE:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{where}: {key} must be a positive integer, got {shown(value)}")
+
+
+# Settings whose null means "no limit" (KV blocks) or "the scheduler's own default" (token budget).
+NULLABLE = ("kv_blocks", "max_num_batched_tokens")
+
+
+# A measured run as a replay needs it: the settings its SimConfig is built from, every statistic
+# compared, and both logs.
+REPLAY = Needs(meta_keys=("kind", "scheduler", "scheduler_config", "block_size", "kv_blocks"),
+               summary_keys=("throughput_rps", "num_preemptions") + METRICS,
+               request_columns=REQUEST_LOG_COLUMNS, step_columns=STEP_LOG_COLUMNS, check_meta=check_replay_meta)
 
 
 @dataclass
 class MeasuredRun:
     path: Path
     meta: dict
-    trace: object            # simulator.trace.Trace
+    trace: object            # core.trace.Trace
     requests: object         # DataFrame, repeat 0
     steps: object            # DataFrame, every repeat's step log, with a `repeat` column
     stats: RunStats          # each statistic averaged over the repeats; preemptions of repeat 0

@@ -61,9 +61,9 @@ def pooled_run_cv(log_ratios: Sequence[float]) -> float:
 def profile_log_ratio(early: str | Path, late: str | Path) -> float:
     """The device's speed between two profiles of the same points: the median over the points both
     timed (status ok) of log(t_late / t_early), over the whole-step points where both have some."""
+    from stepcal.core.errors import InputError
+    from stepcal.core.readers import read_parquet
     from stepcal.costmodel.importers import profile_table
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.readers import read_parquet
     columns = ("point_key", "op", "time_ms", "status")
     early, late = (profile_table(p) or p for p in (early, late))   # a profile directory, or its table
     frames = [read_parquet(path, "--scatter-profiles", columns) for path in (early, late)]
@@ -105,8 +105,8 @@ def scatter_run_dirs(paths: Sequence[str | Path], own: str | Path | None = None)
     directory that is not stands for every measured run of two or more repeats under it (an earlier
     campaign's, whose saturation runs have one), hidden directories (a campaign's staging) left out.
     `own`, the run being calibrated, and repeats of a run are dropped: a pair counts once."""
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.measured_run import META, repeat_dirs
+    from stepcal.core.errors import InputError
+    from stepcal.core.measured_run import META, repeat_dirs
     skip = {Path(own).resolve()} if own is not None else set()
     found: list[Path] = []
     for given in map(Path, paths):
@@ -138,7 +138,7 @@ def check_same_device(reference: dict | None, other_meta: dict, where: str) -> N
     """InputError when the run `where` (its meta.json `other_meta`) was measured on another device than
     `reference` (a fingerprint): its speed pairs say nothing of this one. Runs without a fingerprint
     (imported ones) are taken as they are."""
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     other = other_meta.get("fingerprint")
     if not isinstance(reference, dict) or not isinstance(other, dict):
         return
@@ -157,8 +157,8 @@ def check_scatter_runs(paths: Sequence[str | Path], reference: dict) -> None:
     """What `--scatter-runs` names, checked from each run's meta.json and repeat directories alone
     (before minutes of work, without reading its logs): runs of two or more repeats, measured on the
     device of the fingerprint `reference`."""
-    from stepcal.simulator.measured_run import META, repeat_dirs
-    from stepcal.simulator.readers import read_json
+    from stepcal.core.measured_run import META, repeat_dirs
+    from stepcal.core.readers import read_json
     for path in scatter_run_dirs(paths):
         meta = read_json(path / META, "the meta.json of a measured run, for --scatter-runs")
         if len(repeat_dirs(path)) < 2:
@@ -186,7 +186,7 @@ class RunPairs:
 def run_pairs(path: str | Path) -> RunPairs:
     """RunPairs of the measured run at `path`, kept for the process while its step logs are unchanged:
     a quickstart calibrates four models on the same history, and loading a run whole takes ~0.5 s."""
-    from stepcal.simulator.measured_run import STEPS, repeat_dirs
+    from stepcal.core.measured_run import STEPS, repeat_dirs
     stamps = tuple((d / STEPS).stat().st_mtime_ns for d in repeat_dirs(path))
     return _run_pairs(Path(path), stamps)
 
@@ -203,6 +203,6 @@ def pairs_of(run) -> RunPairs:
 
 
 def one_repeat_error(path):
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     return InputError(f"--scatter-runs {path}: needs a measured run of two or more repeats "
                       "(its repeats' total step times give the run-to-run spread); it has one")

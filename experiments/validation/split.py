@@ -40,7 +40,7 @@ def term_parts_ms(model, features) -> dict[str, np.ndarray] | None:
 def step_split(model, steps, front_end_ms: float | None) -> dict | None:
     """Predicted ms per part summed over the measured steps' batches, their shares, and the front end's
     mean delay per request (TTFT and E2E only: not step time). None without a step log or terms."""
-    from stepcal.simulator.batch import StepFeatures
+    from stepcal.core.batch import StepFeatures
     if steps is None or not len(steps):
         return None
     parts = term_parts_ms(model, StepFeatures.from_columns(steps))

@@ -56,7 +56,7 @@ class StepLevelError:
 
 def predict_steps(model, steps) -> np.ndarray:
     """The model's time for each measured step's batch, in ms."""
-    from stepcal.simulator.batch import StepBatch
+    from stepcal.core.batch import StepBatch
     return np.array([model.step_ms(StepBatch.of(ids, q, kv)) for ids, q, kv in
                      zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])], dtype=np.float64)
 

@@ -33,10 +33,10 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     values fall inside the intervals; a block holding `replica_quantiles` (a DataFrame) has it written to
     OUT/ranges_percentiles.parquet. `host_defaults` names an engine whose published host terms are
     added to a step model without calibrated ones (experiments.host_defaults)."""
+    from stepcal.core.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
+    from stepcal.core.measured_run import RunStats
+    from stepcal.core.metrics import clean_json
     from stepcal.experiments.step_models import front_end, resolve_step_model
-    from stepcal.simulator.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
-    from stepcal.simulator.measured_run import RunStats
-    from stepcal.simulator.metrics import clean_json
     from stepcal.simulator.simulation import simulate
 
     run = load_measured_run(measured)

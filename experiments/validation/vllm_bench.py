@@ -1,4 +1,4 @@
-"""`vllm bench serve --save-result --save-detailed` JSON -> a measured-run directory (simulator.measured_run's
+"""`vllm bench serve --save-result --save-detailed` JSON -> a measured-run directory (core.measured_run's
 layout). Without --save-detailed, vLLM drops the per-request lists and keeps only the run's averages,
 which cannot be replayed.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.simulator.bounds import MAX_TOKENS_PER_REQUEST
-from stepcal.simulator.errors import InputError
+from stepcal.core.bounds import MAX_TOKENS_PER_REQUEST
+from stepcal.core.errors import InputError
 
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
 EXPECTED = "expected a `vllm bench serve --save-result --save-detailed` JSON"
@@ -165,7 +165,7 @@ def request_frame(bench: VllmBench):
     """The request log (DESIGN.md contract 4); failed requests keep NaN first_token_s / finish_s."""
     import pandas as pd
 
-    from stepcal.simulator.metrics import request_metrics
+    from stepcal.core.metrics import request_metrics
     first_token = bench.arrival_s + bench.ttft_s
     finish = first_token + np.array([itl.sum() for itl in bench.itl_s])
     frame = pd.DataFrame({
@@ -182,7 +182,7 @@ def empty_step_frame():
     """The step-log columns with no rows: a vLLM bench does not see the engine's steps."""
     import pandas as pd
 
-    from stepcal.simulator.schemas import STEP_LOG_COLUMNS
+    from stepcal.core.schemas import STEP_LOG_COLUMNS
     float_columns = ("start_s", "duration_ms", "prefill_attn_work")
     list_columns = ("request_ids", "q_lens", "kv_lens")
     return pd.DataFrame({c: pd.Series([], dtype=object if c in list_columns else
@@ -193,7 +193,7 @@ def empty_step_frame():
 def bench_trace(bench: VllmBench):
     """The workload to replay. A failed request keeps its prompt; its output length is the one the
     bench recorded, or 1 when it recorded none, so that the simulator can still serve it."""
-    from stepcal.simulator.trace import Trace
+    from stepcal.core.trace import Trace
     return Trace.from_arrays(bench.arrival_s, bench.num_prompt_tokens, np.maximum(bench.num_output_tokens, 1),
                              request_id=np.arange(len(bench), dtype=np.int64), source=str(bench.path))
 
@@ -211,12 +211,12 @@ def _check_kv_capacity(bench: VllmBench, block_size: int, kv_blocks: int | None)
 
 def write_vllm_bench_run(bench: VllmBench, out: str | Path, *, model_spec, scheduler: str, scheduler_config,
                          block_size: int, kv_blocks: int | None) -> dict:
-    """The bench as a one-repeat measured run (simulator.measured_run's layout, with an empty step log);
+    """The bench as a one-repeat measured run (core.measured_run's layout, with an empty step log);
     returns its summary."""
     _check_kv_capacity(bench, block_size, kv_blocks)
-    from stepcal.simulator.measured_run import Repeat, write_measured_run
-    from stepcal.simulator.metrics import clean_json, summarize
-    from stepcal.simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
+    from stepcal.core.measured_run import Repeat, write_measured_run
+    from stepcal.core.metrics import clean_json, summarize
+    from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
     trace = bench_trace(bench)
     requests = request_frame(bench)
     itls = [itl for itl in bench.itl_s if len(itl)]

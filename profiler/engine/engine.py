@@ -23,20 +23,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from stepcal.core.batch import feature_row
+from stepcal.core.errors import InputError
+from stepcal.core.metrics import prefix_cache_summary, summarize
+from stepcal.core.step_log import StepLogBuilder
+from stepcal.core.trace import Trace, continued_turns
 from stepcal.profiler.engine.clock import CLOCKS
 from stepcal.profiler.engine.paged import PagedKVCache, default_read_copies
 from stepcal.profiler.model import StepInputs, step_inputs
-from stepcal.simulator.batch import feature_row
 from stepcal.simulator.client import count_timeouts, link_turns
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.kv_cache import blocks_for, make_block_manager, uses_prefix_caching
+from stepcal.simulator.kv_cache import blocks_for, uses_prefix_caching
 from stepcal.simulator.logs import request_log
-from stepcal.simulator.metrics import prefix_cache_summary, summarize
-from stepcal.simulator.prefix_cache import key_answers
+from stepcal.simulator.prefix_cache import key_answers, make_block_manager
 from stepcal.simulator.request import Request, Status, make_requests
 from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
-from stepcal.simulator.step_log import StepLogBuilder
-from stepcal.simulator.trace import Trace, continued_turns
 
 
 @dataclass
@@ -278,7 +278,7 @@ def session_streams(trace: Trace, requests: list[Request], token_ids: dict[int, 
     """Make each session turn's prompt the start of its next turn's (a session is one token stream),
     and return each turn's answer as the next turn's prompt has it (request_id -> tokens).
 
-    Only where the next turn continues this one (simulator.trace.continued_turns). The engine emits
+    Only where the next turn continues this one (core.trace.continued_turns). The engine emits
     the quoted answer instead of its own sample, so that the next turn's prompt holds the tokens
     whose K/V this turn computed, which a prefix cache then reuses."""
     by_id = {r.request_id: r for r in requests}

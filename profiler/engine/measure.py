@@ -1,11 +1,11 @@
-"""Measured runs: serve a trace R times on the engine and write them (simulator.measured_run's layout)."""
+"""Measured runs: serve a trace R times on the engine and write them (core.measured_run's layout)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from stepcal.simulator.measured_run import SAME_PLACE, read_measured_run, write_measured_run
+from stepcal.core.measured_run import SAME_PLACE, read_measured_run, write_measured_run
 
 
 def warm_up(model, num_steps: int = 3) -> None:
@@ -65,11 +65,11 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
     import torch
 
+    from stepcal.core.errors import InputError
     from stepcal.profiler.allocator import configure_allocator
     from stepcal.profiler.fingerprint import hardware_fingerprint
     from stepcal.profiler.model import build_model, default_dtype
     from stepcal.profiler.timing import torch_threads
-    from stepcal.simulator.errors import InputError
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
     dtype = dtype or default_dtype(device)
@@ -182,7 +182,7 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
     the campaign instead of two back-to-back minutes. Writes the layout `write_measured_run`
     writes; raises InputError when the parts differ in trace or settings. `kept_same_place`: the parts
     serve_slowed_again kept, slow again in the same place, flagged so in their summary."""
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     runs = [read_measured_run(p) for p in parts]
     first_trace = runs[0].trace.to_frame()
     for run in runs[1:]:
@@ -198,7 +198,7 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
 
 def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trace_source: str,
                 repeats: int, fingerprint: dict) -> dict:
-    from stepcal.simulator.schemas import SCHEMA_VERSION, TOOL_VERSION
+    from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
     return {"kind": "measured_run", "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
             "model_spec": spec.to_dict(), "device": device, "dtype": dtype, "num_threads": num_threads,
             "fingerprint": fingerprint, "trace": trace_source, "repeats": repeats,

@@ -22,11 +22,11 @@ import gc
 
 import numpy as np
 
+from stepcal.core.trace import Trace
 from stepcal.profiler.grid import check_host_batch
 from stepcal.simulator.kv_cache import blocks_for
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers import SchedulerConfig
-from stepcal.simulator.trace import Trace
 
 GROWTH_STEPS = 256     # decode iterations a probe serves before it is rebuilt (each adds a token per sequence)
 BLOCK_SIZE = 16        # `stepcal measure`'s default KV block size

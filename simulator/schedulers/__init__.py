@@ -1,5 +1,5 @@
 """Serving schedulers behind one contract (see base.SchedulerBase); SCHEDULERS maps CLI names to classes."""
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 from stepcal.simulator.schedulers.base import ItlSamples, ScheduledStep, SchedulerBase, SchedulerConfig
 from stepcal.simulator.schedulers.continuous import ContinuousScheduler
 from stepcal.simulator.schedulers.sarathi import SarathiScheduler

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepcal.simulator.batch import StepBatch
+from stepcal.core.batch import StepBatch
 from stepcal.simulator.kv_cache import BlockManager
 from stepcal.simulator.request import Request, Status
 

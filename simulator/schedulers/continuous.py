@@ -1,7 +1,7 @@
 """Continuous batching, Orca / vLLM v0 style: iteration-level, prefill-prioritised."""
 from __future__ import annotations
 
-from stepcal.simulator.batch import StepBatch
+from stepcal.core.batch import StepBatch
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers.base import SchedulerBase
 

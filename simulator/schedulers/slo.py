@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from stepcal.simulator.batch import StepBatch
+from stepcal.core.batch import StepBatch
 from stepcal.simulator.request import Request
 from stepcal.simulator.schedulers.sarathi import decode_first
 from stepcal.simulator.schedulers.vllm import VllmScheduler

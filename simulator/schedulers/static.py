@@ -1,7 +1,7 @@
 """Static batching: a batch is formed when the engine is idle and runs until every member finishes."""
 from __future__ import annotations
 
-from stepcal.simulator.batch import StepBatch
+from stepcal.core.batch import StepBatch
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers.base import SchedulerBase
 

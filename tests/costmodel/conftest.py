@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepcal.simulator.batch import batch_row
-from stepcal.simulator.model_spec import PRESETS
-from stepcal.simulator.schemas import PROFILE_COLUMNS
+from stepcal.core.batch import batch_row
+from stepcal.core.model_spec import PRESETS
+from stepcal.core.schemas import PROFILE_COLUMNS
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 

@@ -80,8 +80,8 @@ def test_a_per_prompt_cost_needs_the_decode_curve_free():
 
 
 def test_step_fits_hold_every_curve_but_the_decodes_rising():
+    from stepcal.core.batch import FEATURE_NAMES
     from stepcal.costmodel.features import KINDS
-    from stepcal.simulator.batch import FEATURE_NAMES
     flags = KINDS["step"].increasing(FEATURE_NAMES)
     assert [name for name, up in zip(FEATURE_NAMES, flags) if not up] == ["num_decode"]
     assert all(KINDS["host"].increasing(("num_seqs", "num_tokens")))

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.costmodel.axes import DATA_RULE, FIXED_RULE, Axes
 from stepcal.costmodel.build import build_tables
 from stepcal.costmodel.compose_comm import all_reduce_ms, all_reduce_tokens
@@ -21,7 +22,6 @@ from stepcal.costmodel.resolution import resolution_of_fit, summary
 from stepcal.costmodel.tables import load_step_model
 from stepcal.experiments.cli import main
 from stepcal.experiments.fitting import FitOptions
-from stepcal.simulator.model_spec import PRESETS, Parallelism
 
 SPEC = PRESETS["tiny"]
 TP2 = Parallelism(tp=2)

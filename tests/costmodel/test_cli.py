@@ -5,10 +5,10 @@ import sys
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import StepFeatures
+from stepcal.core.model_spec import Parallelism
 from stepcal.costmodel.tables import load_step_model
 from stepcal.experiments.cli import main
-from stepcal.simulator.batch import StepFeatures
-from stepcal.simulator.model_spec import Parallelism
 from tests.costmodel.conftest import PROFILES, make_step_log, require_shared, step_ms
 
 
@@ -166,9 +166,9 @@ def test_fit_on_real_vidur_profile_composes_a_model(tmp_path):
 def test_device_spec_adds_roofline_terms_where_no_profile_times_them(profile_file, tmp_path, capsys):
     """The synthetic profile names no known device ('Test CPU'): --device-spec gives the roofline its
     bandwidth. A bad name, or one that contradicts the profiles' own device, is one line, exit 2."""
+    from stepcal.core.model_spec import PRESETS
     from stepcal.costmodel.compose_elementwise import roofline_elementwise_ms, sampling_ms
     from stepcal.costmodel.devices import device_spec
-    from stepcal.simulator.model_spec import PRESETS
     out = tmp_path / "t"
     assert main(["fit", "--profile", str(profile_file), "--model-spec", "tiny", "--device-spec", "H100",
                  "--regressor", "rf", "--no-mlflow", "--out", str(out)]) == 0

@@ -8,6 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import StepBatch
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.costmodel.build import build_tables
 from stepcal.costmodel.compose import Axes, compose_terms, op_grids
 from stepcal.costmodel.compose_comm import Composition, all_to_all_bytes
@@ -15,9 +18,6 @@ from stepcal.costmodel.fitting import FitConfig, FitResult, TargetFit, dtypes_fo
 from stepcal.costmodel.records import make_records
 from stepcal.costmodel.tables import load_step_model
 from stepcal.costmodel.tuning import default_choice
-from stepcal.simulator.batch import StepBatch
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS, Parallelism
 
 MIXTRAL, DSV3, LLAMA = PRESETS["mixtral-8x7b"], PRESETS["deepseek-v3"], PRESETS["llama-3-8b"]
 AXES = Axes(num_tokens=np.array([1.0, 64.0, 4096.0]), num_seqs=np.array([1.0, 64.0]),

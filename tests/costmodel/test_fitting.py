@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.costmodel.evaluation import error_stats, extrapolation_split, group_ids, random_split
 from stepcal.costmodel.fitting import FitConfig, fit_all, select_records
 from stepcal.costmodel.importers import load_profiles
-from stepcal.simulator.errors import InputError
 from tests.costmodel.conftest import PROFILES, make_step_log, require_shared
 
 

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.costmodel.build import build_tables
 from stepcal.costmodel.compose import Axes, op_grids
 from stepcal.costmodel.features import assign_targets
 from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
 from stepcal.costmodel.importers.aiconfigurator import import_table
-from stepcal.simulator.model_spec import PRESETS, Parallelism
 
 DSV3, LLAMA = PRESETS["deepseek-v3"], PRESETS["llama-3-8b"]
 TP8 = Parallelism(tp=8)

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 
+from stepcal.core.batch import StepFeatures, batch_row
 from stepcal.costmodel.tables import load_step_model
 from stepcal.experiments.cli import main
-from stepcal.simulator.batch import StepFeatures, batch_row
 from tests.costmodel.conftest import _row, make_profile, make_step_log, step_ms
 
 
@@ -126,7 +126,7 @@ def test_additive_terms_carry_the_spread_of_their_fit_and_a_drawn_bias_moves_the
 def test_a_bad_relative_spread_is_refused_naming_the_file(tmp_path):
     import pytest
 
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     out, meta = _fit(tmp_path, _profile(tmp_path), ops="step,host")
     meta["terms"]["step"]["relative_spread"] = "wide"
     (out / "meta.json").write_text(json.dumps(meta))

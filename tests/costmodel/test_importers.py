@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.costmodel.importers import detect_format, load_file, load_profiles
-from stepcal.simulator.errors import InputError
 from tests.costmodel.conftest import PROFILES, make_profile, make_step_log, require_shared
 
 

@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.costmodel.features import assign_targets, design
 from stepcal.costmodel.fitting import FitConfig, fit_all
 from stepcal.costmodel.importers import aiconfigurator, detect_format, load_profiles
 from stepcal.costmodel.records import data_hash, make_records
-from stepcal.simulator.errors import InputError
 from tests.costmodel.conftest import PROFILES, require_shared
 
 H100 = PROFILES / "aiconfigurator/h100_sxm"

@@ -9,6 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import StepBatch, StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.costmodel import roofline
 from stepcal.costmodel.build import build_tables
 from stepcal.costmodel.compose import Axes
@@ -20,9 +23,6 @@ from stepcal.costmodel.importers import aiconfigurator
 from stepcal.costmodel.records import make_records
 from stepcal.costmodel.tables import load_step_model
 from stepcal.costmodel.tuning import default_choice
-from stepcal.simulator.batch import StepBatch, StepFeatures
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS, Parallelism
 from tests.costmodel.conftest import PROFILES, require_shared
 
 LLAMA3 = PRESETS["llama-3-8b"]

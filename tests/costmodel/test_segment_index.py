@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from stepcal.core.batch import FEATURE_NAMES, StepFeatures
 from stepcal.costmodel import grid
 from stepcal.costmodel.tables import TableStepModel, load_step_model
-from stepcal.simulator.batch import FEATURE_NAMES, StepFeatures
 
 
 def probes(knots: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -2,8 +2,8 @@
 ModelSpec.gemm_shapes under a Parallelism."""
 import pandas as pd
 
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.costmodel.importers import load_profiles
-from stepcal.simulator.model_spec import PRESETS, Parallelism
 from tests.costmodel.conftest import PROFILES, require_shared
 
 LLAMA3 = PRESETS["llama-3-8b"]     # 32 heads, 8 KV heads of 128, hidden 4096, FFN 14336

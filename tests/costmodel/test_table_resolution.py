@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.costmodel import axes as axes_rule
 from stepcal.costmodel.axes import DATA_RULE, FIXED_RULE, MAX_2D_KNOTS, Axes, dense_multiples, refine_steps
 from stepcal.costmodel.build import build_tables
@@ -17,7 +18,6 @@ from stepcal.costmodel.fitting import FitConfig, fit_all
 from stepcal.costmodel.records import make_records
 from stepcal.costmodel.resolution import CHUNK_SIZES, resolution_of_directory, resolution_of_fit, summary
 from stepcal.costmodel.tables import load_step_model
-from stepcal.simulator.model_spec import PRESETS, Parallelism
 
 SPEC = PRESETS["tiny"]
 PARALLELISM = Parallelism()

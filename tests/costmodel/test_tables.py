@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import StepBatch, StepFeatures
+from stepcal.core.errors import InputError
 from stepcal.costmodel.tables import TableStepModel, load_step_model
-from stepcal.simulator.batch import StepBatch, StepFeatures
-from stepcal.simulator.errors import InputError
 from stepcal.simulator.step_model import FeatureStepModel
 from tests.costmodel.conftest import SPEC, decode_ms, gemm_ms, prefill_ms
 
@@ -100,8 +100,8 @@ def test_broken_table_directories_fail_with_a_message(fitted_tables, tmp_path):
 def test_tensor_parallel_tables_add_two_all_reduces_per_layer(tmp_path):
     """TP > 1 with all-reduce data: a term on num_tokens, 2 x layers x the fitted all-reduce of
     num_tokens x hidden elements; TP > 1 without it: the term is listed as missing."""
+    from stepcal.core.model_spec import PRESETS
     from stepcal.experiments.cli import main
-    from stepcal.simulator.model_spec import PRESETS
     from tests.costmodel.conftest import make_profile
     spec = PRESETS["tiny"]
     make_profile().to_parquet(tmp_path / "profile.parquet", index=False)

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from stepcal.core.batch import FEATURE_NAMES, StepBatch, StepFeatures, feature_row
+from stepcal.core.errors import InputError
 from stepcal.costmodel.tables import load_step_model, write_meta
 from stepcal.costmodel.terms import TERM_KINDS, AdditiveStep, DecodeAttention, FeatureCurve, PrefillAttention
-from stepcal.simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, feature_row
-from stepcal.simulator.errors import InputError
 
 
 def write_tables(directory, terms) -> None:

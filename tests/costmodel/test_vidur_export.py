@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import batch_row
+from stepcal.core.model_spec import PRESETS, ModelSpec, Parallelism
 from stepcal.costmodel.export import DEFAULT_HBM_GBPS, attention_features
 from stepcal.costmodel.vidur_keys import STORED_KEYS
 from stepcal.costmodel.vidur_models import (
@@ -33,8 +35,6 @@ from stepcal.costmodel.vidur_models import (
 )
 from stepcal.experiments.cli import main
 from stepcal.experiments.commands.tables import DEFAULT_HBM_GBPS as FLAG_DEFAULT
-from stepcal.simulator.batch import batch_row
-from stepcal.simulator.model_spec import PRESETS, ModelSpec, Parallelism
 from tests.costmodel.conftest import make_profile
 
 LLAMA2_7B_KEYS = dict(n_head=32, n_kv_head=32, n_embd=4096, n_expanded_embd=11008, use_gated_mlp=True)

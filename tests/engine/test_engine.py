@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.engine import Engine, EngineConfig
 from stepcal.profiler.model import build_model
-from stepcal.simulator.model_spec import PRESETS
 from stepcal.simulator.schedulers import SchedulerConfig
 from tests.simulator.factories import make_trace
 

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from stepcal.core.model_spec import PRESETS
+from stepcal.core.trace import Trace
 from stepcal.profiler.engine import Engine, EngineConfig
 from stepcal.profiler.engine.engine import prompt_tokens
 from stepcal.profiler.engine.measure import _run_setting, engine_meta
 from stepcal.profiler.engine.paged import PagedKVCache, token_slots
 from stepcal.profiler.model import build_model
-from stepcal.simulator.model_spec import PRESETS
 from stepcal.simulator.request import make_requests
 from stepcal.simulator.schedulers import SchedulerConfig
 from stepcal.simulator.simulation import SimConfig, Simulation
 from stepcal.simulator.step_model import ConstStepModel
-from stepcal.simulator.trace import Trace
 from tests.simulator.factories import make_trace, random_trace
 
 FP32 = {"atol": 1e-5, "rtol": 1e-5}
@@ -235,7 +235,7 @@ def test_the_next_turn_reuses_the_answer_as_the_simulator_says(model):
     """One session of three turns: each turn's prompt quotes the previous answer, so with caching the
     next turn reuses the previous turn's prompt and answer blocks; engine and simulator agree, and
     the tokens are those of a run without caching."""
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     trace = load_workload("poisson:rate=1,n=1,system=40,turns=fixed:3,think=1,prompt=fixed:20,"
                           "output=fixed:40,seed=2")
     engine, on = serve(model, trace, prefix_caching=True)

@@ -2,9 +2,9 @@ import json
 
 import pandas as pd
 
+from stepcal.core.measured_run import noise_floor
 from stepcal.experiments.cli import main
 from stepcal.profiler.allocator import configure_allocator
-from stepcal.simulator.measured_run import noise_floor
 
 
 def test_measure_writes_repeats_meta_and_noise(tmp_path, capsys):
@@ -70,10 +70,10 @@ def test_noise_floor_is_the_relative_difference():
 def test_single_repeat_runs_combine_into_one_run_with_its_noise_floor(tmp_path, capsys, monkeypatch):
     import pytest
 
+    from stepcal.core.errors import InputError
+    from stepcal.core.measured_run import SAME_PLACE
     from stepcal.profiler.engine import slowdown
     from stepcal.profiler.engine.measure import combine_repeats
-    from stepcal.simulator.errors import InputError
-    from stepcal.simulator.measured_run import SAME_PLACE
     trace = "poisson:rate=50,n=8,prompt=uniform:4:40,output=uniform:1:8"
     for name, seed in (("a", "0"), ("b", "0"), ("other", "1")):
         assert main(["measure", "--trace", trace, "--scheduler", "continuous", "--seed", seed, "--quiet",

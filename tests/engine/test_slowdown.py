@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.measured_run import SAME_PLACE
 from stepcal.experiments.cli import main
 from stepcal.profiler.engine import slowdown
 from stepcal.profiler.engine.slowdown import SLOWED_ALONE_RATIO, SLOWED_RATIO, WINDOW_STEPS, slowest_windows
-from stepcal.simulator.measured_run import SAME_PLACE
 
 
 def _steps(seed: int, num_steps: int = 400, slow: tuple[int, int, float] | None = None) -> pd.DataFrame:

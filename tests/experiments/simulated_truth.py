@@ -2,7 +2,7 @@
 `from tests.experiments.simulated_truth import served_as`."""
 from dataclasses import replace
 
-from stepcal.simulator.measured_run import RunStats
+from stepcal.core.measured_run import RunStats
 
 
 def served_as(measured, simulated):

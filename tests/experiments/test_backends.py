@@ -4,8 +4,8 @@ import os
 
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.backends import BACKENDS, InlineRunner, open_runner, ordered
-from stepcal.simulator.errors import InputError
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 

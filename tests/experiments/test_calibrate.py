@@ -3,6 +3,8 @@ import json
 import numpy as np
 import pytest
 
+from stepcal.core.batch import StepBatch
+from stepcal.core.measured_run import RunStats
 from stepcal.experiments.cli import main
 from stepcal.experiments.step_models import resolve_step_model
 from stepcal.experiments.validation.calibration import (
@@ -13,8 +15,6 @@ from stepcal.experiments.validation.calibration import (
     calibrate,
 )
 from stepcal.experiments.validation.measured import load_measured_run
-from stepcal.simulator.batch import StepBatch
-from stepcal.simulator.measured_run import RunStats
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.simulated_truth import served_as
 
@@ -101,8 +101,8 @@ def test_per_sequence_and_per_token_time_found_at_a_low_load_carries_to_three_ti
     load the prefill chunks' per-token cost looks like a skewed front end; the fit must find it as
     step time (searched from the two-term fit alone, it kept 0.61 ms per step and a front-end shape
     instead, and three times the load came out 10-31% fast), so that three times the load is right."""
+    from stepcal.core.workload import load_workload
     from stepcal.simulator.simulation import SimConfig, simulate
-    from stepcal.simulator.workload import load_workload
     base = LinearStepModel(1.0, 0.02, 0.0005)
     truth = HostTermsModel(base, HostTerms(per_step_ms=0.45, per_seq_ms=0.03, per_token_ms=0.008,
                                            per_request_ms=0.3))
@@ -132,7 +132,7 @@ def test_search_terms_are_the_host_terms_in_their_natural_units(measured):
 def synthetic_run(trace, model, front_end_seed: int, scatter=None):
     """A measured run that is a simulation: its request log, step log and statistics, as validate and
     calibrate read them (front-end draws seeded apart from calibration's own seed 0; `scatter`, a
-    simulator.ranges.Scatter, drawn from the same seed)."""
+    simulator.scatter.Scatter, drawn from the same seed)."""
     from dataclasses import asdict
     from pathlib import Path
 
@@ -153,7 +153,7 @@ def test_calibration_recovers_a_front_end_distribution_and_its_load_part():
     drawn with another seed than calibration simulates with: the fit recovers the three from the
     TTFT distribution, each within three of its standard errors (and the step terms stay near zero,
     the base model being the true one)."""
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     base = LinearStepModel(4.0, 0.02, 0.0005)
     truth = HostTerms(per_request_ms=25.0, per_request_sigma=0.5, per_stream_ms=3.0)
     trace = load_workload("poisson:rate=12,n=300,prompt=uniform:64:512,output=uniform:16:128", seed=3)
@@ -284,7 +284,7 @@ def test_calibration_fits_every_repeat_against_its_own_queue():
     """Two repeats of a run served with a log-normal request path and a per-stream part (different draws in
     each): the fit uses both (each repeat's requests grouped by that repeat's active streams), recovers the
     front end within three standard errors, and states how many repeats it fitted."""
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     base = LinearStepModel(4.0, 0.02, 0.0005)
     truth = HostTerms(per_request_ms=25.0, per_request_sigma=0.5, per_stream_ms=3.0)
     trace = load_workload("poisson:rate=12,n=300,prompt=uniform:64:512,output=uniform:16:128", seed=3)

@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.calibration import SUMMARY_OBJECTIVE, calibrate
 from stepcal.experiments.validation.measured import sim_config_for
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.ranges import Scatter
+from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.simulation import simulate
 from stepcal.simulator.step_model import LinearStepModel
 from tests.experiments.simulated_truth import served_as

@@ -9,7 +9,7 @@ from tests.experiments.test_calibrate import synthetic_run
 
 @pytest.fixture(scope="module")
 def result():
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     base = LinearStepModel(2.0, 0.01, 0.0005)
     trace = load_workload("poisson:rate=20,n=150,prompt=uniform:32:256,output=uniform:8:64", seed=4)
     run = synthetic_run(trace, HostTermsModel(base, HostTerms(per_step_ms=1.0, per_seq_ms=0.1)), front_end_seed=5)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from stepcal.experiments.validation.calibration import _misfit_ratio, calibrate
-from stepcal.simulator.ranges import Scatter
+from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.test_calibrate import two_repeat_run
 
@@ -17,7 +17,7 @@ TRUTH = HostTerms(per_step_ms=1.0, per_request_ms=3.0)
 
 @pytest.fixture(scope="module")
 def run():
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     trace = load_workload("poisson:rate=20,n=200,prompt=uniform:32:256,output=uniform:8:64", seed=4)
     # two repeats of the same requests, each with the device's step scatter drawn from its own seed
     return two_repeat_run(trace, HostTermsModel(BASE, TRUTH), seeds=(11, 12), scatter=SCATTER)[0]

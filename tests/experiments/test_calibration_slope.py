@@ -78,7 +78,7 @@ def test_the_request_search_prices_a_prompt_token_from_the_slope():
     """A run whose prefill costs 0.02 ms a token more than the base, with a 3 ms request path: the
     search finds the per-token term (the slope is in its objective and in the record) and not a
     per-request term that would take the prefill's place."""
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     base = LinearStepModel(1.0, 0.01, 0.0005)
     truth = HostTerms(per_step_ms=0.3, per_token_ms=0.02, per_request_ms=3.0)
     trace = load_workload("poisson:rate=15,n=200,prompt=uniform:32:1024,output=uniform:8:64", seed=2)
@@ -152,7 +152,7 @@ def test_the_request_search_prices_a_sequence_from_the_tpot_slope():
     """A run whose steps cost 0.15 ms a sequence more than the base, with a 2 ms request path: the search
     puts a clear part of it on the per-sequence term, which a per-step one would mimic at the
     calibration load only (without the TPOT slope, this budget found 0.03 ms per sequence)."""
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     base = LinearStepModel(1.0, 0.01, 0.0005)
     truth = HostTerms(per_step_ms=0.1, per_seq_ms=0.15, per_request_ms=2.0)
     trace = load_workload("poisson:rate=15,n=200,prompt=uniform:32:1024,output=uniform:8:64", seed=2)

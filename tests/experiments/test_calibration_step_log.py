@@ -9,7 +9,7 @@ import pytest
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.calibration import calibrate
 from stepcal.experiments.validation.step_log_terms import MIN_STEPS, step_log_terms
-from stepcal.simulator.ranges import Scatter
+from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.test_calibrate import synthetic_run
 
@@ -22,8 +22,8 @@ def _logged_run(rate: float, seed: int, terms: HostTerms = TRUTH, scatter: Scatt
     """A run simulated with `terms` on BASE, its step log holding every batch's shape."""
     from dataclasses import replace
 
+    from stepcal.core.workload import load_workload
     from stepcal.simulator.simulation import SimConfig, simulate
-    from stepcal.simulator.workload import load_workload
     trace = load_workload(f"poisson:rate={rate},n=200,{SHAPE}", seed=seed)
     run = synthetic_run(trace, HostTermsModel(BASE, terms), front_end_seed=5, scatter=scatter)
     config = SimConfig(scheduler="vllm", front_end=terms.front_end, front_end_seed=5, scatter=scatter,
@@ -60,8 +60,8 @@ def test_step_terms_from_the_log_carry_to_three_times_the_load():
     test_per_sequence_and_per_token_time_found_at_a_low_load_carries_to_three_times_it): read off
     the log, the step terms are the truth's, the request search finds the per-request time, and three
     times the load comes out within 5% where that test allows 15%."""
+    from stepcal.core.workload import load_workload
     from stepcal.simulator.simulation import SimConfig, simulate
-    from stepcal.simulator.workload import load_workload
     low = _logged_run(20, seed=1)
     result = calibrate(low, BASE, max_simulations=60, uncertainty=False)
     assert result.to_dict()["step_terms_from"] == "step log"

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
 from stepcal.experiments.campaign.campaign import RETRY_SPENT
 from stepcal.experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
-from stepcal.simulator.errors import InputError
 
 SMALL_GRID = {
     "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 2},   # one before the measurements, one after
@@ -352,7 +352,7 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
 
 
 def test_bursty_arrivals_make_a_gamma_workload(tmp_path):
-    from stepcal.simulator.workload import load_workload
+    from stepcal.core.workload import load_workload
     config = CampaignConfig(out=tmp_path, arrivals="gamma:4", num_requests=50)
     spec = config.workload(2.0)
     assert spec.startswith("gamma:rate=2,cv=4,n=50,")
@@ -421,8 +421,8 @@ def test_every_runs_repeats_lie_half_a_pass_apart_and_centred(tmp_path, schedule
 
 
 def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp_path, monkeypatch, capsys):
+    import stepcal.core.measured_run as measured_run
     import stepcal.profiler.engine.slowdown as slowdown
-    import stepcal.simulator.measured_run as measured_run
     from stepcal.profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append((scheduler, workload, out)))
@@ -454,8 +454,8 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
 
 def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, monkeypatch):
     # gpu/gpu_campaign.py: a device lent for minutes has no time for repeats served again
+    import stepcal.core.measured_run as measured_run
     import stepcal.profiler.engine.slowdown as slowdown
-    import stepcal.simulator.measured_run as measured_run
     from stepcal.profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append(out))

@@ -3,13 +3,13 @@ import json
 import numpy as np
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.workload import load_workload, rescale_rate
+from stepcal.core.workload.transforms import mean_rate_rps
 from stepcal.experiments.capacity import RateEvaluator, aggregated, check_above, search_capacity
 from stepcal.experiments.cli import main
 from stepcal.experiments.step_models import resolve_step_model
-from stepcal.simulator.errors import InputError
 from stepcal.simulator.simulation import SimConfig, simulate
-from stepcal.simulator.workload import load_workload, rescale_rate
-from stepcal.simulator.workload.transforms import mean_rate_rps
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 TRACE = "poisson:rate=4,n=200,prompt=uniform:32:512,output=uniform:8:128,seed=3"
@@ -234,7 +234,7 @@ def capacity_ranges_on(backend: str, workers: int) -> tuple[dict, dict]:
     """Each curve's capacity and every probed rate's replications, run on `backend`."""
     from stepcal.experiments.capacity.ranges import ReplicatedRates, search_capacity_ranges
     from stepcal.experiments.replications import ReplicaPool, keep_summary
-    from stepcal.simulator.ranges import Scatter
+    from stepcal.simulator.scatter import Scatter
     trace, model = load_workload(SMALL_TRACE), resolve_step_model(STEP_MODEL)
     config = SimConfig(scheduler="sarathi", slo_ttft_ms=300, slo_tpot_ms=40, scatter=Scatter(0.2, 0.5))
     with ReplicaPool(trace, model, config, workers, backend=backend) as pool:

@@ -1,8 +1,8 @@
 """Coverage of predicted intervals: each repeat of a measured run is one run, compared on its own."""
 import pytest
 
+from stepcal.core.measured_run import METRICS, STATS, MetricStats, RunStats
 from stepcal.experiments.validation.coverage import coverage_block
-from stepcal.simulator.measured_run import METRICS, STATS, MetricStats, RunStats
 
 
 def _run(ttft_p50: float) -> RunStats:

@@ -44,8 +44,8 @@ def _broken(change) -> dict:
     (lambda d: d["engines"]["vllm"]["terms"].pop("per_token_ms"), "must give each of"),
 ])
 def test_a_default_without_its_source_is_refused(change, needle, tmp_path):
+    from stepcal.core.errors import InputError
     from stepcal.experiments.host_defaults import check_serving_defaults
-    from stepcal.simulator.errors import InputError
     with pytest.raises(InputError, match=needle.replace("(", r"\(")):
         check_serving_defaults(_broken(change), tmp_path / "serving_defaults.json")
     path = tmp_path / "serving_defaults.json"       # and at use, not only in this test

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.vllm_bench import read_vllm_bench
-from stepcal.simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
 FLAGS = ["--model-spec", "tiny", "--scheduler", "continuous", "--max-num-seqs", "8", "--kv-blocks", "64", "--quiet"]

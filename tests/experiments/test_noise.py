@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from stepcal.core.batch import StepBatch
 from stepcal.experiments.validation.noise import NoisyStepModel, StepNoise, estimate_noise
-from stepcal.simulator.batch import StepBatch
 from stepcal.simulator.step_model import ConstStepModel
 
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.cli import build_parser, main
 from stepcal.experiments.commands.output_paths import check_output
-from stepcal.simulator.errors import InputError
 from tests.costmodel.conftest import make_profile
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
@@ -195,8 +195,8 @@ def test_every_command_with_an_out_flag_is_covered():
 
 
 def test_trace_suffixes_agree_with_the_writer():
+    from stepcal.core.workload.writer import TRACE_SUFFIXES
     from stepcal.experiments.commands.trace import SUFFIXES
-    from stepcal.simulator.workload.writer import TRACE_SUFFIXES
     assert SUFFIXES == TRACE_SUFFIXES     # duplicated there to keep --help free of numpy
 
 

@@ -3,6 +3,7 @@ draw what simulator.ranges.replicate draws, in this process or in a pool."""
 import numpy as np
 import pytest
 
+from stepcal.core.workload import rescale_rate
 from stepcal.experiments.replications import (
     CDF_METRICS,
     CDF_QUANTILES,
@@ -13,10 +14,10 @@ from stepcal.experiments.replications import (
     scatter_text,
 )
 from stepcal.simulator.frontend import FrontEnd
-from stepcal.simulator.ranges import Scatter, replicate, replication_seeds
+from stepcal.simulator.ranges import replicate, replication_seeds
 from stepcal.simulator.ranges import run_replication as run_replica
+from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.simulation import SimConfig
-from stepcal.simulator.workload import rescale_rate
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 from tests.simulator.factories import random_trace
 from tests.simulator.test_ranges import FakeTables

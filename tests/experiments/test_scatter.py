@@ -133,14 +133,14 @@ def test_a_profile_in_two_halves_is_one_more_pair_from_its_whole_steps(tmp_path)
     kernels = write_profile(tmp_path / "k.parquet", [("g1", "gemm", 1.5, "ok"), ("a1", "attn_decode", 1.0, "ok")])
     kernels_late = write_profile(tmp_path / "kl.parquet", [("g1", "gemm", 3.0, "ok"), ("a1", "attn_decode", 1.0, "ok")])
     assert profile_log_ratio(kernels, kernels_late) == pytest.approx(np.log(2.0) / 2)   # no steps: every point
-    from stepcal.simulator.errors import InputError
+    from stepcal.core.errors import InputError
     with pytest.raises(InputError, match="no point timed in both"):
         profile_log_ratio(early, write_profile(tmp_path / "other.parquet", [("z", "step", 1.0, "ok")]))
 
 
 def test_a_profile_directory_stands_for_its_profile_table(tmp_path):
+    from stepcal.core.errors import InputError
     from stepcal.experiments.validation.scatter import profile_log_ratio
-    from stepcal.simulator.errors import InputError
     for name, ms in (("early", 2.0), ("late", 3.0)):
         (tmp_path / name).mkdir()
         write_profile(tmp_path / name / "profile.parquet", [("s1", "step", ms, "ok")])

@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import StepFeatures, batch_row
 from stepcal.costmodel.tables import TableStepModel
 from stepcal.costmodel.terms import FeatureCurve
 from stepcal.experiments.validation.split import describe_split, step_split, term_parts_ms
-from stepcal.simulator.batch import StepFeatures, batch_row
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, ScaledStepModel
 
 
@@ -84,9 +84,9 @@ def test_the_report_shows_each_part_and_the_front_end_apart():
 
 
 def test_the_front_ends_mean_delay_counts_the_streams_each_arrival_found():
+    from stepcal.core.trace import Trace
     from stepcal.experiments.validation.split import mean_front_end_ms
     from stepcal.simulator.frontend import FrontEnd
-    from stepcal.simulator.trace import Trace
     trace = Trace.from_arrays([0.0, 1.0, 2.0], [10, 20, 30], [5, 5, 5])
     # the first is still in the system at 1.0 and 2.0, the second left at 1.5
     requests = pd.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "finish_s": [3.0, 1.5, 4.0]})

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.cli import main
 from stepcal.experiments.sweep import WALL_COLUMN, load_sweep_config, run_sweep
 from stepcal.experiments.sweep.config import Slo
 from stepcal.experiments.sweep.pareto import best_per_slo, pareto_mask, point_label
-from stepcal.simulator.errors import InputError
 
 CONFIG = """
 trace = "poisson:rate=5,n=80,prompt=uniform:32:400,output=uniform:4:60,seed=1"

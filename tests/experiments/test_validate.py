@@ -3,13 +3,13 @@ import json
 import pandas as pd
 import pytest
 
+from stepcal.core.measured_run import SAME_PLACE, RunStats
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.compare import ValidationRecord, compare
 from stepcal.experiments.validation.errors import relative_error
 from stepcal.experiments.validation.measured import load_measured_run
 from stepcal.experiments.validation.steps import StepLevelError, step_noise_floor
 from stepcal.experiments.validation.table import format_table
-from stepcal.simulator.measured_run import SAME_PLACE, RunStats
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ def bench_from_simulation(path, model, front_end_seed: int = 5, workload: str = 
     """A `vllm bench serve --save-result` JSON of a deployment that is a simulation with known host terms:
     per request its prompt and output lengths, TTFT, the gaps between its streamed tokens (even, as TPOT
     says), and its start time on the bench's perf_counter clock."""
+    from stepcal.core.workload import load_workload
     from stepcal.simulator.simulation import SimConfig, simulate
-    from stepcal.simulator.workload import load_workload
     trace = load_workload(workload, seed=2)
     result = simulate(trace, model, SimConfig(scheduler="vllm", kv_blocks=2048, front_end=model.front_end,
                                               front_end_seed=front_end_seed))

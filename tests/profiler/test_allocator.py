@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from stepcal.core.errors import InputError
 from stepcal.profiler import allocator
-from stepcal.simulator.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 glibc_only = pytest.mark.skipif(not (hasattr(os, "confstr") and os.confstr("CS_GNU_LIBC_VERSION")),

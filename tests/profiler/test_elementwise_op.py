@@ -5,14 +5,15 @@ import pandas as pd
 import pytest
 import torch
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
 from stepcal.costmodel.fitting import MIN_ROWS
 from stepcal.costmodel.importers.native import import_profile
 from stepcal.profiler.engine.paged import held_batch
 from stepcal.profiler.grid import QUICK, Point, expand_grid
-from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes
+from stepcal.profiler.op_context import OpContext
+from stepcal.profiler.ops import build_kernel, estimate_bytes
 from stepcal.profiler.sweep import SweepConfig, run_sweep
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
 
 TINY = PRESETS["tiny"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05}

@@ -4,13 +4,14 @@ import pytest
 import torch
 
 import stepcal.profiler.engine.probe as probe_module
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.engine.probe import EngineProbe
 from stepcal.profiler.grid import Point
-from stepcal.profiler.ops import OpContext, build_kernel
+from stepcal.profiler.op_context import OpContext
+from stepcal.profiler.ops import build_kernel
 from stepcal.profiler.sweep import default_timer
 from stepcal.profiler.timing import SelfTimer, TimingPolicy, measure
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 

@@ -3,10 +3,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.model import DecoderLayer, MoEDecoderLayer, build_model
 from stepcal.profiler.moe import MoEFFN, route, routed_experts
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 from tests.profiler.test_profiler_model import assert_batched_logits_match_alone, assert_greedy_decoding_consistent
 
 SPEC = PRESETS["tiny-moe"]

@@ -5,6 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.costmodel.importers import load_profiles
 from stepcal.experiments.cli import main
 from stepcal.profiler.grid import (
@@ -15,10 +17,9 @@ from stepcal.profiler.grid import (
     power_law_alpha,
     routed_expert_ids,
 )
-from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes
+from stepcal.profiler.op_context import OpContext
+from stepcal.profiler.ops import build_kernel, estimate_bytes
 from stepcal.profiler.sweep import SweepConfig, run_sweep
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 
 SPEC = PRESETS["tiny-moe"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1}

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.experiments.cli import main
 from stepcal.profiler.grid import load_grid
-from stepcal.simulator.model_spec import PRESETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1}

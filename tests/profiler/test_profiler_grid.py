@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.grid import (
     BUILT_IN,
     Point,
@@ -12,8 +14,6 @@ from stepcal.profiler.grid import (
     parse_shard,
     prefill_batch,
 )
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.model import KVCache, build_model, causal_chunk_mask, greedy_generate
-from stepcal.simulator.model_spec import PRESETS
 
 TOL = {"atol": 2e-4, "rtol": 2e-4}
 

@@ -4,11 +4,12 @@ import time
 import pytest
 import torch
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.grid import Point
-from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes, num_buffer_sets
+from stepcal.profiler.op_context import OpContext
+from stepcal.profiler.ops import build_kernel, estimate_bytes, num_buffer_sets
 from stepcal.profiler.sweep import _Repeat, default_timer
 from stepcal.profiler.timing import CpuTimer, CudaTimer, HostTimer, TimingPolicy, measure
-from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 

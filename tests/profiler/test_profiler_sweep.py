@@ -5,13 +5,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.allocator import configure_allocator
 from stepcal.profiler.grid import QUICK, expand_grid
 from stepcal.profiler.merge import merge_profiles
 from stepcal.profiler.store import COLUMNS, ProfileDir, read_rows
 from stepcal.profiler.sweep import SweepConfig, run_sweep
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 FAST = {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1, "target_rel_precision": 0.05}

@@ -3,6 +3,8 @@
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.costmodel.fitting import select_records, whole_steps
 from stepcal.costmodel.importers import load_profiles
 from stepcal.experiments.cli import main
@@ -10,8 +12,6 @@ from stepcal.profiler.grid import QUICK, expand_grid, serve_workloads
 from stepcal.profiler.merge import merge_profiles
 from stepcal.profiler.serve import SERVED, Workload
 from stepcal.profiler.sweep import SweepConfig, run_sweep
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 
 TINY = PRESETS["tiny"]
 SERVE = {"schedulers": ["continuous", "sarathi:32"], "concurrency": [1, 3], "min_requests": 4,

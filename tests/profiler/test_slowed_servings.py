@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.batch import batch_row
 from stepcal.experiments.cli import main
 from stepcal.experiments.fitting import without_slowed_servings
 from stepcal.profiler.slowed_servings import (
@@ -21,7 +22,6 @@ from stepcal.profiler.slowed_servings import (
     kept_times,
     served_steps,
 )
-from stepcal.simulator.batch import batch_row
 from tests.costmodel.conftest import _row
 
 WORKLOADS = [f"serve/continuous/c{c}/n{2 * c}/p16-1024/o4-128/m{c}/h{c}" for c in (1, 2, 4, 8, 16)]

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
 from stepcal.profiler.sweep import SweepConfig, run_sweep
-from stepcal.simulator.model_spec import PRESETS
 
 
 class Clock:

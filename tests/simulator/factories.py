@@ -1,10 +1,10 @@
 """Small builders of simulator inputs for tests."""
 import numpy as np
 
+from stepcal.core.trace import Trace
 from stepcal.simulator.kv_cache import BlockManager
 from stepcal.simulator.request import Request
 from stepcal.simulator.schedulers import SchedulerConfig, make_scheduler
-from stepcal.simulator.trace import Trace
 
 
 def make_trace(arrivals, prompts, outputs, **optional) -> Trace:

@@ -5,8 +5,8 @@ import sys
 import pandas as pd
 import pytest
 
+from stepcal.core.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 from stepcal.experiments.cli import main
-from stepcal.simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 from tests.experiments.ray_cluster import ray_cluster  # noqa: F401  (a fixture)
 
 
@@ -103,7 +103,7 @@ def test_imports_stay_light():
     # `import stepcal.simulator` loads neither torch, sklearn nor mlflow; `import stepcal.costmodel` no torch;
     # building the CLI parser (what `stepcal --help` does) loads none of them, nor numpy.
     code = (
-        "import sys, stepcal.simulator, stepcal.simulator.simulation, stepcal.simulator.workload\n"
+        "import sys, stepcal.simulator, stepcal.simulator.simulation, stepcal.core.workload\n"
         "import stepcal.experiments.cli as c\n"
         "c.build_parser()\n"
         "heavy = [m for m in ('torch', 'sklearn', 'mlflow', 'optuna') if m in sys.modules]\n"

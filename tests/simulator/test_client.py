@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
 from stepcal.simulator.simulation import SimConfig, Simulation, simulate
 from stepcal.simulator.step_model import LinearStepModel

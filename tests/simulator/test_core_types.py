@@ -3,9 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from stepcal.simulator.batch import FEATURE_NAMES, StepBatch, StepFeatures, batch_row
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS, Parallelism, load_model_spec
+from stepcal.core.batch import FEATURE_NAMES, StepBatch, StepFeatures, batch_row
+from stepcal.core.errors import InputError
+from stepcal.core.model_files import load_model_spec
+from stepcal.core.model_spec import PRESETS, Parallelism
 from stepcal.simulator.step_model import ConstStepModel, LinearStepModel, parse_builtin_step_model
 
 

@@ -2,9 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import PRESETS
 from stepcal.simulator.disaggregation import DisaggConfig, DisaggSimulation, PoolConfig
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS
 from stepcal.simulator.schedulers import SchedulerConfig
 from stepcal.simulator.step_model import ConstStepModel, LinearStepModel
 from tests.simulator.factories import make_trace, random_trace

@@ -3,7 +3,7 @@ log-normal per request, and a part per stream active at the request's arrival.""
 import numpy as np
 import pytest
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 from stepcal.simulator.frontend import FrontEnd, standard_normals
 from stepcal.simulator.ranges import replicate
 from stepcal.simulator.simulation import SimConfig, simulate

@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.model_files import load_model_spec
+from stepcal.core.model_spec import PRESETS
 from stepcal.experiments.cli import main
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import PRESETS, load_model_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
 

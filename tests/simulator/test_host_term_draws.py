@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from stepcal.core.batch import StepBatch
+from stepcal.core.errors import InputError
 from stepcal.experiments.step_models import resolve_step_model
-from stepcal.simulator.batch import StepBatch
-from stepcal.simulator.errors import InputError
 from stepcal.simulator.ranges import draw_bias, replicate, term_names, with_bias
 from stepcal.simulator.simulation import SimConfig, simulate
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel, TermUncertainty

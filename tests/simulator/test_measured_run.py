@@ -1,12 +1,12 @@
-"""simulator.measured_run: the one writer and reader of a measured run's directory layout."""
+"""core.measured_run: the one writer and reader of a measured run's directory layout."""
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.measured_run import (
+from stepcal.core.errors import InputError
+from stepcal.core.measured_run import (
     METRICS,
     STATS,
     MetricStats,
@@ -18,7 +18,7 @@ from stepcal.simulator.measured_run import (
     repeat_dirs,
     write_measured_run,
 )
-from stepcal.simulator.trace import Trace
+from stepcal.core.trace import Trace
 
 
 def summary(ttft_p50: float, throughput: float) -> dict:

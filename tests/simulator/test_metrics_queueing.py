@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.metrics import distribution, request_metrics, summarize, weighted_percentiles
+from stepcal.core.errors import InputError
+from stepcal.core.metrics import distribution, request_metrics, summarize, weighted_percentiles
 from stepcal.simulator.queueing import (
     erlang_c,
     md1_mean_wait_s,

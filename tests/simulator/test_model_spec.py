@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
+from stepcal.core.model_files import load_model_spec
+from stepcal.core.model_spec import PRESETS, ModelSpec, Parallelism
 from stepcal.simulator.kv_cache import kv_blocks_from_memory
-from stepcal.simulator.model_spec import PRESETS, ModelSpec, Parallelism, load_model_spec
 
 MIXTRAL, QWEN_MOE, DSV3 = PRESETS["mixtral-8x7b"], PRESETS["qwen3-30b-a3b"], PRESETS["deepseek-v3"]
 

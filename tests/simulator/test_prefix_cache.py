@@ -5,13 +5,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepcal.simulator.kv_cache import BlockManager, make_block_manager
-from stepcal.simulator.prefix_cache import PrefixCachingBlockManager, block_keys, trace_prefix_keys
+from stepcal.core.workload.prefix_stats import unbounded_prefix_hits
+from stepcal.simulator.kv_cache import BlockManager
+from stepcal.simulator.prefix_cache import PrefixCachingBlockManager, make_block_manager
+from stepcal.simulator.prefix_keys import block_keys, trace_prefix_keys
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
 from stepcal.simulator.simulation import SimConfig, Simulation, simulate
 from stepcal.simulator.step_model import LinearStepModel
-from stepcal.simulator.workload.prefix_stats import unbounded_prefix_hits
 from tests.simulator.factories import make_trace
 
 MODEL = LinearStepModel(1.0, 0.01, 0.0)

@@ -4,18 +4,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepcal.simulator.batch import StepFeatures
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.ranges import (
-    Scatter,
-    ScatterSeries,
-    draw_bias,
-    ranges_block,
-    replicate,
-    run_level,
-    term_names,
-    with_bias,
-)
+from stepcal.core.batch import StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.simulator.ranges import draw_bias, ranges_block, replicate, term_names, with_bias
+from stepcal.simulator.scatter import Scatter, ScatterSeries, run_level
 from stepcal.simulator.simulation import SimConfig, simulate
 from stepcal.simulator.step_model import FeatureStepModel, HostTerms, HostTermsModel, LinearStepModel
 from tests.simulator.factories import random_trace

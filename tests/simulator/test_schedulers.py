@@ -1,7 +1,7 @@
 """Each policy's defining behaviour, driven by hand (no event loop)."""
 import pytest
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 from stepcal.simulator.request import Status
 from stepcal.simulator.schedulers import SCHEDULERS, make_scheduler
 from tests.simulator.factories import make_request, make_scheduler_with_kv, run_to_completion

@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 from stepcal.simulator.queueing import md1_mean_wait_s
 from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
 from stepcal.simulator.simulation import SimConfig, simulate

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepcal.core.workload import read_trace
 from stepcal.experiments import cli
-from stepcal.simulator.workload import read_trace
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "data"
@@ -85,6 +85,6 @@ def test_bad_row_names_file_line_and_column(tmp_path, capsys):
 
 
 def test_help_lists_the_reader_formats():
+    from stepcal.core.workload import TRACE_FORMATS
     from stepcal.experiments.commands import trace as command
-    from stepcal.simulator.workload import TRACE_FORMATS
     assert command.FORMATS == TRACE_FORMATS      # duplicated there to keep --help free of numpy

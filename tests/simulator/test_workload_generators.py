@@ -4,8 +4,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.workload import (
+from stepcal.core.errors import InputError
+from stepcal.core.workload import (
     Empirical,
     Fixed,
     Gamma,

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
+from stepcal.core.workload import lru_prefix_hits, read_trace, trace_stats, unbounded_prefix_hits, write_trace
 from stepcal.experiments import cli
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.trace import Trace
-from stepcal.simulator.workload import lru_prefix_hits, read_trace, trace_stats, unbounded_prefix_hits, write_trace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "data"
 MOONCAKE_TINY = FIXTURES / "mooncake_tiny.jsonl"

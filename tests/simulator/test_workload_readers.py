@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.trace import Trace
-from stepcal.simulator.workload import read_trace, write_trace
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
+from stepcal.core.workload import read_trace, write_trace
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "data"

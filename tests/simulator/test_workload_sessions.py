@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
+from stepcal.core.workload import load_workload, unbounded_prefix_hits
 from stepcal.simulator.simulation import SimConfig, simulate
 from stepcal.simulator.step_model import LinearStepModel
-from stepcal.simulator.workload import load_workload, unbounded_prefix_hits
 
 SMALL = "poisson:rate=2,n=3,system=40,turns=fixed:2,think=1,prompt=fixed:10,output=fixed:20,seed=0"
 

@@ -4,9 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.trace import Trace
-from stepcal.simulator.workload import cut, load_workload, mean_rate_rps, rescale_rate, trace_stats
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
+from stepcal.core.workload import cut, load_workload, mean_rate_rps, rescale_rate, trace_stats
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data"
 

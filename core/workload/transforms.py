@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.trace import Trace
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
 
 
 def mean_rate_rps(trace: Trace) -> float | None:

@@ -5,7 +5,7 @@ from array import array
 
 import numpy as np
 
-from stepcal.simulator.batch import FEATURE_NAMES, StepFeatures
+from stepcal.core.batch import FEATURE_NAMES, StepFeatures
 
 
 class StepLogBuilder:

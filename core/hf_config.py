@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.model_spec import DTYPE_BYTES, ModelSpec
+from stepcal.core.errors import InputError
+from stepcal.core.model_spec import DTYPE_BYTES, ModelSpec
 
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Architectures whose layers normalise each query and key head before RoPE (ModelSpec.qk_norm).

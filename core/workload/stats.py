@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepcal.simulator.trace import Trace
-from stepcal.simulator.workload.prefix_stats import lru_prefix_hits, unbounded_prefix_hits
-from stepcal.simulator.workload.transforms import mean_rate_rps
+from stepcal.core.trace import Trace
+from stepcal.core.workload.prefix_stats import lru_prefix_hits, unbounded_prefix_hits
+from stepcal.core.workload.transforms import mean_rate_rps
 
 LENGTH_STATS = ("mean", "p50", "p90", "p99", "max")
 

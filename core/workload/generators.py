@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.trace import Trace
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
 
 # ---- arrival processes ----
 
@@ -125,7 +125,7 @@ class Empirical:
     trace_format: str | None = None
 
     def load(self) -> Trace:
-        from stepcal.simulator.workload.readers import read_trace
+        from stepcal.core.workload.readers import read_trace
         return read_trace(self.path, self.trace_format)
 
 
@@ -143,17 +143,17 @@ class WorkloadSpec:
     duration_s: float | None = None
     seed: int = 0
     text: str = field(default="generated", compare=False)   # the spec as written, for messages
-    system: object = None      # simulator.workload.sessions.SharedSystem: a shared system prompt
-    sessions: object = None    # simulator.workload.sessions.SessionShape: multi-turn sessions
+    system: object = None      # core.workload.sessions.SharedSystem: a shared system prompt
+    sessions: object = None    # core.workload.sessions.SessionShape: multi-turn sessions
 
 
 def generate(spec: WorkloadSpec) -> Trace:
     """Sample the workload: arrivals first, then lengths, all from one seeded Generator. With a
-    shared system prompt or sessions, the arrivals start sessions (simulator.workload.sessions)."""
+    shared system prompt or sessions, the arrivals start sessions (core.workload.sessions)."""
     rng = np.random.default_rng(spec.seed)
     arrival = arrivals_s(spec.process, rng, num_requests=spec.num_requests, duration_s=spec.duration_s)
     if spec.system is not None or spec.sessions is not None:
-        from stepcal.simulator.workload.sessions import session_trace
+        from stepcal.core.workload.sessions import session_trace
         return session_trace(arrival, lambda n: _sample(spec.prompt, "num_prompt_tokens", rng, n),
                              lambda n: _sample(spec.output, "num_output_tokens", rng, n), rng,
                              system=spec.system, sessions=spec.sessions, source=spec.text)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepcal.simulator.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
-from stepcal.simulator.errors import InputError, shown
+from stepcal.core.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
+from stepcal.core.errors import InputError, shown
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def positive_or_missing(where: Where, series, column: str) -> np.ndarray:
 def positive_ints(where: Where, series, column: str) -> np.ndarray:
     """The column as int64 > 0 (token counts), at most MAX_TOKENS_PER_REQUEST."""
     too_large = numbers(where, series, column) > MAX_TOKENS_PER_REQUEST
-    where.reject(series, column, too_large, f"must be at most {MAX_TOKENS_PER_REQUEST:,} tokens (simulator.bounds)")
+    where.reject(series, column, too_large, f"must be at most {MAX_TOKENS_PER_REQUEST:,} tokens (core.bounds)")
     values = ints(where, series, column)
     where.reject(series, column, values <= 0, "must be positive")
     return values
@@ -88,7 +88,7 @@ def non_negative(where: Where, series, column: str) -> np.ndarray:
     values = numbers(where, series, column)
     where.reject(series, column, values < 0, "must not be negative")
     where.reject(series, column, values > MAX_ARRIVAL_S, f"must be at most {MAX_ARRIVAL_S:g} s (a year; "
-                 f"simulator.bounds): seconds expected, not milliseconds or an epoch")
+                 f"core.bounds): seconds expected, not milliseconds or an epoch")
     return values
 
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.trace import Trace
-from stepcal.simulator.workload.generators import generate
-from stepcal.simulator.workload.readers import read_trace
-from stepcal.simulator.workload.spec import PROCESSES, looks_like_spec, parse_spec
-from stepcal.simulator.workload.transforms import cut, rescale_rate
+from stepcal.core.errors import InputError
+from stepcal.core.trace import Trace
+from stepcal.core.workload.generators import generate
+from stepcal.core.workload.readers import read_trace
+from stepcal.core.workload.spec import PROCESSES, looks_like_spec, parse_spec
+from stepcal.core.workload.transforms import cut, rescale_rate
 
 
 def load_workload(trace_arg: str, *, trace_format: str | None = None, rate_rps: float | None = None,

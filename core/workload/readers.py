@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError, shown
-from stepcal.simulator.readers import check_text, one_line, read_parquet
-from stepcal.simulator.trace import PREFIX_BLOCK_TOKENS, REQUIRED_COLUMNS, Trace
-from stepcal.simulator.workload import validate
-from stepcal.simulator.workload.validate import Where
+from stepcal.core.errors import InputError, shown
+from stepcal.core.readers import check_text, one_line, read_parquet
+from stepcal.core.trace import PREFIX_BLOCK_TOKENS, REQUIRED_COLUMNS, Trace
+from stepcal.core.workload import validate
+from stepcal.core.workload.validate import Where
 
 TRACE_FORMATS = ("stepcal", "azure", "mooncake", "vidur")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

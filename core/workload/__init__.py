@@ -2,7 +2,7 @@
 
 `load_workload` is the entry point for commands; the rest is for tools and tests.
 """
-from stepcal.simulator.workload.generators import (
+from stepcal.core.workload.generators import (
     Empirical,
     Fixed,
     Gamma,
@@ -14,13 +14,13 @@ from stepcal.simulator.workload.generators import (
     arrivals_s,
     generate,
 )
-from stepcal.simulator.workload.load import load_workload
-from stepcal.simulator.workload.prefix_stats import lru_prefix_hits, unbounded_prefix_hits
-from stepcal.simulator.workload.readers import TRACE_FORMATS, read_trace
-from stepcal.simulator.workload.spec import parse_spec
-from stepcal.simulator.workload.stats import trace_stats
-from stepcal.simulator.workload.transforms import cut, mean_rate_rps, rescale_rate
-from stepcal.simulator.workload.writer import write_trace
+from stepcal.core.workload.load import load_workload
+from stepcal.core.workload.prefix_stats import lru_prefix_hits, unbounded_prefix_hits
+from stepcal.core.workload.readers import TRACE_FORMATS, read_trace
+from stepcal.core.workload.spec import parse_spec
+from stepcal.core.workload.stats import trace_stats
+from stepcal.core.workload.transforms import cut, mean_rate_rps, rescale_rate
+from stepcal.core.workload.writer import write_trace
 
 __all__ = [
     "TRACE_FORMATS",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from stepcal.simulator.errors import InputError, shown
+from stepcal.core.errors import InputError, shown
 
 MAX_TOKENS_PER_REQUEST = 10_000_000        # 10M tokens: ten times the longest context windows
 MAX_REQUESTS = 50_000_000                  # one trace; Azure's week-long traces hold ~30M

@@ -6,7 +6,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from stepcal.simulator.errors import InputError, shown
+from stepcal.core.errors import InputError, shown
 
 REQUIRED_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
 # per-request columns a trace may carry

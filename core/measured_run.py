@@ -12,14 +12,13 @@
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError, shown
-from stepcal.simulator.metrics import PERCENTILES
-from stepcal.simulator.readers import read_json, read_parquet
-from stepcal.simulator.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from stepcal.core.errors import InputError
+from stepcal.core.metrics import PERCENTILES
+from stepcal.core.readers import read_json, read_parquet
 
 META = "meta.json"
 TRACE = "trace.parquet"
@@ -85,7 +84,7 @@ class Repeat:
 class MeasuredRunFiles:
     path: Path
     meta: dict
-    trace: object              # simulator.trace.Trace
+    trace: object              # core.trace.Trace
     summary: dict              # OUT/summary.json
     repeats: list[Repeat]
 
@@ -126,8 +125,8 @@ def noise_floor(summaries: list[dict]) -> dict:
 def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: dict) -> dict:
     """Write the layout above, atomically; `repeats` are objects with requests, steps and summary
     (an engine result or a Repeat). Returns OUT/summary.json's content."""
-    from stepcal.simulator.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
-    from stepcal.simulator.metrics import clean_json
+    from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+    from stepcal.core.metrics import clean_json
     summaries = [clean_json(r.summary) for r in repeats]
     summary = dict(summaries[0])
     if len(repeats) > 1:
@@ -147,62 +146,33 @@ def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: dict) ->
 class Needs:
     """What a reader of a measured run needs beyond the files being readable: keys of meta.json and of
     every summary.json, columns of the request and step logs. Replaying a run (validation,
-    calibration) needs REPLAY; reading one back to combine repeats needs nothing more."""
+    calibration) needs validation.measured.REPLAY; reading one back to combine repeats needs nothing more."""
     meta_keys: tuple[str, ...] = ()
     summary_keys: tuple[str, ...] = ()
     request_columns: tuple[str, ...] = ()
     step_columns: tuple[str, ...] = ()
-    settings: bool = False     # meta.json's scheduler settings checked for type (check_replay_meta)
-
-
-REPLAY = Needs(meta_keys=("kind", "scheduler", "scheduler_config", "block_size", "kv_blocks"),
-               summary_keys=("throughput_rps", "num_preemptions") + METRICS,
-               request_columns=REQUEST_LOG_COLUMNS, step_columns=STEP_LOG_COLUMNS, settings=True)
+    # checks meta.json's settings beyond their keys (a replay: the scheduler's, see validation.measured)
+    check_meta: Callable[[Path, dict], None] | None = None
 
 
 def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: Needs = Needs()) -> MeasuredRunFiles:
     """Every file of the layout; InputError naming the file (and key or columns) when one that is
     required is missing, unreadable or lacks what `needs` asks for."""
-    from stepcal.simulator.workload import read_trace
+    from stepcal.core.workload import read_trace
     path = Path(path)
     for name in REQUIRED:
         if not (path / name).exists():
             raise InputError(f"{arg_name} {path}: missing {name} (expected the output of `stepcal measure` "
                              f"or `stepcal import vllm-bench`)")
     meta = read_json(path / META, "a measured run's meta.json", needs.meta_keys)
-    if needs.settings:
-        check_replay_meta(path / META, meta)
+    if needs.check_meta is not None:
+        needs.check_meta(path / META, meta)
     summary = _read_summary(path / SUMMARY, needs)
     repeats = [Repeat(read_parquet(d / REQUESTS, "a measured run's request log", needs.request_columns),
                       read_parquet(d / STEPS, "a measured run's step log", needs.step_columns),
                       _read_summary(d / SUMMARY, needs) if (d / SUMMARY).exists() else None)
                for d in repeat_dirs(path)]
     return MeasuredRunFiles(path, meta, read_trace(path / TRACE, "stepcal"), summary, repeats)
-
-
-def check_replay_meta(where: Path, meta: dict) -> None:
-    """The settings a replay builds its SimConfig from, each of the type it needs."""
-    from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
-    if meta["kind"] != "measured_run":
-        raise InputError(f"{where}: kind is {meta['kind']!r}, expected 'measured_run'")
-    if not isinstance(meta["scheduler"], str) or meta["scheduler"] not in SCHEDULERS:
-        raise InputError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)}, got {meta['scheduler']!r}")
-    config = meta["scheduler_config"]
-    known = set(SchedulerConfig.__dataclass_fields__)
-    if not isinstance(config, dict) or not set(config) <= known:
-        raise InputError(f"{where}: scheduler_config must be an object with keys among {', '.join(sorted(known))}, "
-                         f"got {config!r}")
-    settings = [("block_size", meta["block_size"]), ("kv_blocks", meta["kv_blocks"])]
-    settings += [(f"scheduler_config.{k}", v) for k, v in config.items()]
-    for key, value in settings:
-        if value is None and key.split(".")[-1] in NULLABLE:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{where}: {key} must be a positive integer, got {shown(value)}")
-
-
-# Settings whose null means "no limit" (KV blocks) or "the scheduler's own default" (token budget).
-NULLABLE = ("kv_blocks", "max_num_batched_tokens")
 
 
 def _read_summary(path: Path, needs: Needs) -> dict:
@@ -233,6 +203,6 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-__all__ = ["META", "METRICS", "REPLAY", "REQUESTS", "SAME_PLACE", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles",
+__all__ = ["META", "METRICS", "REQUESTS", "SAME_PLACE", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles",
            "MetricStats", "Needs", "Repeat", "RunStats", "has_request_log", "noise_floor", "read_measured_run",
            "repeat_dir", "repeat_dirs", "write_measured_run"]

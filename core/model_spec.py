@@ -1,12 +1,10 @@
 """ModelSpec: the shape of a Llama-style decoder, and the sizes that follow from it."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from numbers import Integral
-from pathlib import Path
 
-from stepcal.simulator.errors import InputError, shown
-from stepcal.simulator.readers import read_document
+from stepcal.core.errors import InputError, shown
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                "fp8": 1, "float8": 1, "fp8_block": 1, "int8": 1}
@@ -402,32 +400,3 @@ PRESETS: dict[str, ModelSpec] = {
                              kv_latent_dim=512, q_latent_dim=1536, rope_head_dim=64,
                              kv_dtype="bfloat16"),
 }
-
-
-def load_model_spec(name_or_path: str) -> ModelSpec:
-    """A preset name; a JSON / TOML file with the ModelSpec fields; or a Hugging Face
-    `config.json` (or a directory holding one)."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    path = Path(name_or_path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise InputError(f"--model-spec: {name_or_path!r} is neither a preset "
-                         f"({', '.join(PRESETS)}) nor an existing file or model directory")
-    data = read_document(path, "a model spec")
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: a model spec is a JSON object of ModelSpec fields or a "
-                         f"Hugging Face config.json, got a {type(data).__name__}")
-    from stepcal.simulator.hf_config import is_hf_config, spec_from_hf_config
-    if is_hf_config(data):
-        return spec_from_hf_config(data, path)
-    known = {f.name for f in fields(ModelSpec)}
-    unknown = set(data) - known
-    missing = set(REQUIRED_FIELDS) - set(data)
-    if unknown or missing:
-        problems = ([f"unknown keys {sorted(unknown)}"] if unknown else []) + \
-                   ([f"missing keys {sorted(missing)}"] if missing else [])
-        raise InputError(f"{path}: model spec has {' and '.join(problems)}")
-    data.setdefault("name", path.stem)
-    return ModelSpec(**data)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
+from stepcal.core.errors import InputError
 
 
 def read_bytes(path: str | Path, what: str) -> bytes:

@@ -3,7 +3,7 @@
 Kept here, in the bottom layer, so that every package can name the same columns without
 importing torch or scikit-learn.
 """
-from stepcal.simulator.batch import FEATURE_NAMES
+from stepcal.core.batch import FEATURE_NAMES
 
 SCHEMA_VERSION = 1
 TOOL_VERSION = "0.1.0"

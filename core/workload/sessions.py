@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepcal.simulator.trace import PREFIX_BLOCK_TOKENS, Trace
+from stepcal.core.trace import PREFIX_BLOCK_TOKENS, Trace
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepcal.simulator.bounds import MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.workload.generators import (
+from stepcal.core.bounds import MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST
+from stepcal.core.errors import InputError
+from stepcal.core.workload.generators import (
     Empirical,
     Fixed,
     Gamma,
@@ -110,13 +110,13 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
         raise InputError(f"{label} {text!r}: give its size, n=REQUESTS or duration=SECONDS")
     if "n" not in p and rate * p["duration"] > MAX_REQUESTS:
         raise InputError(f"{label} {text!r}: rate x duration asks for ~{rate * p['duration']:.3g} requests; "
-                         f"at most {MAX_REQUESTS:,} (simulator.bounds)")
+                         f"at most {MAX_REQUESTS:,} (core.bounds)")
     if "lengths" in p:
         prompt = output = p["lengths"]
     else:
         prompt = need("prompt", "e.g. prompt=lognormal:512:1.0")
         output = need("output", "e.g. output=uniform:16:256")
-    from stepcal.simulator.workload.sessions import SessionShape, SharedSystem
+    from stepcal.core.workload.sessions import SessionShape, SharedSystem
     sessions = None
     if "turns" in p:
         sessions = SessionShape(p["turns"], p.get("think", 0.0), p.get("loop", "closed") == "closed")
@@ -157,7 +157,7 @@ def _int(value: str, where: str, minimum: int, maximum: int = MAX_TOKENS_PER_REQ
         number = None
     if number is None or not minimum <= number <= maximum:
         kind = "a positive integer" if minimum > 0 else "a non-negative integer"
-        raise InputError(f"{where}: must be {kind} up to {maximum:,} (simulator.bounds), got {value!r}")
+        raise InputError(f"{where}: must be {kind} up to {maximum:,} (core.bounds), got {value!r}")
     return number
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepcal.simulator.errors import InputError
-from stepcal.simulator.io import atomic_write_bytes
-from stepcal.simulator.trace import Trace
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_bytes
+from stepcal.core.trace import Trace
 
 TRACE_SUFFIXES = (".csv", ".parquet")
 

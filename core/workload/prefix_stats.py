@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from stepcal.simulator.trace import Trace, continued_turns
+from stepcal.core.trace import Trace, continued_turns
 
 
 def unbounded_prefix_hits(trace: Trace) -> np.ndarray | None:
@@ -56,7 +56,7 @@ def _prefix_hits(trace: Trace, capacity_blocks: int | None) -> np.ndarray | None
 def _answer_ids(trace: Trace) -> dict[int, list[int]]:
     """Per row of a session turn, the ids of the next turn's blocks that lie within this turn's KV
     (its prompt and all but the last answer token), where the next turn continues this one
-    (simulator.trace.continued_turns, as simulator.prefix_cache.key_answers)."""
+    (core.trace.continued_turns, as simulator.prefix_cache.key_answers)."""
     block, out = trace.prefix_block_tokens, {}
     for row, next_row in continued_turns(trace):
         num_full = int(trace.num_prompt_tokens[row]) // block
