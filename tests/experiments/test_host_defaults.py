@@ -72,7 +72,7 @@ def test_help_says_where_every_default_comes_from(capsys):
 
 def test_the_defaults_file_is_package_data():
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    assert 'experiments = ["data/*.json"]' in pyproject
+    assert '"stepcal.experiments" = ["data/*.json"]' in pyproject
     assert DEFAULTS_PATH.parent.name == "data" and DEFAULTS_PATH.exists()
 
 
