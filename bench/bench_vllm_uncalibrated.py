@@ -1,8 +1,9 @@
 """The issue's uncalibrated vLLM prediction: Qwen3-14B on the H100 tables composed from AIConfigurator's
 kernels (../shared/data/profiles/aiconfigurator/h100_sxm), the vllm scheduler with an 8,192-token
 budget, Poisson arrivals at 2 / 4 / 6 / 8 req/s for 600 s, 1,024 prompt and 128 output tokens. Each load
-is simulated with the kernel tables alone and with `--host-defaults vllm` (the published host and
-front-end terms of experiments/data/serving_defaults.json); no term is fitted to any run.
+is simulated with the kernel tables alone (`--host-defaults none`) and with `--host-defaults vllm` (the
+published host and front-end terms of experiments/data/serving_defaults.json, which the vllm scheduler
+adds to kernel tables by default); no term is fitted to any run.
 
 Printed per load: TPOT P50/P90, TTFT P50/P90 and E2E P50 of both. With `--bench RATE=FILE` (a real
 `vllm bench serve --save-result --save-detailed` JSON at that rate, repeatable), that run is imported
@@ -24,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vllm_calibration import DURATION_S, RATES, SETTINGS, cli, errors, tables
 
 METRICS = (("tpot_ms", "p50"), ("tpot_ms", "p90"), ("ttft_ms", "p50"), ("ttft_ms", "p90"), ("e2e_ms", "p50"))
-ARMS = {"kernels": [], "vllm defaults": ["--host-defaults", "vllm"]}
+# each arm names its terms: the default (auto) would give the kernel arm vLLM's terms too
+ARMS = {"kernels": ["--host-defaults", "none"], "vllm defaults": ["--host-defaults", "vllm"]}
 
 
 def predicted(base_dir: Path, rate: float, out: Path, extra: list[str]) -> dict:

@@ -1,18 +1,41 @@
-"""`--host-defaults ENGINE`: host-time and front-end terms of a serving engine one cannot profile,
-from published measurements (experiments/data/serving_defaults.json, where every number names its
-source, where in it the figure is, and in one line how it was derived), added to a step model that
-has no calibrated host terms. The file is checked whenever it is read (`check_serving_defaults`):
-a number without a source is refused, not used."""
+"""`--host-defaults`: host-time and front-end terms of a serving engine one cannot profile, from
+published measurements (experiments/data/serving_defaults.json, where every number names its source,
+where in it the figure is, and in one line how it was derived), added to a step model that has no
+host time of its own. The file is checked whenever it is read (`check_serving_defaults`): a number
+without a source is refused, not used.
+
+The flag's default, `auto`, adds the terms of the engine the scheduler reproduces (SCHEDULER_ENGINES:
+the vllm scheduler, vLLM's) to T_step tables that price the kernels only (`prices_kernels_only`: no
+calibrated host terms, no profiled host, overhead or whole-step term); `none` adds nothing; an ENGINE
+adds that engine's terms to any step model without calibrated ones, and refuses one with them."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepcal.core.errors import InputError
+
+if TYPE_CHECKING:    # imported where used: `--help` loads no numpy
+    from stepcal.simulator.step_model import HostTerms
 
 DEFAULTS_PATH = Path(__file__).parent / "data" / "serving_defaults.json"
 # The engines of the data file, listed here so `--help` reads no file (a test checks they agree).
 ENGINE_NAMES = ("vllm", "vllm-async", "sglang", "sglang-no-overlap")
-HELP = ("add the host-time and front-end terms of a serving engine from published measurements, for a "
+AUTO, NONE = "auto", "none"
+# The engine each scheduler reproduces, named explicitly: only vllm's is an engine with published
+# terms. sarathi, slo, static and continuous are policies that no engine here is measured as, and the
+# sglang engines of the data file have no scheduler of ours.
+SCHEDULER_ENGINES = {"vllm": "vllm"}
+AUTO_HELP = ("Default auto: where --scheduler names an engine with published terms (vllm) and --step-model is "
+             "T_step tables from `stepcal fit` that price the kernels only (no calibrated host terms, no profiled "
+             "host, overhead or whole-step term), that engine's terms are added; const:/linear: models and tables "
+             "with host time of their own get none. none: add nothing. ")
+VALIDATE_AUTO_HELP = ("Default auto: as in `stepcal simulate`, with the measured run's scheduler, for a run "
+                      "imported from `vllm bench` (`stepcal import vllm-bench`; a run of another server needs "
+                      "--host-defaults none); a run of `stepcal measure` is served by the torch engine, not "
+                      "vLLM, and gets none. none: add nothing. ")
+HELP = ("ENGINE: add the host-time and front-end terms of a serving engine from published measurements, for a "
         "step model without calibrated host terms (one that has them is refused: calibrated terms win). "
         "vllm (V1 engine, synchronous scheduling): 0.012 ms per sequence per step = (5.5 - 2.5) ms / 256 "
         "sequences, from the decode-step gap in vLLM issue #10634 (cross-checked by simllm PR #204); "
@@ -103,6 +126,65 @@ def with_host_defaults(model, engine: str | None, step_model: str):
     return HostTermsModel(model, host_defaults(engine))
 
 
+# Each engine term in words, with its unit, for the printed line; in HostTerms' order.
+TERM_WORDS = {"per_step_ms": "{:g} ms per step", "per_seq_ms": "{:g} ms per sequence per step",
+              "per_token_ms": "{:g} ms per token per step", "per_request_ms": "{:g} ms per request (median)",
+              "per_request_sigma": "per-request log-normal sigma {:g}",
+              "per_prompt_token_ms": "{:g} ms per prompt token", "per_stream_ms": "{:g} ms per active stream"}
+
+
+@dataclass(frozen=True)
+class AddedHostTerms:
+    """The engine terms a command added to its step model: the engine, whether the flag named it
+    ("flag") or the default chose it ("auto"), and the terms (ms, as HostTerms; the sigma has no unit)."""
+    engine: str
+    source: str
+    terms: HostTerms
+
+    def to_dict(self) -> dict:
+        """summary.json's `host_defaults` block: every engine term by name (the name carries its unit)."""
+        return {"engine": self.engine, "source": self.source,
+                "terms": {name: getattr(self.terms, name) for name in TERM_WORDS}}
+
+    def describe(self) -> str:
+        return describe_host_defaults(self.to_dict())
+
+
+def describe_host_defaults(block: dict) -> str:
+    """A `host_defaults` block (AddedHostTerms.to_dict) in one printed line: the engine, who chose it,
+    and its non-zero terms with their units."""
+    terms = block["terms"]
+    shown = [TERM_WORDS[name].format(value) for name, value in terms.items() if value and name in TERM_WORDS]
+    return f"host terms: {block['engine']} published defaults ({block['source']}): {', '.join(shown) or 'all 0'}"
+
+
+def added_host_terms(choice: str | None, scheduler: str | None, models) -> AddedHostTerms | None:
+    """What --host-defaults `choice` adds to `models` (the step models as resolved, none of an engine's
+    terms on yet) under `scheduler`: an ENGINE as named; under auto, the engine SCHEDULER_ENGINES gives
+    the scheduler, where every model prices the kernels only (`prices_kernels_only`); None for none,
+    for auto elsewhere, and for a scheduler of no engine (None: the run's server is not known)."""
+    if choice is None or choice == NONE:
+        return None
+    if choice != AUTO:
+        return AddedHostTerms(choice, "flag", host_defaults(choice))
+    engine = SCHEDULER_ENGINES.get(scheduler)
+    if engine is None or not all(prices_kernels_only(model) for model in models):
+        return None
+    return AddedHostTerms(engine, "auto", host_defaults(engine))
+
+
+def prices_kernels_only(model) -> bool:
+    """Whether `model` is T_step tables from `stepcal fit` with no host time of their own: not under
+    calibrated host terms, and no term that holds the engine's host time (a profiled `host` or
+    `overhead` term, or a whole-step `step` term fitted to measured steps, which holds every part).
+    const:/linear: models are not: they are synthetic what-if models, which auto leaves as given."""
+    from stepcal.costmodel.tables import TableStepModel
+    from stepcal.experiments.validation.split import PART_OF_TERM
+    if not isinstance(model, TableStepModel):
+        return False
+    return not any(PART_OF_TERM.get(name) in ("host", "whole_step") for name in model.meta.get("t_step_terms", []))
+
+
 def has_calibrated_terms(step_model: str) -> bool:
     """Whether a step-model directory carries calibrated host terms (meta.json's `host_terms`, as
     experiments.step_models reads them), found without loading its tables."""
@@ -113,6 +195,8 @@ def has_calibrated_terms(step_model: str) -> bool:
     return bool(read_json(meta, "the meta.json of a step-model directory").get("host_terms"))
 
 
-def add_host_defaults_flag(parser) -> None:
-    parser.add_argument("--host-defaults", choices=ENGINE_NAMES, default=None, metavar="ENGINE",
-                        help=f"{HELP} (choices: {', '.join(ENGINE_NAMES)})")
+def add_host_defaults_flag(parser, auto_help: str = AUTO_HELP) -> None:
+    """--host-defaults auto|none|ENGINE, auto by default; `auto_help` says what auto does for the command."""
+    choices = (AUTO, NONE, *ENGINE_NAMES)
+    parser.add_argument("--host-defaults", choices=choices, default=AUTO, metavar="ENGINE",
+                        help=f"{auto_help}{HELP} (choices: {', '.join(choices)})")

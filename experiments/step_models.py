@@ -19,6 +19,18 @@ def resolve_step_model(spec: str, host_defaults: str | None = None):
     return with_host_defaults(_resolve(spec), host_defaults, spec)
 
 
+def resolve_step_models(specs: list[str], host_defaults: str | None, scheduler: str | None):
+    """Each of `specs` resolved as resolve_step_model, with the engine terms `host_defaults` (auto, none
+    or an engine: the --host-defaults flag) adds under `scheduler` (None: no engine known to serve the
+    run), decided once for them all (experiments.host_defaults.added_host_terms). Returns the models
+    and the record of what was added (AddedHostTerms), None where nothing was."""
+    from stepcal.experiments.host_defaults import added_host_terms, with_host_defaults
+    bases = [_resolve(spec) for spec in specs]
+    added = added_host_terms(host_defaults, scheduler, bases)
+    engine = None if added is None else added.engine
+    return [with_host_defaults(base, engine, spec) for base, spec in zip(bases, specs)], added
+
+
 def _resolve(spec: str):
     model = parse_builtin_step_model(spec)
     if model is not None:

@@ -15,9 +15,10 @@ answer by simulating 5% above it. Deterministic: every rate simulates the same r
 With --disaggregated P:D it also searches a prefill/decode-disaggregated deployment of P prefill and
 D decode replicas, and compares it with an aggregated one of the same number of devices (P + D
 replicas). TTFT there includes the KV transfer and the decode queue (see simulator/disaggregation.py).
---host-defaults ENGINE (or calibrated tables) applies there too: each pool's step model gets the
-engine's per-step host terms, and the deployment its request path, paid once before the prefill pool,
-its per-stream part counting the requests active in both pools.
+--host-defaults (or calibrated tables) applies there too: each pool's step model gets the engine's
+per-step host terms, and the deployment its request path, paid once before the prefill pool, its
+per-stream part counting the requests active in both pools; auto adds them only where every pool's
+step model prices the kernels only. capacity.json's `host_defaults` says which terms were added.
 
 With --ranges N it also runs N seeded replications at each rate it probes (replication i draws the
 step model's error and the step scatter from --ranges-seed + i, the same draw at every rate, so each
@@ -136,7 +137,7 @@ def run(args) -> int:
         scheduler_config_from_args,
     )
     from stepcal.experiments.commands.output import print_warnings
-    from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_model
+    from stepcal.experiments.step_models import describe_step_model, front_end
     from stepcal.simulator.simulation import SimConfig
 
     if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
@@ -146,7 +147,7 @@ def run(args) -> int:
         raise InputError("--ranges: the replications model aggregated replicas only (the disaggregated "
                          "simulation draws no scatter); run --ranges without --disaggregated")
     num_replicas = _aggregated_replicas(args.replicas, split)
-    model = resolve_step_model(args.step_model, args.host_defaults)
+    (model, *pools), added = _step_models(args, split)
     trace = load_workload(args.trace, trace_format=args.trace_format, num_requests=args.num_requests,
                           duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
@@ -162,13 +163,12 @@ def run(args) -> int:
                        prefix_caching=prefix_caching_from_args(args))
     deployments = {"aggregated": RateEvaluator(trace, aggregated(model, config))}
     if split is not None:
-        # --host-defaults adds the engine's host terms to both pools' step models (each pool pays its own
-        # per-step host time) and its request path to the deployment (paid once, before the prefill pool)
-        prefill_model = resolve_step_model(args.prefill_step_model or args.step_model, args.host_defaults)
-        decode_model = resolve_step_model(args.decode_step_model or args.step_model, args.host_defaults)
+        prefill_model, decode_model = pools
         disagg_config = disagg_config_from_args(args, config, split, pools_front_end(args, prefill_model, decode_model))
         deployments["disaggregated"] = RateEvaluator(trace, disaggregated(prefill_model, decode_model, disagg_config))
 
+    if added is not None and not args.quiet:
+        print(added.describe())
     records = {}
     for label, evaluate in deployments.items():
         wall0 = time.perf_counter()
@@ -188,6 +188,7 @@ def run(args) -> int:
            "num_replicas": num_replicas, "scheduler": args.scheduler, "slo_ttft_ms": args.slo_ttft_ms,
            "slo_tpot_ms": args.slo_tpot_ms, "trace": str(args.trace), "trace_rate_rps": mean_rate_rps(trace),
            "num_requests": len(trace), "step_model": describe_step_model(args.step_model, model),
+           "host_defaults": None if added is None else added.to_dict(),
            "args": {k: v for k, v in vars(args).items() if k != "func"}}
     if split is not None:
         out["disaggregated"] = {**records["disaggregated"], "deployment": _describe("disaggregated", num_replicas, split),
@@ -205,6 +206,19 @@ def run(args) -> int:
     if not args.quiet:
         print(f"wrote {args.out}/capacity.json, capacity.png")
     return 0
+
+
+def _step_models(args, split):
+    """The aggregated deployment's step model, then with --disaggregated the prefill and decode pools',
+    and the engine terms --host-defaults added (AddedHostTerms, or None). The terms go on every pool's
+    model (each pool pays its own per-step host time) and their request path on the deployment (paid
+    once, before the prefill pool); auto decides for all the models at once, so that the pools never
+    get two request paths."""
+    from stepcal.experiments.step_models import resolve_step_models
+    specs = [args.step_model]
+    if split is not None:
+        specs += [args.prefill_step_model or args.step_model, args.decode_step_model or args.step_model]
+    return resolve_step_models(specs, args.host_defaults, args.scheduler)
 
 
 def _capacity_ranges(args, trace, model, config, start_rps: float) -> dict:

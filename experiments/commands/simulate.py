@@ -10,7 +10,9 @@ from stepcal.experiments.host_defaults import add_host_defaults_flag
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
-OUT/summary.json and OUT/config.json, and prints a short table. With --ranges N, summary.json gains a
+OUT/summary.json and OUT/config.json, and prints a short table. summary.json's `host_defaults` says
+which engine terms --host-defaults added (engine, auto or flag, each term), null where none were;
+the printed table says so in one line after it. With --ranges N, summary.json gains a
 `ranges` block (each figure's median and 90% interval over N replications) and
 OUT/ranges_percentiles.parquet holds each replication's TTFT, TPOT and E2E at the quantiles 0, 0.01,
 ..., 1 (columns replication, seed, metric, quantile, value_ms): `stepcal report OUT` draws the CDFs
@@ -79,10 +81,10 @@ def run(args) -> int:
         scheduler_config_from_args,
     )
     from stepcal.experiments.commands.output import format_summary, print_warnings
-    from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_model
+    from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models
     from stepcal.simulator.simulation import SimConfig, Simulation
 
-    model = resolve_step_model(args.step_model, args.host_defaults)
+    (model,), added = resolve_step_models([args.step_model], args.host_defaults, args.scheduler)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
@@ -107,6 +109,7 @@ def run(args) -> int:
         ranges["replica_quantiles_file"] = RANGES_PERCENTILES
     result = sim.run(progress=not args.quiet)
     summary = {**result.summary, "step_model": describe_step_model(args.step_model, model),
+               "host_defaults": None if added is None else added.to_dict(),
                "trace": str(args.trace), "sim_wall_s": result.wall_s}
     if ranges is not None:
         summary["ranges"] = ranges
@@ -120,6 +123,8 @@ def run(args) -> int:
         atomic_write_json(staging / "config.json", clean_json(run_config(args, config)))
     if not args.quiet:
         print(format_summary(summary))
+        if added is not None:
+            print(added.describe())
         if args.ranges:
             print(format_ranges(summary["ranges"]))
         print(f"wrote {args.out}/requests.parquet, steps.parquet, summary.json")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import add_command, add_measured_run_flags, add_ranges_flags
-from stepcal.experiments.host_defaults import add_host_defaults_flag
+from stepcal.experiments.host_defaults import VALIDATE_AUTO_HELP, add_host_defaults_flag
 
 HELP = """Replay a measured run (from `stepcal measure`) in the simulator with the same trace, scheduler
 settings and KV capacity, timing each step with --step-model, and report for TTFT, TPOT, ITL and
@@ -12,6 +12,8 @@ measured run-to-run noise floor beside it when the run has repeats), the through
 step-level error (MAPE of predicted vs measured step time on the measured step log).
 Writes OUT/validation.json, OUT/validation.md, OUT/simulated_requests.parquet (the simulated request
 log) and OUT/step_predictions.parquet (each measured step: features, measured_ms, predicted_ms).
+validation.json's `host_defaults` says which engine terms --host-defaults added (null: none), and
+validation.md says so in one line.
 With --ranges N, validation.json gains a `ranges` block (each figure's median and 90% interval over the
 replications, and the coverage: how often the measured value lies inside; a replication is one run,
 so each repeat of the measured run is compared on its own, and the repeats' mean beside it), and
@@ -22,7 +24,7 @@ OUT/ranges_percentiles.parquet holds each replication's TTFT, TPOT and E2E at th
 def register(subparsers) -> None:
     p = add_command(subparsers, "validate", "compare the simulator with a measured run", HELP, run)
     add_measured_run_flags(p)
-    add_host_defaults_flag(p)
+    add_host_defaults_flag(p, VALIDATE_AUTO_HELP)
     p.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every simulated step")
     p.add_argument("--out", default=None, help="output directory (default: MEASURED/validation)")
     p.add_argument("--quiet", action="store_true")

@@ -35,7 +35,9 @@ Relative file paths (the trace, table directories) are relative to the config fi
 `host_defaults` is an axis of the grid like step_models (crossed with it): each point's step model
 gets that engine's terms (experiments.host_defaults), and its row a `host_defaults` column (None for
 "none" and for sweeps without the key). A step model with calibrated host terms refuses an engine, as
-`--host-defaults` does. Points of sweeps without the key keep the keys they had.
+`--host-defaults` does. Points of sweeps without the key keep the keys they had, and their step models
+as they are: a sweep has no `auto` (the commands' default), so that a stored sweep resumes with the
+results it had; name the engine to add its terms.
 
 With `ranges = N` (N > 0) every point also runs N seeded replications (simulator.ranges: each draws the
 step model's error per T_step term and the step scatter) and its row gains, for every figure column

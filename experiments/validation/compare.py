@@ -101,6 +101,7 @@ class ValidationRecord:
     slowed_repeats: list | None = None        # repeats the machine slowed: {repeat, ratio, start_s, end_s}
     beyond_fitted: dict | None = None         # measured steps beyond the tables' fitted batches (extrapolated)
     profile_speed_probe_ms: list | None = None    # the same probe while the tables' profiles were taken
+    host_defaults: dict | None = None         # the engine terms --host-defaults added (host_defaults.AddedHostTerms)
 
     @property
     def speed_vs_profile(self) -> float | None:
@@ -124,7 +125,8 @@ class ValidationRecord:
                    StepLevelError.from_dict(data.get("step_level") or {}), data.get("speed_probe_ms"),
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
                    PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"),
-                   data.get("slowed_repeats"), data.get("beyond_fitted"), data.get("profile_speed_probe_ms"))
+                   data.get("slowed_repeats"), data.get("beyond_fitted"), data.get("profile_speed_probe_ms"),
+                   data.get("host_defaults"))
 
     def to_dict(self) -> dict:
         from stepcal.core.metrics import clean_json
@@ -147,6 +149,7 @@ class ValidationRecord:
             "beyond_fitted": self.beyond_fitted,
             "profile_speed_probe_ms": self.profile_speed_probe_ms,
             "speed_vs_profile": self.speed_vs_profile,
+            "host_defaults": self.host_defaults,
         })
 
 

@@ -33,6 +33,9 @@ def format_table(record: ValidationRecord) -> str:
     t = record.throughput_rps
     lines.append(f"| throughput_rps | | {_fmt(t.measured)} | {_fmt(t.simulated)} | {format_pct(t.error)} | "
                  f"{format_pct(t.noise_floor)} |")
+    if record.host_defaults:
+        from stepcal.experiments.host_defaults import describe_host_defaults
+        lines += ["", describe_host_defaults(record.host_defaults)]
     if record.ranges is not None:
         lines += ["", _ranges_line(record.ranges)]
     reuse = record.prefix_reuse

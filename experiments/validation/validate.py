@@ -14,6 +14,9 @@ from stepcal.experiments.validation.steps import predict_steps, step_level_error
 from stepcal.experiments.validation.table import format_table
 
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
+# The measured runs served by the engine their scheduler names: imported from `vllm bench`, a vLLM
+# server's. A run of `stepcal measure` was served by the torch engine, whose host time is its own.
+ENGINE_SERVED_SOURCES = ("vllm-bench",)
 
 
 @dataclass(frozen=True)
@@ -31,16 +34,19 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     `ranges(trace, model, config)`, when given, returns the ranges block of replications
     (experiments.commands.flags.ranges_from_args); the record then says how often the measured
     values fall inside the intervals; a block holding `replica_quantiles` (a DataFrame) has it written to
-    OUT/ranges_percentiles.parquet. `host_defaults` names an engine whose published host terms are
-    added to a step model without calibrated ones (experiments.host_defaults)."""
+    OUT/ranges_percentiles.parquet. `host_defaults` (--host-defaults: auto, none or an engine) adds an
+    engine's published host terms to the step model (experiments.host_defaults); auto adds the
+    engine of the run's scheduler for a run that engine served (ENGINE_SERVED_SOURCES), and the
+    record's `host_defaults` says what was added."""
     from stepcal.core.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
     from stepcal.core.measured_run import RunStats
     from stepcal.core.metrics import clean_json
-    from stepcal.experiments.step_models import front_end, resolve_step_model
+    from stepcal.experiments.step_models import front_end, resolve_step_models
     from stepcal.simulator.simulation import simulate
 
     run = load_measured_run(measured)
-    model = resolve_step_model(step_model, host_defaults)
+    served_by = run.meta["scheduler"] if run.meta.get("source") in ENGINE_SERVED_SOURCES else None
+    (model,), added = resolve_step_models([step_model], host_defaults, served_by)
     config = sim_config_for(run, step_overhead_ms, front_end(model))
     # the replications first: their worker processes start before the plain run's logs are held
     block = ranges(run.trace, model, config) if ranges is not None else None
@@ -51,7 +57,8 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
                      step_model=step_model, step_matched=step_matched_errors(run, model, step_level, config))
     front_ms = mean_front_end_ms(front_end(model), run.trace, result.requests, config.front_end_seed)
     record = replace(record, step_split=step_split(model, run.steps, front_ms), slowed_repeats=slowed_repeats(run),
-                     beyond_fitted=beyond_fitted(model, run.steps), profile_speed_probe_ms=profile_probes(model))
+                     beyond_fitted=beyond_fitted(model, run.steps), profile_speed_probe_ms=profile_probes(model),
+                     host_defaults=None if added is None else added.to_dict())
     quantiles = None
     if block is not None:
         from stepcal.experiments.validation.coverage import coverage_block

@@ -142,7 +142,7 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
                             "prefix_reuse", "ranges", "step_split", "slowed_repeats", "beyond_fitted",
-                            "profile_speed_probe_ms", "speed_vs_profile"]
+                            "profile_speed_probe_ms", "speed_vs_profile", "host_defaults"]
     assert record["step_split"] is None and record["beyond_fitted"] is None   # const: has no terms, no fitted range
     assert record["speed_vs_profile"] is None   # nor a profile's speed probe
     # the fixture's own repeats: none slowed on a quiet machine, but a busy one may slow one for real
