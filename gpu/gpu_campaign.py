@@ -1,33 +1,42 @@
-"""The quickstart's campaign split across two machines: `measure` on a lent GPU (profile, capacity
-and load runs, inside a fixed time budget), `model` here (fit, calibrate, validate, report: the GPU
-machine has no MLflow or Optuna, and that work needs no device).
+"""The quickstart's campaign in two halves: `measure` (profile, capacity and load runs inside a
+fixed time budget; needs the GPU and the `torch` extra) and `model` (fit, calibrate, validate,
+report; needs no GPU, but the ML extras: MLflow, Optuna, scikit-learn). Both may run on the same
+machine, or `measure` on a GPU machine without the ML extras and `model` on another.
 
-On the device machine, from the repo root (its python3 holds torch; $OUT comes back):
+Run from the repository root of a checkout where stepcal is installed (a venv with a CUDA build of
+torch, then `pip install -e '.[all]'`, or `'.[torch]'` on a machine that only measures):
 
-    python3 gpu/gpu_campaign.py measure --work /tmp/gc --results $OUT --budget-s 480
+    .venv/bin/python gpu/gpu_campaign.py measure --work runs/gpu-campaign/work --budget-s 480
 
-writes $OUT/campaign.tar.gz (the campaign directory: profiles, measured runs, capacity.json; each
-stage's line goes to stderr). Then here:
+writes campaign.tar.gz to the results folder (--results, default $OUT, else runs/gpu-campaign):
+the campaign directory (profiles, measured runs, capacity.json); each stage's line goes to stderr.
+Then, on the same machine, model the campaign directory itself:
 
-    .venv/bin/python gpu/gpu_campaign.py model --archive FILES_AT/campaign.tar.gz --work /tmp/gc
+    .venv/bin/python gpu/gpu_campaign.py model --work runs/gpu-campaign/work
 
-prints the quickstart's headline table for the GPU campaign (OUT/headline.json, report/).
+or on another machine, from the archive (unpacked into --work, which must not exist yet):
 
-The device's minutes are few, so `measure` sizes the load runs from a pilot run's pace: requests
-per run are what the time left holds (at most --num-requests), a repeat that would end past the
-budget is not started, and whatever was measured is packed even when a stage fails. (The first
-try, sized from the saturation runs' pace, ran out of time: on an H200 with llama-3-8b a request
-cost 0.55 s in a saturation run and 1.5-2.4 s at 30-90% load.) The profile takes one pass of the
-quick grid before the runs and, if time is left, one after (the reproducibility arm).
-On that H200 a llama-3-8b step of our engine is launch-bound (20-25 ms for one decode, the same
-for a 512-token prefill), so a request served alone costs ~1.6-2 s: with the profile's 2 minutes,
-an 8-minute budget leaves room for one scheduler's six runs of ~20 requests each.
-Dry run on the CPU: --device cpu --model-spec tiny --prompt lognormal:128:0.8 --output
-lognormal:32:0.8 --chunk-size 64 --budget-s 240.
+    .venv/bin/python gpu/gpu_campaign.py model --archive campaign.tar.gz --work runs/gpu-campaign-model
+
+Either prints the quickstart's headline table (WORK/headline.json, WORK/report/).
+
+`measure` keeps to its budget: it sizes the load runs from a pilot run's pace (requests per run
+are what the time left holds, at most --num-requests), does not start a repeat that would end past
+the budget, and packs whatever was measured even when a stage fails. (Sized from the saturation
+runs' pace instead, the runs would not fit: on an H200 with llama-3-8b a request cost 0.55 s in a
+saturation run and 1.5-2.4 s at 30-90% load.) The profile takes one pass of the quick grid before
+the runs and, if time is left, one after (the reproducibility arm).
+On an H200 a llama-3-8b step of our engine is launch-bound (20-25 ms for one decode, the same for
+a 512-token prefill), so a request served alone costs ~1.6-2 s: with the profile's 2 minutes, the
+default 8-minute budget leaves room for one scheduler's six runs of ~20 requests each; give it the
+time you have, e.g. --budget-s 3600 --schedulers continuous,sarathi.
+Dry run on a CPU: --device cpu --model-spec tiny --prompt lognormal:128:0.8 --output
+lognormal:32:0.8 --chunk-size 64 --warm-up-s 5 --profile-minutes 1 --budget-s 150.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -35,8 +44,6 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PILOT_REQUESTS = 8      # the pilot run that sizes the load runs
 PILOT_MARGIN = 1.25     # its pace, padded: its model build is shared by fewer requests, but prompts vary
@@ -94,7 +101,7 @@ def measure(args) -> None:
 
 
 def warm_up(campaign, seconds: float) -> None:
-    """Throwaway saturation runs of the first scheduler for `seconds`. On the lent H200 the engine's
+    """Throwaway saturation runs of the first scheduler for `seconds`. On an H200 the engine's
     steps ran 2.5 times slower for 45-90 s stretches early in a process (the first try's profile, which
     then priced the runs' steps 2-6 times too high, and the first run of a fresh process), while the speed
     probe before and after was normal; each run's pace is printed to show when it settles."""
@@ -172,7 +179,7 @@ def model(args) -> None:
     record = json.loads((work / "capacity.json").read_text())
     missing = [run for run, kept in record.get("runs", {}).items() if not kept]
     if "num_requests" not in record or missing:
-        print(f"error: {work}: the device measured no {', '.join(missing) or 'load runs'} (its timings: "
+        print(f"error: {work}: `measure` measured no {', '.join(missing) or 'load runs'} (its timings: "
               f"{record.get('timings_s')}); nothing to model", file=sys.stderr)
         sys.exit(2)
     config = config_of(args)   # the model and schedulers are the measured ones, whatever the flags say
@@ -189,12 +196,12 @@ def main() -> None:
     parser.add_argument("phase", choices=["measure", "model"])
     parser.add_argument("--work", required=True, help="the campaign directory")
     parser.add_argument("--results", default=os.environ.get("OUT", "runs/gpu-campaign"),
-                        help="measure: where campaign.tar.gz goes (default $OUT)")
-    parser.add_argument("--archive", help="model: campaign.tar.gz from the device (unpacked into --work)")
+                        help="measure: the results folder, where campaign.tar.gz goes (default $OUT, else runs/gpu-campaign)")
+    parser.add_argument("--archive", help="model: campaign.tar.gz from `measure` (unpacked into --work, which must not exist); without it, model the campaign directory --work itself")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model-spec", default="llama-3-8b")
     parser.add_argument("--schedulers", default="sarathi",
-                        help="comma-separated (default sarathi: one scheduler's six runs are what 8 minutes hold)")
+                        help="comma-separated (default sarathi: one scheduler's six runs are what the default 8 minutes hold)")
     parser.add_argument("--prompt", default="lognormal:512:0.8")
     parser.add_argument("--output", default="lognormal:64:0.8")
     parser.add_argument("--chunk-size", type=int, default=512)
@@ -207,7 +214,25 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    require(["stepcal.experiments", "torch"] if args.phase == "measure"
+            else ["stepcal.experiments", "sklearn", "optuna", "mlflow", "matplotlib"])
     measure(args) if args.phase == "measure" else model(args)
+
+
+def require(modules: list[str]) -> None:
+    """Stop with one line where a module the phase needs is not installed."""
+    missing = [name for name in modules if not installed(name)]
+    if missing:
+        extra = "torch" if missing == ["torch"] else "all"
+        sys.exit(f"error: {', '.join(name.split('.')[0] for name in missing)} not installed; from the repository root: python3 -m venv .venv && "
+                 f".venv/bin/pip install -e '.[{extra}]' (with a CUDA build of torch to measure on a GPU)")
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:     # a dotted name whose parent is missing
+        return False
 
 
 if __name__ == "__main__":

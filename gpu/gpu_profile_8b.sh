@@ -1,33 +1,37 @@
 #!/usr/bin/env bash
-# Profile an 8B-class model (llama-3-8b shapes, bf16) on the quick grid on one GPU, then return
-# the profile. Prepared for the device tool of a session that has a GPU:
+# Profile an 8B-class model (llama-3-8b shapes, bf16) on the quick grid on one GPU.
 #
-#   run(command="bash gpu/gpu_profile_8b.sh", timeout_s=570)
+# Run from the repository root of a checkout on a CUDA machine where stepcal is installed:
+#   python3 -m venv .venv
+#   .venv/bin/pip install torch               # a CUDA build that matches the driver
+#   .venv/bin/pip install -e '.[torch]'       # or '.[all]'
+#   bash gpu/gpu_profile_8b.sh
 #
-# It runs the GPU unit tests first (at most 2 minutes), then the sweep, well inside 8 minutes
-# (--max-minutes 6 stops cleanly, `timeout` 30 s later is the backstop): all within 570 s.
-# What comes back under $OUT:
+# It runs the GPU unit tests first (at most 2 minutes), then the sweep (--max-minutes 6 stops it
+# cleanly and leaves it resumable; `timeout` 30 s later is the backstop), about 8 minutes in all.
+# The results folder ($OUT, default runs/gpu-profile-8b) gets:
 #   profile.parquet, meta.json   the profile (merged from parts if the sweep was cut short)
 #   profile.log, gpu-tests.log, nvidia-smi.txt
-# Then, here (the shared AIConfigurator table does not travel to the device machine):
-#   .venv/bin/python studies/compare_aiconfigurator_gemm.py <files_at>/profile.parquet
+# The sweep itself stays in $WORK; running again with the same WORK measures only missing points.
 #
-# Environment knobs: MODEL_SPEC (default llama-3-8b), GRID (quick), MAX_MINUTES (6),
-# SKIP_TESTS=1, PYTHON (python3, the interpreter that holds torch there); DEVICE=cpu and
-# DTYPE=float32 dry-run the script on a machine without a GPU.
+# Environment: OUT (results folder), WORK (default $TMPDIR/stepcal-gpu-profile), MODEL_SPEC
+# (llama-3-8b), GRID (quick; full for a campaign), MAX_MINUTES (6), DEVICE (cuda), DTYPE (bfloat16),
+# SKIP_TESTS=1, PYTHON (default .venv/bin/python, else python3).
+# Dry run on a machine without a GPU:
+#   DEVICE=cpu DTYPE=float32 MODEL_SPEC=tiny MAX_MINUTES=1 SKIP_TESTS=1 bash gpu/gpu_profile_8b.sh
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 MODEL_SPEC="${MODEL_SPEC:-llama-3-8b}"
 GRID="${GRID:-quick}"
 MAX_MINUTES="${MAX_MINUTES:-6}"
 DEVICE="${DEVICE:-cuda}"
 DTYPE="${DTYPE:-bfloat16}"
-RESULTS="${OUT:-runs/gpu-8b}"
-WORK="${WORK:-${TMPDIR:-/tmp}/stepcal-gpu-profile}"   # parts files stay here; only the joined table goes back
+RESULTS="${OUT:-runs/gpu-profile-8b}"
+WORK="${WORK:-${TMPDIR:-/tmp}/stepcal-gpu-profile}"   # the resumable sweep (its parts files stay here)
+require_device "$DEVICE"
 mkdir -p "$RESULTS"
 
-nvidia-smi > "$RESULTS/nvidia-smi.txt" 2>&1
+gpu_record "$RESULTS/nvidia-smi.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" | tee -a "$RESULTS/nvidia-smi.txt"
 
@@ -38,7 +42,7 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
 fi
 
 start=$(date +%s)
-timeout $(( MAX_MINUTES * 60 + 30 )) "$PY" -m stepcal.experiments.cli profile \
+timeout $(( MAX_MINUTES * 60 + 30 )) "$PY" -m stepcal profile \
     --model-spec "$MODEL_SPEC" --device "$DEVICE" --dtype "$DTYPE" --grid "$GRID" \
     --max-minutes "$MAX_MINUTES" --no-progress --out "$WORK" > "$RESULTS/profile.log" 2>&1
 status=$?
@@ -49,7 +53,7 @@ if [ -f "$WORK/profile.parquet" ] && [ -z "$(ls "$WORK/parts" 2>/dev/null)" ]; t
     cp "$WORK/profile.parquet" "$WORK/meta.json" "$RESULTS/"
 else
     # Cut short by the backstop: join what the parts hold (merge reads parts too).
-    "$PY" -m stepcal.experiments.cli profile merge "$WORK" --out "$RESULTS" >> "$RESULTS/profile.log" 2>&1
+    "$PY" -m stepcal profile merge "$WORK" --out "$RESULTS" >> "$RESULTS/profile.log" 2>&1
 fi
 "$PY" - "$RESULTS/profile.parquet" <<'EOF'
 import sys
@@ -63,4 +67,5 @@ for name, group in gemm.groupby("name"):
     row = group.sort_values("m").iloc[[0, -1]]
     print(name, [(int(r.m), round(float(r.time_ms), 4)) for r in row.itertuples()])
 EOF
+echo "results in $RESULTS"
 exit $status
