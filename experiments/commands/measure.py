@@ -55,11 +55,11 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from functools import partial
 
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.experiments.commands.output import format_summary, print_warnings
+    from stepcal.experiments.commands.output import format_summary
     from stepcal.profiler.engine.measure import measure_trace
-    from stepcal.simulator.errors import InputError
+    from stepcal.simulator.errors import InputError, print_warnings
     from stepcal.simulator.model_spec import load_model_spec
     from stepcal.simulator.workload import load_workload
     if args.repeats < 1 or args.threads < 1:

@@ -111,10 +111,10 @@ def _add_workload_flags(parser) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     if args.trace_command == "generate":
         check_output(args.out, kind="file", suffixes=SUFFIXES)
-    from stepcal.experiments.commands.output import print_warnings
+    from stepcal.simulator.errors import print_warnings
     from stepcal.simulator.workload import load_workload, trace_stats, write_trace
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,

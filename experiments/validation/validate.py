@@ -29,7 +29,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     each step with `step_model`; write OUT (default MEASURED/validation): validation.json,
     validation.md, simulated_requests.parquet and step_predictions.parquet.
     `ranges(trace, model, config)`, when given, returns the ranges block of replications
-    (experiments.commands.flags.ranges_from_args); the record then says how often the measured
+    (experiments.replications.replicate_ranges); the record then says how often the measured
     values fall inside the intervals; a block holding `replica_quantiles` (a DataFrame) has it written to
     OUT/ranges_percentiles.parquet. `host_defaults` names an engine whose published host terms are
     added to a step model without calibrated ones (experiments.host_defaults)."""

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from stepcal.experiments.cli import build_parser, main
-from stepcal.experiments.commands.output_paths import check_output
+from stepcal.experiments.output_paths import check_output
 from stepcal.simulator.errors import InputError
 from tests.costmodel.conftest import make_profile
 
