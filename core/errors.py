@@ -1,4 +1,5 @@
-"""Errors a person can act on."""
+"""Errors and warnings a person can act on."""
+import sys
 
 
 class InputError(Exception):
@@ -11,3 +12,9 @@ def shown(value) -> str:
     if hasattr(value, "tolist") and hasattr(value, "dtype"):     # numpy scalar or array
         value = value.tolist()
     return repr(value)
+
+
+def print_warnings(warnings) -> None:
+    """Input warnings (e.g. a workload's rows dropped on import), one `stepcal: warning:` line each on stderr."""
+    for warning in warnings:
+        print(f"stepcal: warning: {warning}", file=sys.stderr)

@@ -36,8 +36,8 @@ class FitOptions:
     scatter_runs: list[str] = field(default_factory=list)
 
 
-def fit_tables(args: FitOptions) -> None:
-    """Fit every target, write the T_step table directory args.out, track it in MLflow, print the errors."""
+def fit_tables(options: FitOptions) -> None:
+    """Fit every target, write the T_step table directory options.out, track it in MLflow, print the errors."""
     from pathlib import Path
 
     from stepcal.core.errors import InputError
@@ -53,51 +53,52 @@ def fit_tables(args: FitOptions) -> None:
     from stepcal.costmodel.importers import load_profiles
     from stepcal.costmodel.records import normalise_dtype
 
-    if args.axes not in AXES_RULES:
-        raise InputError(f"--axes must be one of {', '.join(AXES_RULES)}, got {args.axes!r}")
-    if args.trials < 1:
-        raise InputError(f"--trials must be at least 1, got {args.trials}")
-    for flag, value in (("--tp", args.tp), ("--ep", args.ep)):
+    if options.axes not in AXES_RULES:
+        raise InputError(f"--axes must be one of {', '.join(AXES_RULES)}, got {options.axes!r}")
+    if options.trials < 1:
+        raise InputError(f"--trials must be at least 1, got {options.trials}")
+    for flag, value in (("--tp", options.tp), ("--ep", options.ep)):
         if value is not None and value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
-    if args.device_spec is not None:
+    if options.device_spec is not None:
         try:                                    # an unknown name fails before any fitting
-            device_spec(args.device_spec)
+            device_spec(options.device_spec)
         except InputError as exc:
             raise InputError(f"--device-spec: {exc}") from None
-    parallelism = Parallelism(tp=args.tp or 1, ep=args.ep)
-    composition = Composition(args.moe_distribution, args.ep_link_gbps, args.ep_latency_us, args.device_spec)
+    parallelism = Parallelism(tp=options.tp or 1, ep=options.ep)
+    composition = Composition(options.moe_distribution, options.ep_link_gbps, options.ep_latency_us,
+                              options.device_spec)
     started = time.perf_counter()
-    spec = load_model_spec(args.model_spec) if args.model_spec else None
-    dtype = normalise_dtype(args.dtype) if args.dtype else (dtypes_for(spec) if spec else None)
+    spec = load_model_spec(options.model_spec) if options.model_spec else None
+    dtype = normalise_dtype(options.dtype) if options.dtype else (dtypes_for(spec) if spec else None)
     # With a model, only the ops its T_step is composed of (unless --ops says otherwise).
-    ops = args.ops or (composed_ops(spec, parallelism) if spec else None)
-    records = select_records(load_profiles(args.profile, args.format), device=args.device,
-                             dtype=dtype, tp=args.tp, ops=ops)
+    ops = options.ops or (composed_ops(spec, parallelism) if spec else None)
+    records = select_records(load_profiles(options.profile, options.format), device=options.device,
+                             dtype=dtype, tp=options.tp, ops=ops)
     records, slowed = without_slowed_servings(records)
     if slowed:
         from stepcal.profiler.slowed_servings import describe
         print(describe(slowed), flush=True)
-    roofline_device(records, args.device_spec)  # --device-spec against the profiles' own device, before fitting
+    roofline_device(records, options.device_spec)  # --device-spec against the profiles' own device, before fitting
     holdout = None
-    if args.holdout:
-        holdout = select_records(load_profiles([args.holdout], args.format), device=args.device,
-                                 dtype=dtype, tp=args.tp)
-    config = FitConfig(regressor=args.regressor, trials=args.trials, seed=args.seed,
-                       storage=args.storage, timeout_s=args.timeout_s)
+    if options.holdout:
+        holdout = select_records(load_profiles([options.holdout], options.format), device=options.device,
+                                 dtype=dtype, tp=options.tp)
+    config = FitConfig(regressor=options.regressor, trials=options.trials, seed=options.seed,
+                       storage=options.storage, timeout_s=options.timeout_s)
     result = fit_all(records, config, holdout,
                      progress=lambda t, n: print(f"fitting {t} ({n} rows)", flush=True))
-    out = Path(args.out)
-    scatter = logged_scatter(args.profile, args.scatter_runs)   # the runs are read before the output is staged
+    out = Path(options.out)
+    scatter = logged_scatter(options.profile, options.scatter_runs)   # the runs are read before the output is staged
     with atomic_output_dir(out) as staging:
         meta = build_tables(result, staging, spec=spec, parallelism=parallelism, composition=composition,
-                            axes=Axes.default() if args.axes == "fixed" else None,
-                            extra_meta={"inputs": [str(p) for p in args.profile], "holdout": args.holdout,
+                            axes=Axes.default() if options.axes == "fixed" else None,
+                            extra_meta={"inputs": [str(p) for p in options.profile], "holdout": options.holdout,
                                         **({"scatter": scatter} if scatter else {}),
                                         **({"slowed_servings": [s.to_dict() for s in slowed]} if slowed else {})})
         plot = _plot(result, staging)
-    if not args.no_mlflow:
-        meta = _track(args, result, out, meta, plot and out / plot.name)
+    if not options.no_mlflow:
+        meta = _track(options, result, out, meta, plot and out / plot.name)
     _report(result, meta, out, time.perf_counter() - started)
 
 
@@ -202,16 +203,16 @@ def _plot(result, directory):
     return plot_held_out(result, directory / "held_out_random.png")
 
 
-def _track(args, result, out, meta, plot):
+def _track(options, result, out, meta, plot):
     from stepcal.costmodel.tables import write_meta
     from stepcal.costmodel.tracking import default_tracking_uri, track_fit
-    uri = args.tracking_uri or default_tracking_uri(out)
-    run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=args.experiment,
-                       register=args.register, plot_path=plot,
-                       artifact_root=None if args.tracking_uri else out / "mlartifacts",
-                       params={"model_spec": args.model_spec, "tp": args.tp or 1, "ep": args.ep,
-                               "dtype": args.dtype, "device": args.device, "device_spec": args.device_spec,
-                               "inputs": " ".join(args.profile)[:500]})
+    uri = options.tracking_uri or default_tracking_uri(out)
+    run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=options.experiment,
+                       register=options.register, plot_path=plot,
+                       artifact_root=None if options.tracking_uri else out / "mlartifacts",
+                       params={"model_spec": options.model_spec, "tp": options.tp or 1, "ep": options.ep,
+                               "dtype": options.dtype, "device": options.device, "device_spec": options.device_spec,
+                               "inputs": " ".join(options.profile)[:500]})
     meta = {**meta, "mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
     # meta.json is rewritten whole (atomically) now that the run id is known.
     write_meta(out, {k: v for k, v in meta.items()

@@ -8,15 +8,21 @@ step model's error per term, the scatter and the front end drawn from its seed. 
 what does not depend on the draw (the trace, the loaded step model, the settings) to each worker once
 (experiments.backends: a spawned local process, or a Ray object shared by the tasks); a task ships only
 (keep, seed, rate) and brings back what a top-level function `keep(result)` keeps of the replication.
+
+`RangesSettings` is what a prediction's ranges are asked for (how many replications, their seed, where
+they run, the scatter given); `replicate_ranges` runs them and summarises them as a `ranges` block.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from stepcal.simulator.ranges import run_replication
+from stepcal.experiments.step_models import stored_scatter
+from stepcal.simulator.ranges import INTERVAL, ranges_block, replication_seeds, run_replication, term_names
+from stepcal.simulator.scatter import Scatter
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
@@ -134,3 +140,92 @@ class progress_bar:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+@dataclass(frozen=True)
+class ScatterOverrides:
+    """The scatter a command was asked to draw (--scatter-cv, --scatter-rho, --scatter-run-cv,
+    --scatter-run-cv-pairs, --scatter-model-repeats); None where not given, so the step model's stored
+    value (else 0) is drawn."""
+    cv: float | None = None
+    rho: float | None = None
+    run_cv: float | None = None
+    run_cv_pairs: int | None = None
+    model_level_repeats: int | None = None
+
+    def source(self, stored: dict) -> str:
+        """Where the scatter came from: any value given, else the tables, else none. cv, rho and run_cv
+        all given make it flags (the pairs behind a given run_cv are the flag's or none; the model's
+        level repeats describe the model, not the device)."""
+        given = [value is not None for value in (self.cv, self.rho, self.run_cv)]
+        given_any = any(given) or self.run_cv_pairs is not None or self.model_level_repeats is not None
+        if all(given) or (given_any and not stored):
+            return "flags"
+        return "flags and tables" if given_any else ("tables" if stored else "none")
+
+
+@dataclass(frozen=True)
+class RangesSettings:
+    """How many replications a prediction's ranges run (0: no ranges), from which seed, where, and with
+    which scatter. The defaults are those of the --ranges flags."""
+    num_replications: int = 0
+    seed: int = 0
+    workers: int = 1
+    backend: str = "local"
+    ray_address: str | None = None
+    scatter: ScatterOverrides = field(default_factory=ScatterOverrides)
+
+    def pool(self, trace, model, config) -> ReplicaPool:
+        """A ReplicaPool on these workers and backend."""
+        return ReplicaPool(trace, model, config, self.workers, backend=self.backend, address=self.ray_address)
+
+
+def chosen_scatter(overrides: ScatterOverrides, step_model: str) -> tuple[Scatter, str]:
+    """The replications' Scatter: each of cv, rho, run_cv and model_level_repeats where given, else the
+    one stored with the step model `step_model` names (meta.json scatter), else 0; run_cv_pairs where
+    given, else 0 (run_cv taken as exact); and where it came from (ScatterOverrides.source)."""
+    stored = stored_scatter(step_model)
+
+    def chosen(value, key: str, default=0.0):
+        return stored.get(key, default) if value is None else value
+    scatter = Scatter(chosen(overrides.cv, "cv"), chosen(overrides.rho, "rho"), chosen(overrides.run_cv, "run_cv"),
+                      overrides.run_cv_pairs or 0, int(chosen(overrides.model_level_repeats, "model_level_repeats", 0)),
+                      float(stored.get("bias_cv", 0.0)))   # the model's, as its level repeats
+    return scatter, overrides.source(stored)
+
+
+def replication_settings(settings: RangesSettings, model, scatter: Scatter, wall_s: float) -> dict:
+    """What a `ranges` block says of how its replications were drawn and run (simulate, validate, capacity)."""
+    return {"seed": settings.seed, "interval_percentiles": list(INTERVAL), "drawn_terms": term_names(model),
+            "scatter_cv": scatter.cv, "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv,
+            "scatter_run_cv_pairs": scatter.run_cv_pairs, "scatter_model_repeats": scatter.model_level_repeats,
+            "scatter_bias_cv": scatter.bias_cv, "workers": settings.workers, "backend": settings.backend,
+            "wall_s": wall_s}
+
+
+def replicate_ranges(settings: RangesSettings, step_model: str, trace, model, config, *, quantiles: bool = False,
+                     quiet: bool = False) -> dict | None:
+    """The `ranges` block of a simulation (simulator.ranges) over settings.num_replications replications
+    of `model` (which `step_model` names), or None when there are none. With `quantiles`, the block also
+    holds `replica_quantiles`: a DataFrame of each replication's latency at CDF_QUANTILES (for the
+    report's CDF bands), which the caller stores apart. `quiet`: no progress bar."""
+    if not settings.num_replications:
+        return None
+    scatter, source = chosen_scatter(settings.scatter, step_model)
+    seeds = replication_seeds(settings.num_replications, settings.seed)
+    wall0 = time.perf_counter()
+    with settings.pool(trace, model, replace(config, scatter=scatter)) as pool, \
+            progress_bar(len(seeds), quiet) as on_done:
+        kept = pool.map(keep_summary_and_quantiles if quantiles else keep_summary, seeds, on_done=on_done)
+    table = None
+    if quantiles:
+        summaries = [summary for summary, _ in kept]
+        table = quantile_frame(seeds, [q for _, q in kept])
+    else:
+        summaries = kept
+    block = {"num_replications": settings.num_replications,
+             **replication_settings(settings, model, scatter, time.perf_counter() - wall0),
+             "scatter_source": source, "stats": ranges_block(summaries)}
+    if table is not None:
+        block["replica_quantiles"] = table
+    return block

@@ -76,7 +76,7 @@ def profile_pass(campaign, name: str, minutes: float, *, whole: bool = False) ->
 
 def measure(args) -> None:
     from stepcal.experiments.campaign import Campaign
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     deadline = time.monotonic() + args.budget_s
     campaign = Campaign(config_of(args))
     c = campaign.c

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepcal.core.errors import InputError
+from stepcal.core.model_files import load_model_spec
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.simulator.request import Request
 
@@ -28,6 +29,30 @@ def kv_blocks_from_memory(spec: ModelSpec, block_size: int, device_memory_gb: fl
         raise InputError(f"--device-memory-gb {device_memory_gb}: the weights of {spec.name}{split} "
                          f"({weights / 2**30:.1f} GiB per GPU) leave no room for a KV cache")
     return num_blocks
+
+
+@dataclass(frozen=True)
+class KvCacheSizing:
+    """How big a replica's KV cache is: `kv_blocks` blocks of `block_size` tokens where given, else as
+    many as fit in `device_memory_gb` beside the model's weights (split `tp` / `ep` ways), else
+    unlimited (None)."""
+    block_size: int = 16
+    kv_blocks: int | None = None
+    device_memory_gb: float | None = None
+    gpu_memory_utilization: float = 0.9
+    tp: int = 1
+    ep: int = 1
+
+    def num_blocks(self, model_spec: str | None) -> int | None:
+        """The cache's blocks; `model_spec` (a preset or file) gives the weights and KV bytes per token
+        when they are derived from the device's memory."""
+        parallelism = Parallelism(tp=self.tp, ep=self.ep)   # checked even when --kv-blocks is given
+        if self.kv_blocks is not None or self.device_memory_gb is None:
+            return self.kv_blocks
+        if not model_spec:
+            raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
+        return kv_blocks_from_memory(load_model_spec(model_spec), self.block_size, self.device_memory_gb,
+                                     self.gpu_memory_utilization, parallelism=parallelism)
 
 
 @dataclass

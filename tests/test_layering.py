@@ -176,3 +176,36 @@ def test_the_graph_sees_lazy_imports_and_submodules_named_through_their_package(
     graph = import_graph(module_files())
     assert graph == {"pkg": {"pkg.b"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}}
     assert circles(graph) == [["pkg.a", "pkg.b"]]
+
+
+CLI_MODULES = ("experiments/commands/", "experiments/cli.py")   # where flags are parsed
+
+
+def is_command_line(module: str) -> bool:
+    commands = "stepcal.experiments.commands"
+    return module.split(".")[0] == "argparse" or module == commands or module.startswith(commands + ".")
+
+
+def command_line_imports(path: Path) -> list[str]:
+    """The imports of argparse or of the command modules in a file, at any depth of the tree;
+    `from stepcal.experiments import commands` too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if is_command_line(node.module) else [
+                f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names if is_command_line(name)]
+    return found
+
+
+def test_the_library_takes_settings_not_parsed_flags():
+    # Commands turn flags into the library's dataclasses; below them nothing parses or reads flags, so the
+    # campaign, scripts and tests call the library as the commands do.
+    below_cli = [path for folder in FIRST_PARTY for path in sorted((ROOT / folder).rglob("*.py"))
+                 if not any(path.relative_to(ROOT).as_posix().startswith(cli) for cli in CLI_MODULES)]
+    assert len(below_cli) > 100     # the walk found the packages
+    assert [found for path in below_cli for found in command_line_imports(path)] == []

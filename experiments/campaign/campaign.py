@@ -31,13 +31,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from stepcal.core.errors import InputError
+from stepcal.core.errors import InputError, print_warnings
 from stepcal.experiments.campaign.config import CALIBRATED, PROFILED_OPS, CampaignConfig, load_name
 from stepcal.experiments.campaign.headline import Headline, HeadlineRow
-from stepcal.experiments.commands.output_paths import check_output
+from stepcal.experiments.output_paths import check_output
+from stepcal.experiments.replications import RangesSettings, replicate_ranges
 
 T = TypeVar("T")
 
@@ -249,16 +251,16 @@ class Campaign:
         """One repeat of a generated workload, served by the engine with measure's default flags."""
         from stepcal.core.model_files import load_model_spec
         from stepcal.core.workload import load_workload
-        from stepcal.experiments.commands.flags import DEFAULT_BLOCK_SIZE, scheduler_config
-        from stepcal.experiments.commands.output import print_warnings
         from stepcal.profiler.engine.engine import EngineConfig
         from stepcal.profiler.engine.measure import measure_trace
+        from stepcal.simulator.schedulers import checked_scheduler_config
         c = self.c
         spec = load_model_spec(c.model_spec)
         trace = load_workload(workload, seed=c.seed)
         print_warnings(trace.warnings)
-        config = EngineConfig(scheduler=scheduler, scheduler_config=scheduler_config(chunk_size=c.chunk_size),
-                              block_size=DEFAULT_BLOCK_SIZE, seed=c.seed)
+        # EngineConfig's KV block size is measure's --block-size default
+        config = EngineConfig(scheduler=scheduler, scheduler_config=checked_scheduler_config(chunk_size=c.chunk_size),
+                              seed=c.seed)
         return measure_trace(trace, spec, config, str(out), device=c.device, trace_source=workload)
 
     def fit(self, logs: list[Path], ops: str | None, out: Path, profiles: list[str] | None = None,
@@ -295,15 +297,13 @@ class Campaign:
         return {**profile_reproducibility(pairs), "late_over_early": late_over_early(early, late)}
 
     def validate(self, measured: Path, step_model: Path, out: Path, ranges: int = 0) -> None:
-        from functools import partial
-
-        from stepcal.experiments.commands.flags import ranges_defaults, ranges_from_args
         from stepcal.experiments.validation.validate import validate_run
-        # what `stepcal validate --ranges N --workers W --quiet` is given: the scatter stored with the tables
-        args = ranges_defaults(ranges=ranges, ranges_seed=self.c.seed, workers=self.c.workers,
-                               step_model=str(step_model), quiet=True)
+        # what `stepcal validate --ranges N --ranges-seed SEED --workers W --quiet` runs: the scatter stored
+        # with the tables
+        settings = RangesSettings(num_replications=ranges, seed=self.c.seed, workers=self.c.workers)
         validate_run(str(measured), str(step_model), str(out),
-                     ranges=partial(ranges_from_args, args, quantiles=True) if ranges else None)
+                     ranges=partial(replicate_ranges, settings, str(step_model), quantiles=True, quiet=True)
+                     if ranges else None)
 
     def report(self, dirs: list[Path], out: Path) -> None:
         from stepcal.experiments.report.build import build_report, describe_report

@@ -111,7 +111,7 @@ def probe_figures(summary: dict) -> dict:
 
 
 def ranges_record(curves: dict[str, CurveCapacity], replicated: ReplicatedRates, settings: dict) -> dict:
-    """capacity.json's `ranges` block: `settings` (experiments.commands.flags.replication_settings),
+    """capacity.json's `ranges` block: `settings` (experiments.replications.replication_settings),
     `max_rate_rps` as {median, low, high} (None where a curve is beyond
     the searched range; `curves` says which side), each curve's search, and every rate probed with
     the median and 90% interval of its figures over the replications."""

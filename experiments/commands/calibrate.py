@@ -96,7 +96,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
     from stepcal.experiments.validation.calibration import calibrate_step_model
     from stepcal.experiments.validation.table import format_pct

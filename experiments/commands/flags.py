@@ -1,6 +1,6 @@
-"""Flags that several commands share, and the settings they turn into.
+"""Flags that several commands share, and the library settings they turn into.
 
-Loads only argparse and the bounds (math): simulator modules are imported inside the functions that
+Loads only argparse and the bounds (math): library modules are imported inside the functions that
 build settings, so `stepcal --help` stays instant.
 """
 from __future__ import annotations
@@ -75,44 +75,24 @@ def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-model", required=True, help=STEP_MODEL_HELP)
 
 
-def scheduler_config(max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, max_batched_tokens: int | None = None,
-                     chunk_size: int = 512, block_size: int = DEFAULT_BLOCK_SIZE, kv_blocks: int | None = None):
-    """A SchedulerConfig; every size must be positive (InputError naming the flag)."""
-    from stepcal.core.errors import InputError
-    from stepcal.simulator.schedulers import SchedulerConfig
-    sizes = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens, "chunk_size": chunk_size,
-             "block_size": block_size, "kv_blocks": kv_blocks}
-    for flag, value in sizes.items():
-        if value is not None and value <= 0:
-            raise InputError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-    return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
-                           chunk_size=chunk_size)
-
-
 def scheduler_config_from_args(args):
-    return scheduler_config(args.max_num_seqs, args.max_batched_tokens, args.chunk_size, args.block_size,
-                            getattr(args, "kv_blocks", None))
+    """The SchedulerConfig of the scheduler flags; every size must be positive (InputError naming the flag)."""
+    from stepcal.simulator.schedulers import checked_scheduler_config
+    return checked_scheduler_config(args.max_num_seqs, args.max_batched_tokens, args.chunk_size,
+                                    block_size=args.block_size, kv_blocks=getattr(args, "kv_blocks", None))
+
+
+def kv_cache_from_args(args):
+    """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
+    --tp and --ep (argtypes refused values below 1 when parsing); measure has no --tp / --ep."""
+    from stepcal.simulator.kv_cache import KvCacheSizing
+    return KvCacheSizing(block_size=args.block_size, kv_blocks=args.kv_blocks, device_memory_gb=args.device_memory_gb,
+                         gpu_memory_utilization=args.gpu_memory_utilization, tp=getattr(args, "tp", 1),
+                         ep=getattr(args, "ep", 1))
 
 
 def kv_blocks_from_args(args) -> int | None:
-    from stepcal.core.errors import InputError
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.simulator.kv_cache import kv_blocks_from_memory
-    parallelism = parallelism_from_args(args)
-    if args.kv_blocks is not None or args.device_memory_gb is None:
-        return args.kv_blocks
-    if not args.model_spec:
-        raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
-    spec = load_model_spec(args.model_spec)
-    return kv_blocks_from_memory(spec, args.block_size, args.device_memory_gb, args.gpu_memory_utilization,
-                                 parallelism=parallelism)
-
-
-def parallelism_from_args(args):
-    """Parallelism from --tp / --ep (argtypes refused values below 1 when parsing); measure has neither."""
-    from stepcal.core.model_spec import Parallelism
-    return Parallelism(tp=getattr(args, "tp", 1), ep=getattr(args, "ep", 1))
-
+    return kv_cache_from_args(args).num_blocks(args.model_spec)
 
 
 def add_command(subparsers, name: str, summary: str, description: str, run) -> argparse.ArgumentParser:
@@ -173,91 +153,10 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
                         "whose nodes have stepcal installed. Default: start a local cluster for the run")
 
 
-def scatter_source(args, stored: dict) -> str:
-    """Where the replications' scatter came from: any flag given, else the tables, else none. cv, rho
-    and run_cv all given make it flags (the pairs behind a given run_cv are the flag's or none; the
-    model's level repeats describe the model, not the device)."""
-    given = [getattr(args, f, None) is not None for f in ("scatter_cv", "scatter_rho", "scatter_run_cv")]
-    given_any = any(given) or any(getattr(args, f, None) is not None
-                                  for f in ("scatter_run_cv_pairs", "scatter_model_repeats"))
-    if all(given) or (given_any and not stored):
-        return "flags"
-    return "flags and tables" if given_any else ("tables" if stored else "none")
-
-
-def scatter_from_args(args):
-    """The replications' Scatter (simulate, validate, capacity): each of --scatter-cv, --scatter-rho,
-    --scatter-run-cv and --scatter-model-repeats where given, else the step model's stored one (meta.json
-    scatter), else 0; --scatter-run-cv-pairs, else 0 (run_cv taken as exact); and where it came from
-    (scatter_source)."""
-    from stepcal.experiments.step_models import stored_scatter
-    from stepcal.simulator.scatter import Scatter
-    stored = stored_scatter(getattr(args, "step_model", ""))
-
-    def chosen(flag: str, key: str, default=0.0):
-        value = getattr(args, flag, None)
-        return stored.get(key, default) if value is None else value
-    scatter = Scatter(chosen("scatter_cv", "cv"), chosen("scatter_rho", "rho"), chosen("scatter_run_cv", "run_cv"),
-                      getattr(args, "scatter_run_cv_pairs", None) or 0,
-                      int(chosen("scatter_model_repeats", "model_level_repeats", 0)),
-                      float(stored.get("bias_cv", 0.0)))   # the model's, as its level repeats
-    return scatter, scatter_source(args, stored)
-
-
-def ranges_from_args(args, trace, model, config, quantiles: bool = False) -> dict | None:
-    """The `ranges` block of a simulation (simulator.ranges), or None without --ranges. With `quantiles`,
-    the block also holds `replica_quantiles`: a DataFrame of each replication's latency at the quantiles
-    of experiments.replications (for the report's CDF bands), which the caller stores apart."""
-    if not getattr(args, "ranges", 0):
-        return None
-    import time
-    from dataclasses import replace
-
-    from stepcal.experiments.replications import (
-        ReplicaPool,
-        keep_summary,
-        keep_summary_and_quantiles,
-        progress_bar,
-        quantile_frame,
-    )
-    from stepcal.simulator.ranges import ranges_block, replication_seeds
-    scatter, source = scatter_from_args(args)
-    seeds = replication_seeds(args.ranges, args.ranges_seed)
-    wall0 = time.perf_counter()
-    with ReplicaPool(trace, model, replace(config, scatter=scatter), **pool_settings_from_args(args)) as pool, \
-            progress_bar(len(seeds), getattr(args, "quiet", False)) as on_done:
-        kept = pool.map(keep_summary_and_quantiles if quantiles else keep_summary, seeds, on_done=on_done)
-    table = None
-    if quantiles:
-        summaries = [summary for summary, _ in kept]
-        table = quantile_frame(seeds, [q for _, q in kept])
-    else:
-        summaries = kept
-    block = {"num_replications": args.ranges, **replication_settings(args, model, scatter, time.perf_counter() - wall0),
-             "scatter_source": source, "stats": ranges_block(summaries)}
-    if table is not None:
-        block["replica_quantiles"] = table
-    return block
-
-
-def replication_settings(args, model, scatter, wall_s: float) -> dict:
-    """What a `ranges` block says of how its replications were drawn and run (simulate, validate, capacity)."""
-    from stepcal.simulator.ranges import INTERVAL, term_names
-    return {"seed": args.ranges_seed, "interval_percentiles": list(INTERVAL), "drawn_terms": term_names(model),
-            "scatter_cv": scatter.cv, "scatter_rho": scatter.rho, "scatter_run_cv": scatter.run_cv,
-            "scatter_run_cv_pairs": scatter.run_cv_pairs, "scatter_model_repeats": scatter.model_level_repeats,
-            "scatter_bias_cv": scatter.bias_cv, "workers": args.workers, "backend": args.backend, "wall_s": wall_s}
-
-
-def ranges_defaults(**given) -> argparse.Namespace:
-    """The ranges flags' defaults (add_ranges_flags) with `given` on top: what a caller outside the CLI
-    (the quickstart campaign) hands ranges_from_args, so that every flag, a new one too, has its default."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_ranges_flags(parser)
-    return argparse.Namespace(**{**vars(parser.parse_args([])), **given})
-
-
-def pool_settings_from_args(args) -> dict:
-    """experiments.replications.ReplicaPool's workers, backend and address from --workers, --backend and
-    --ray-address."""
-    return {"workers": args.workers, "backend": args.backend, "address": args.ray_address}
+def ranges_settings_from_args(args):
+    """The library's RangesSettings from the flags of add_ranges_flags."""
+    from stepcal.experiments.replications import RangesSettings, ScatterOverrides
+    scatter = ScatterOverrides(cv=args.scatter_cv, rho=args.scatter_rho, run_cv=args.scatter_run_cv,
+                               run_cv_pairs=args.scatter_run_cv_pairs, model_level_repeats=args.scatter_model_repeats)
+    return RangesSettings(num_replications=args.ranges, seed=args.ranges_seed, workers=args.workers,
+                          backend=args.backend, ray_address=args.ray_address, scatter=scatter)

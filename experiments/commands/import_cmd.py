@@ -49,11 +49,12 @@ def _usage(parser):
 
 
 def run_vllm_bench(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
+    from stepcal.core.errors import print_warnings
     from stepcal.core.model_files import load_model_spec
     from stepcal.experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
-    from stepcal.experiments.commands.output import format_summary, print_warnings
+    from stepcal.experiments.commands.output import format_summary
     from stepcal.experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run
     spec = load_model_spec(args.model_spec)
     config = scheduler_config_from_args(args)

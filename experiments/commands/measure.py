@@ -55,12 +55,12 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from functools import partial
 
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.core.errors import InputError
+    from stepcal.core.errors import InputError, print_warnings
     from stepcal.core.model_files import load_model_spec
     from stepcal.core.workload import load_workload
-    from stepcal.experiments.commands.output import format_summary, print_warnings
+    from stepcal.experiments.commands.output import format_summary
     from stepcal.profiler.engine.measure import measure_trace
     if args.repeats < 1 or args.threads < 1:
         raise InputError("--repeats and --threads must be at least 1")

@@ -1,13 +1,5 @@
-"""What several commands print: a run summary's table, and a workload's warnings."""
+"""What several commands print: a run summary's table."""
 from __future__ import annotations
-
-import sys
-
-
-def print_warnings(warnings) -> None:
-    """A workload's warnings (e.g. rows dropped on import), one line each on stderr."""
-    for warning in warnings:
-        print(f"stepcal: warning: {warning}", file=sys.stderr)
 
 
 def format_summary(summary: dict) -> str:

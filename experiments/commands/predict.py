@@ -22,7 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     out = check_output(args.out, kind="file", suffixes=(".parquet", ".csv"))
 
     from pathlib import Path

@@ -95,7 +95,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     if args.out:    # a missing --out is refused by profile_kernels
         check_output(args.out, staged=False)   # filled point by point, to resume
     from stepcal.experiments.profiling import describe_sweep, profile_kernels
@@ -107,7 +107,7 @@ def run(args) -> int:
 
 
 def run_merge(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out, staged=False)
     from stepcal.profiler.merge import merge_profiles
     result = merge_profiles(args.inputs, args.out)

@@ -87,7 +87,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out, staged=False)   # the stages fill OUT as they go
 
     from stepcal.core.errors import InputError
@@ -158,7 +158,7 @@ def _check_setup(args) -> None:
     if args.scatter_runs:
         _check_scatter_runs(args)
     if args.history is not None and history_file(args.history) is not None:
-        from stepcal.experiments.commands.output_paths import check_output
+        from stepcal.experiments.output_paths import check_output
         check_output(args.history, kind="file", flag="--history")   # written at the end, minutes later
     if args.device.startswith("cuda"):
         import torch

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output, check_store_uri
+    from stepcal.experiments.output_paths import check_output, check_store_uri
     check_output(args.out)
     check_store_uri(args.tracking_uri, flag="--tracking-uri", bare_kind="dir")   # the artifacts go there
     from stepcal.core.errors import InputError

@@ -69,18 +69,19 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
+    from stepcal.core.errors import print_warnings
     from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
     from stepcal.core.metrics import clean_json
     from stepcal.core.workload import load_workload
     from stepcal.experiments.commands.flags import (
         kv_blocks_from_args,
         prefix_caching_from_args,
-        ranges_from_args,
+        ranges_settings_from_args,
         scheduler_config_from_args,
     )
-    from stepcal.experiments.commands.output import format_summary, print_warnings
+    from stepcal.experiments.commands.output import format_summary
     from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models
     from stepcal.simulator.simulation import SimConfig, Simulation
 
@@ -102,8 +103,9 @@ def run(args) -> int:
     if args.ranges:
         # The replications run before the plain run: their workers never live beside its logs, so the
         # whole process tree stays within about twice one run's memory.
-        from stepcal.experiments.replications import RANGES_PERCENTILES
-        ranges = ranges_from_args(args, trace, model, config, quantiles=True)
+        from stepcal.experiments.replications import RANGES_PERCENTILES, replicate_ranges
+        ranges = replicate_ranges(ranges_settings_from_args(args), args.step_model, trace, model, config,
+                                  quantiles=True, quiet=args.quiet)
         # a table, stored beside summary.json and named in it (stepcal report draws the CDF bands from it)
         quantiles = ranges.pop("replica_quantiles")
         ranges["replica_quantiles_file"] = RANGES_PERCENTILES

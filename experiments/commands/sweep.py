@@ -66,7 +66,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out, staged=False)   # filled point by point, to resume
     from stepcal.experiments.sweep import load_sweep_config, run_sweep
     from stepcal.experiments.sweep.pareto import point_label

@@ -45,7 +45,7 @@ def _usage(parser) -> int:
 
 
 def run_export(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
     from pathlib import Path
 

@@ -111,11 +111,11 @@ def _add_workload_flags(parser) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     if args.trace_command == "generate":
         check_output(args.out, kind="file", suffixes=SUFFIXES)
+    from stepcal.core.errors import print_warnings
     from stepcal.core.workload import load_workload, trace_stats, write_trace
-    from stepcal.experiments.commands.output import print_warnings
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,

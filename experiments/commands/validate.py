@@ -34,17 +34,19 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from stepcal.experiments.commands.output_paths import check_output
+    from stepcal.experiments.output_paths import check_output
     if args.out:
         check_output(args.out)
     elif Path(args.measured).is_dir():    # otherwise the measured-run reader says what is wrong with it
         check_output(Path(args.measured) / "validation", flag="--out (default MEASURED/validation)")
     from functools import partial
 
-    from stepcal.experiments.commands.flags import ranges_from_args
+    from stepcal.experiments.commands.flags import ranges_settings_from_args
+    from stepcal.experiments.replications import replicate_ranges
     from stepcal.experiments.validation.validate import validate_run
     # ranges(trace, model, config); the replications' quantiles go to ranges_percentiles.parquet
-    ranges = partial(ranges_from_args, args, quantiles=True) if args.ranges else None
+    ranges = (partial(replicate_ranges, ranges_settings_from_args(args), args.step_model, quantiles=True,
+                      quiet=args.quiet) if args.ranges else None)
     validation = validate_run(args.measured, args.step_model, args.out, args.step_overhead_ms, ranges,
                               host_defaults=args.host_defaults)
     if not args.quiet:

@@ -32,7 +32,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     each step with `step_model`; write OUT (default MEASURED/validation): validation.json,
     validation.md, simulated_requests.parquet and step_predictions.parquet.
     `ranges(trace, model, config)`, when given, returns the ranges block of replications
-    (experiments.commands.flags.ranges_from_args); the record then says how often the measured
+    (experiments.replications.replicate_ranges); the record then says how often the measured
     values fall inside the intervals; a block holding `replica_quantiles` (a DataFrame) has it written to
     OUT/ranges_percentiles.parquet. `host_defaults` (--host-defaults: auto, none or an engine) adds an
     engine's published host terms to the step model (experiments.host_defaults); auto adds the

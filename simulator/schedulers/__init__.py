@@ -1,6 +1,12 @@
 """Serving schedulers behind one contract (see base.SchedulerBase); SCHEDULERS maps CLI names to classes."""
 from stepcal.core.errors import InputError
-from stepcal.simulator.schedulers.base import ItlSamples, ScheduledStep, SchedulerBase, SchedulerConfig
+from stepcal.simulator.schedulers.base import (
+    ItlSamples,
+    ScheduledStep,
+    SchedulerBase,
+    SchedulerConfig,
+    checked_scheduler_config,
+)
 from stepcal.simulator.schedulers.continuous import ContinuousScheduler
 from stepcal.simulator.schedulers.sarathi import SarathiScheduler
 from stepcal.simulator.schedulers.slo import SloScheduler, SloSettings
@@ -34,5 +40,6 @@ __all__ = [
     "SloSettings",
     "StaticScheduler",
     "VllmScheduler",
+    "checked_scheduler_config",
     "make_scheduler",
 ]

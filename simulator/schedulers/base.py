@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stepcal.core.batch import StepBatch
+from stepcal.core.errors import InputError
 from stepcal.simulator.kv_cache import BlockManager
 from stepcal.simulator.request import Request, Status
 
@@ -29,6 +30,20 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None   # None: the scheduler's own default
     chunk_size: int = 512                       # sarathi / slo: prefill chunk, the token budget per step
+
+
+def checked_scheduler_config(max_num_seqs: int = SchedulerConfig.max_num_seqs, max_batched_tokens: int | None = None,
+                             chunk_size: int = SchedulerConfig.chunk_size, *, block_size: int | None = None,
+                             kv_blocks: int | None = None) -> SchedulerConfig:
+    """A SchedulerConfig; every size given, the KV cache's block_size and kv_blocks too, must be
+    positive (an InputError naming its flag)."""
+    sizes = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens, "chunk_size": chunk_size,
+             "block_size": block_size, "kv_blocks": kv_blocks}
+    for name, value in sizes.items():
+        if value is not None and value <= 0:
+            raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
+                           chunk_size=chunk_size)
 
 
 @dataclass(slots=True, eq=False)

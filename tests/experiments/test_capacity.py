@@ -266,3 +266,15 @@ def test_capacity_ranges_refuse_disaggregation_in_one_line(tmp_path, capsys):
                  "--model-spec", "tiny", "--ranges", "3", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--ranges" in err and not (tmp_path / "o").exists()
+
+
+def test_capacity_options_default_to_the_capacity_flags():
+    """CapacityOptions' defaults, what a caller from code gets, are what `stepcal capacity` does by default."""
+    from dataclasses import replace
+
+    from stepcal.experiments.capacity.run import CapacityOptions
+    from stepcal.experiments.cli import build_parser
+    from stepcal.experiments.commands.capacity import options_from_args
+    options = options_from_args(build_parser().parse_args(["capacity", "--trace", TRACE, "--step-model", STEP_MODEL,
+                                                           "--out", "o"]))
+    assert replace(options, flags={}) == CapacityOptions(trace=TRACE, step_model=STEP_MODEL, out="o")

@@ -11,7 +11,7 @@ import pytest
 
 from stepcal.core.errors import InputError
 from stepcal.experiments.cli import build_parser, main
-from stepcal.experiments.commands.output_paths import check_output
+from stepcal.experiments.output_paths import check_output
 from tests.costmodel.conftest import make_profile
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"

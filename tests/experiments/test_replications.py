@@ -87,3 +87,13 @@ def test_scatter_text_says_how_the_runs_level_was_drawn():
     assert scatter_text({**block, "scatter_run_cv_pairs": 3, "scatter_model_repeats": 2}) == (
         "scatter cv 0.14, rho 0.84, run cv 0.067 (3 pairs: Student's t; the model carries a 2-repeat run's speed)")
     assert scatter_text({**block, "scatter_run_cv_pairs": 1}).endswith("(1 pair: Student's t)")
+
+
+def test_ranges_settings_default_to_the_ranges_flags():
+    """The campaign replicates with RangesSettings' defaults: they must be what the --ranges flags default to."""
+    from stepcal.experiments.cli import build_parser
+    from stepcal.experiments.commands.flags import ranges_settings_from_args
+    from stepcal.experiments.replications import RangesSettings
+    for command in (["validate", "--measured", "m"], ["simulate", "--trace", "t", "--out", "o"]):
+        args = build_parser().parse_args([*command, "--step-model", "const:5"])
+        assert ranges_settings_from_args(args) == RangesSettings()
