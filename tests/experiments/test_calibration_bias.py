@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from stepcal.experiments.calibration import SUMMARY_OBJECTIVE, calibrate
 from stepcal.experiments.cli import main
-from stepcal.experiments.validation.calibration import SUMMARY_OBJECTIVE, calibrate
 from stepcal.experiments.validation.measured import sim_config_for
 from stepcal.simulator.errors import InputError
 from stepcal.simulator.ranges import Scatter
