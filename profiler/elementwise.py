@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stepcal.profiler.grid import Point
+from stepcal.profiler.point import Point
 from stepcal.simulator.errors import InputError
 
 if TYPE_CHECKING:

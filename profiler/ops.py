@@ -17,7 +17,7 @@
   residual adds, embedding; final norm and sampling, KV stores): profiler.elementwise.
 - moe: `profiler.moe.routed_experts` of one MoE layer (no router, no shared experts: what a
   fused-experts kernel computes) for m tokens routed as the point's distribution says
-  (profiler.grid.routed_expert_ids), with the model's experts, top-k and widths.
+  (profiler.routing.routed_expert_ids), with the model's experts, top-k and widths.
 
 Inputs are rotated through several buffer sets when `rotate_bytes` asks for it (about twice the L2
 size: the GPU's, or one CPU core's) so that a small shape is not timed from a warm cache.
@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from stepcal.profiler.batches import is_probe_batch
 from stepcal.profiler.elementwise import KV_STORE_CONTEXT, elementwise_run
-from stepcal.profiler.grid import Point, is_probe_batch, routed_expert_ids
 from stepcal.profiler.model import KVCache, LlamaModel, attend, prepare_step, torch_dtype
 from stepcal.profiler.moe import routed_experts
+from stepcal.profiler.point import Point
+from stepcal.profiler.routing import routed_expert_ids
 from stepcal.simulator.model_spec import ModelSpec
 
 MAX_BUFFER_SETS = 8

@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from stepcal.profiler.allocator import configure_allocator
-from stepcal.profiler.grid import Grid, Point
+from stepcal.profiler.grid import Grid
+from stepcal.profiler.point import Point
 from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
 from stepcal.profiler.speed_guard import every_s as guard_every_s
 from stepcal.profiler.store import ProfileDir

@@ -7,9 +7,11 @@ import torch
 
 from stepcal.costmodel.fitting import MIN_ROWS
 from stepcal.costmodel.importers.native import import_profile
+from stepcal.profiler.builtin_grids import QUICK
 from stepcal.profiler.engine.paged import held_batch
-from stepcal.profiler.grid import QUICK, Point, expand_grid
+from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import SweepConfig, run_sweep
 from stepcal.simulator.errors import InputError
 from stepcal.simulator.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of

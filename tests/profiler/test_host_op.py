@@ -5,8 +5,8 @@ import torch
 
 import stepcal.profiler.engine.probe as probe_module
 from stepcal.profiler.engine.probe import EngineProbe
-from stepcal.profiler.grid import Point
 from stepcal.profiler.ops import OpContext, build_kernel
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import default_timer
 from stepcal.profiler.timing import SelfTimer, TimingPolicy, measure
 from stepcal.simulator.errors import InputError

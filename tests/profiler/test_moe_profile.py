@@ -7,15 +7,9 @@ import pytest
 
 from stepcal.costmodel.importers import load_profiles
 from stepcal.experiments.cli import main
-from stepcal.profiler.grid import (
-    expand_grid,
-    expert_loads,
-    load_grid,
-    ops_for,
-    power_law_alpha,
-    routed_expert_ids,
-)
+from stepcal.profiler.grid import expand_grid, load_grid, ops_for
 from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes
+from stepcal.profiler.routing import expert_loads, power_law_alpha, routed_expert_ids
 from stepcal.profiler.sweep import SweepConfig, run_sweep
 from stepcal.simulator.errors import InputError
 from stepcal.simulator.model_spec import PRESETS

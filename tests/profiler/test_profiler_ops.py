@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from stepcal.profiler.grid import Point
 from stepcal.profiler.ops import OpContext, build_kernel, estimate_bytes, num_buffer_sets
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import _Repeat, default_timer
 from stepcal.profiler.timing import CpuTimer, CudaTimer, HostTimer, TimingPolicy, measure
 from stepcal.simulator.model_spec import PRESETS

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from stepcal.profiler.allocator import configure_allocator
-from stepcal.profiler.grid import QUICK, expand_grid
+from stepcal.profiler.builtin_grids import QUICK
+from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.merge import merge_profiles
 from stepcal.profiler.store import COLUMNS, ProfileDir, read_rows
 from stepcal.profiler.sweep import SweepConfig, run_sweep
