@@ -54,13 +54,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     (directory / "models").mkdir(parents=True, exist_ok=True)
     for target, fit in result.targets.items():
         joblib.dump(fit.estimator, directory / "models" / f"{_safe(target)}.joblib", compress=3)
-    notes = coverage_notes(result, spec, parallelism, composition) if mode == "composed" else []
-    unmodelled = sorted({"elementwise", "sampling"} - set(entries))
-    if mode == "composed" and unmodelled:
-        notes.append(f"no {' or '.join(unmodelled)} term: no profile times that work and the profiles name no "
-                     f"device with a datasheet for a memory roofline; fit with --device-spec NAME to add it")
-    if mode == "operators":
-        notes = ["per-operator regressors only: fit again with --model-spec to compose T_step"]
+    notes = _notes(result, spec, parallelism, composition, mode, entries)
     meta = {
         "mode": mode,
         "t_step_terms": t_step_terms,
@@ -92,20 +86,41 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "composition": _composition_meta(result, spec, parallelism, composition) if mode == "composed" else None,
         "num_layers": spec.num_layers if spec else None,
         "mlflow_run_id": None,
-        "provenance": {
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "sources": sorted(result.records["source"].unique().tolist()),
-            "files": sorted(result.records["file"].unique().tolist()),
-            "devices": sorted(result.records["device"].dropna().astype(str).unique().tolist()),
-            "dtypes": sorted(result.records["dtype"].dropna().unique().tolist()),
-            "rows": int(len(result.records)),
-        },
+        "provenance": _provenance(result.records),
         # Read now, while the input paths resolve: the Vidur export may run from another directory.
         STORED_KEYS: profile_keys_at_fit(result.records),
         **(extra_meta or {}),
     }
     write_meta(directory, meta)
     return meta
+
+
+def _notes(result: FitResult, spec: ModelSpec | None, parallelism: Parallelism, composition: Composition,
+           mode: str, entries: dict) -> list[str]:
+    """meta.json's notes: what composed tables leave out (no profile and no datasheet for a term), or
+    that tables of per-operator regressors alone cannot compose T_step."""
+    if mode == "operators":
+        return ["per-operator regressors only: fit again with --model-spec to compose T_step"]
+    if mode != "composed":   # whole steps were measured: no term is left out
+        return []
+    notes = coverage_notes(result, spec, parallelism, composition)
+    unmodelled = sorted({"elementwise", "sampling"} - set(entries))
+    if unmodelled:
+        notes.append(f"no {' or '.join(unmodelled)} term: no profile times that work and the profiles name no "
+                     f"device with a datasheet for a memory roofline; fit with --device-spec NAME to add it")
+    return notes
+
+
+def _provenance(records) -> dict:
+    """When the tables were built, and from which sources, files, devices, dtypes and how many rows."""
+    return {
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "sources": sorted(records["source"].unique().tolist()),
+        "files": sorted(records["file"].unique().tolist()),
+        "devices": sorted(records["device"].dropna().astype(str).unique().tolist()),
+        "dtypes": sorted(records["dtype"].dropna().unique().tolist()),
+        "rows": int(len(records)),
+    }
 
 
 def step_terms(result: FitResult, terms: list) -> list[str]:

@@ -27,8 +27,8 @@ from collections.abc import Callable
 import torch
 
 from stepcal.core.errors import InputError
-from stepcal.profiler.grid import Point
 from stepcal.profiler.op_context import OpContext
+from stepcal.profiler.point import Point
 
 KV_STORE_CONTEXT = 64      # tokens cached per sequence of a kv_store point (a store does not read them)
 

@@ -5,7 +5,7 @@ experts with their softmax probabilities renormalised to sum to 1, runs each rou
 SwiGLU over only the tokens routed to it, and adds the shared experts every token passes through.
 
 The routed experts are one function, `routed_experts`, over stacked weights: the model calls it
-after its router, the profiler calls it on a routing drawn from a distribution (profiler.grid).
+after its router, the profiler calls it on a routing drawn from a distribution (profiler.routing).
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from stepcal.core.model_spec import ModelSpec
-from stepcal.profiler.grid import Point
 from stepcal.profiler.model import LlamaModel, torch_dtype
+from stepcal.profiler.point import Point
 
 
 @dataclass

@@ -17,7 +17,7 @@
   residual adds, embedding; final norm and sampling, KV stores): profiler.elementwise.
 - moe: `profiler.moe.routed_experts` of one MoE layer (no router, no shared experts: what a
   fused-experts kernel computes) for m tokens routed as the point's distribution says
-  (profiler.grid.routed_expert_ids), with the model's experts, top-k and widths.
+  (profiler.routing.routed_expert_ids), with the model's experts, top-k and widths.
 
 Inputs are rotated through several buffer sets when `rotate_bytes` asks for it (about twice the L2
 size: the GPU's, or one CPU core's) so that a small shape is not timed from a warm cache.
@@ -32,11 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from stepcal.core.model_spec import ModelSpec
+from stepcal.profiler.batches import is_probe_batch
 from stepcal.profiler.elementwise import KV_STORE_CONTEXT, elementwise_run
-from stepcal.profiler.grid import Point, is_probe_batch, routed_expert_ids
 from stepcal.profiler.model import KVCache, attend, prepare_step
 from stepcal.profiler.moe import routed_experts
 from stepcal.profiler.op_context import OpContext
+from stepcal.profiler.point import Point
+from stepcal.profiler.routing import routed_expert_ids
 
 MAX_BUFFER_SETS = 8
 STEP_BLOCK_SIZE = 16     # the engine's default KV block size (`stepcal measure`)

@@ -17,7 +17,7 @@ Each served step becomes two profile rows keyed by the workload's point key and 
 op `step` (the iteration's device_ms) and op `host` (its host_ms), both named `served`, which the
 profiled tables' step + host fit takes beside the held points. The workload's own row (op `serve`)
 says that it ran, for resumption, with its mean step time. A grid's [serve] section names the
-workloads (profiler.grid.serve_workloads); the sweep writes the rows (profiler.sweep).
+workloads (profiler.grid_sections.serve_workloads); the sweep writes the rows (profiler.sweep).
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ from stepcal.core.errors import InputError
 from stepcal.core.model_spec import ModelSpec
 from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.profiler.allocator import configure_allocator
-from stepcal.profiler.grid import Grid, Point
+from stepcal.profiler.grid import Grid
+from stepcal.profiler.point import Point
 from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
 from stepcal.profiler.speed_guard import every_s as guard_every_s
 from stepcal.profiler.store import ProfileDir

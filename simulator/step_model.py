@@ -154,7 +154,7 @@ class HostTerms:
 @dataclass(frozen=True)
 class TermUncertainty:
     """How sure a calibration is of its host terms: their covariance (ms^2), from the fit's sandwich
-    estimate (experiments.validation.calibration). `--ranges` draws the terms from it, one draw per
+    estimate (experiments.calibration). `--ranges` draws the terms from it, one draw per
     replication, as it draws the tables' spread; the terms trade off (per step against per sequence),
     so the covariance, not the standard errors alone, is what keeps the draws as sure as the fit."""
     names: tuple[str, ...]

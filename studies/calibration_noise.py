@@ -41,8 +41,8 @@ def repeats_variance(run, keys) -> float | None:
 
 def scatter_variance(fit, terms, keys) -> float:
     """Mean variance of the log statistics under the device's step scatter, as calibrate takes it
-    (experiments.validation.calibration._noise_covariance, fit.scatter set)."""
-    from stepcal.experiments.validation.calibration import _noise_covariance
+    (experiments.calibration.uncertainty._noise_covariance, fit.scatter set)."""
+    from stepcal.experiments.calibration.uncertainty import _noise_covariance
 
     def log_stats(t, seed: int = 0, scattered: bool = False) -> np.ndarray:
         stats = fit.stats(t, seed, scattered)
@@ -53,8 +53,8 @@ def scatter_variance(fit, terms, keys) -> float:
 
 def one_model(campaign: Path, model_name: str, scheduler: str) -> str:
     from stepcal.core.readers import read_json
+    from stepcal.experiments.calibration.objective import OBJECTIVE, _Fit
     from stepcal.experiments.step_models import resolve_step_model
-    from stepcal.experiments.validation.calibration import OBJECTIVE, _Fit
     from stepcal.experiments.validation.measured import load_measured_run
     from stepcal.simulator.scatter import Scatter
     from stepcal.simulator.step_model import HostTerms

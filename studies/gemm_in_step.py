@@ -42,8 +42,8 @@ def hook_timers(model) -> tuple[dict, list]:
 
 def gemm_op_us(ctx, m: int, n: int, k: int, calls: int) -> float:
     """The profiler's gemm op at (m, n, k), timed in a loop: median µs per call."""
-    from stepcal.profiler.grid import Point
     from stepcal.profiler.ops import build_kernel
+    from stepcal.profiler.point import Point
     kernel = build_kernel(Point("gemm", "study", m=m, n=n, k=k), ctx)
     samples = []
     for i in range(calls + 10):

@@ -47,7 +47,7 @@ def recalibrate(campaign: Path, out: Path, model: str, scheduler: str, calibrati
     """Fit the model again as the campaign did (on the request log; `step_log`: the step terms read off
     the calibration run's step log, as `stepcal calibrate` does by default); returns the new step-model
     directory."""
-    from stepcal.experiments.validation.calibration import calibrate_step_model
+    from stepcal.experiments.calibration import calibrate_step_model
     own = json.loads((campaign / model / scheduler / "meta.json").read_text())
     measured = campaign / "measured" / scheduler / calibration_load
     pooled = own.get("scatter", {}).get("run_cv_runs", [])

@@ -73,7 +73,7 @@ def calibrate_captured(task: tuple, shared=None) -> tuple:
     import contextlib
     import io
 
-    from stepcal.experiments.validation.calibration import calibrate_step_model
+    from stepcal.experiments.calibration import calibrate_step_model
     args, kwargs = task
     printed, warned, error = io.StringIO(), io.StringIO(), None
     started = time.perf_counter()
@@ -326,7 +326,7 @@ class Campaign:
         if self.c.workers > 1 and len(jobs) > 1:
             self.calibrate_in_pool(jobs)
         else:
-            from stepcal.experiments.validation.calibration import calibrate_step_model
+            from stepcal.experiments.calibration import calibrate_step_model
             for job in jobs:
                 self.stage(job.title, "calibrate", lambda j=job: calibrate_step_model(*j.args, **j.kwargs))
         for job in jobs:

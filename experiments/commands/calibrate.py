@@ -98,7 +98,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.experiments.validation.calibration import calibrate_step_model
+    from stepcal.experiments.calibration import calibrate_step_model
     from stepcal.experiments.validation.table import format_pct
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations,
                                   host_defaults=args.host_defaults, scatter_runs=args.scatter_runs,

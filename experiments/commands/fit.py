@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from stepcal.costmodel.devices import known_devices
 from stepcal.experiments.commands import argtypes
 
 HELP = "fit step-time regressors to profiles and write T_step tables"
@@ -22,6 +23,15 @@ def register(subparsers) -> None:
         "keeps its other passes), as a measured run's slowed repeat is served again; meta.json lists the "
         "servings and their steps (slowed_servings).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_input_flags(p)
+    _add_parallelism_flags(p)
+    _add_regressor_flags(p)
+    _add_output_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_input_flags(p) -> None:
+    """Which profile rows are fitted: the files, their format, the model and the rows kept."""
     p.add_argument("--profile", nargs="+", required=True, metavar="PATH",
                    help="profile files or directories (several are combined)")
     p.add_argument("--format", default="auto",
@@ -38,6 +48,10 @@ def register(subparsers) -> None:
     p.add_argument("--ops", default=None, metavar="LIST",
                    help="fit only records of these ops, comma-separated (e.g. gemm,attn_prefill,attn_decode: "
                         "tables composed from kernels alone, without whole-step rows)")
+
+
+def _add_parallelism_flags(p) -> None:
+    """Tensor and expert parallelism, the MoE routing and all-to-all, and the device's datasheet."""
     p.add_argument("--tp", type=argtypes.count(1, 1024), default=None,
                    help="tensor-parallel degree (default: 1, or the smallest in whole-step data)")
     p.add_argument("--ep", type=argtypes.count(1, 1024), default=1,
@@ -52,13 +66,16 @@ def register(subparsers) -> None:
                         "all-to-all data is read; 450: NVLink 4)")
     p.add_argument("--ep-latency-us", type=argtypes.non_negative, default=10.0,
                    help="fixed latency of each all-to-all (an assumption; stated in meta.json)")
-    from stepcal.costmodel.devices import known_devices
     p.add_argument("--device-spec", default=None, metavar="NAME",
                    help="the GPU whose datasheet (memory bandwidth) the memory-roofline terms use: element-wise "
                         "work (norms, RoPE, activation, residual adds) where no profile times it, and greedy "
                         "sampling; needed only when the profiles do not name a known device (AIConfigurator's "
                         "do). Known: " + ", ".join(known_devices()) + ", or a short or CUDA name (H100, "
                         "'NVIDIA H100 80GB HBM3')")
+
+
+def _add_regressor_flags(p) -> None:
+    """The tables' knots, the regressors, their tuning and seed."""
     p.add_argument("--axes", default="data", choices=["data", "fixed"],
                    help="knots of the T_step tables' grids. data: every value the data were measured at, the "
                         "powers of two, multiples of 8/16/64 where the data are dense, and a knot each side of "
@@ -78,6 +95,10 @@ def register(subparsers) -> None:
                    help="Optuna storage: a journal file path or an RDB URL (default: in memory); "
                         "several workers may share one")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of splits, forests and TPE")
+
+
+def _add_output_flags(p) -> None:
+    """The run-to-run scatter, held-out rows, MLflow tracking and the output directory."""
     p.add_argument("--scatter-runs", nargs="+", default=[], metavar="DIR",
                    help="measured runs of this device, two or more repeats each, or directories holding some (an "
                         "earlier campaign): their repeats' total step times join those of the step logs among "
@@ -92,7 +113,6 @@ def register(subparsers) -> None:
                    help="register the fitted T_step model under this name in the MLflow registry")
     p.add_argument("--no-mlflow", action="store_true", help="skip MLflow tracking")
     p.add_argument("--out", required=True, metavar="DIR", help="T_step table directory to write")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -23,7 +23,7 @@ import gc
 import numpy as np
 
 from stepcal.core.trace import Trace
-from stepcal.profiler.grid import check_host_batch
+from stepcal.profiler.batches import check_host_batch
 from stepcal.simulator.kv_cache import blocks_for
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers import SchedulerConfig

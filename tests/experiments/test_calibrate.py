@@ -5,15 +5,10 @@ import pytest
 
 from stepcal.core.batch import StepBatch
 from stepcal.core.measured_run import RunStats
+from stepcal.experiments.calibration import OBJECTIVE, SUMMARY_OBJECTIVE, TERM_NAMES, calibrate
+from stepcal.experiments.calibration.search import _step_scale_ms
 from stepcal.experiments.cli import main
 from stepcal.experiments.step_models import resolve_step_model
-from stepcal.experiments.validation.calibration import (
-    OBJECTIVE,
-    SUMMARY_OBJECTIVE,
-    TERM_NAMES,
-    _step_scale_ms,
-    calibrate,
-)
 from stepcal.experiments.validation.measured import load_measured_run
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.simulated_truth import served_as
@@ -258,7 +253,7 @@ def two_repeat_run(trace, model, seeds=(99, 98), scatter=None):
 
 
 def test_pooled_statistics_of_one_repeat_are_that_repeat_s_and_a_second_one_narrows_them(measured):
-    from stepcal.experiments.validation.request_stats import (
+    from stepcal.experiments.calibration.request_stats import (
         FRONT_OBJECTIVE,
         LoadGroups,
         active_at_arrival,

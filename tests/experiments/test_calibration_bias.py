@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from stepcal.core.errors import InputError
+from stepcal.experiments.calibration import SUMMARY_OBJECTIVE, calibrate
 from stepcal.experiments.cli import main
-from stepcal.experiments.validation.calibration import SUMMARY_OBJECTIVE, calibrate
 from stepcal.experiments.validation.measured import sim_config_for
 from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.simulation import simulate

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from stepcal.experiments.validation.calibration import calibrate
+from stepcal.experiments.calibration import calibrate
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel, TermUncertainty
 from tests.experiments.test_calibrate import synthetic_run
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from stepcal.costmodel.tables import load_step_model
+from stepcal.experiments.calibration import calibrate, held_terms
 from stepcal.experiments.cli import main
-from stepcal.experiments.validation.calibration import calibrate, held_terms
 from stepcal.experiments.validation.measured import sim_config_for
 from stepcal.simulator.simulation import simulate
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel

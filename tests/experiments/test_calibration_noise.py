@@ -3,7 +3,8 @@ variety, scaled up by the fit's misfit (issue 17)."""
 import numpy as np
 import pytest
 
-from stepcal.experiments.validation.calibration import _misfit_ratio, calibrate
+from stepcal.experiments.calibration import calibrate
+from stepcal.experiments.calibration.uncertainty import _misfit_ratio
 from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.test_calibrate import two_repeat_run
@@ -40,7 +41,9 @@ def test_the_noise_grows_with_the_scatter_and_shrinks_with_the_repeats(run):
     the cv, and half for the mean of two repeats against one. A run without scatter is bootstrapped."""
     from dataclasses import replace
 
-    from stepcal.experiments.validation.calibration import SUMMARY_OBJECTIVE, _Fit, _noise_covariance
+    from stepcal.experiments.calibration import SUMMARY_OBJECTIVE
+    from stepcal.experiments.calibration.objective import _Fit
+    from stepcal.experiments.calibration.uncertainty import _noise_covariance
 
     def variances(scatter, measured):
         fit = _Fit(measured, BASE, scatter)

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepcal.experiments.validation.calibration import OBJECTIVE, calibrate
-from stepcal.experiments.validation.request_stats import (
+from stepcal.experiments.calibration import OBJECTIVE, calibrate
+from stepcal.experiments.calibration.request_stats import (
     PREFILL_SLOPE_KEY,
     SLOPE_KEY,
     STREAM_SLOPE_KEY,
@@ -191,14 +191,15 @@ class _SlopeFit:
 
 
 def test_a_slope_gap_within_the_noise_starts_no_per_token_term():
-    from stepcal.experiments.validation.calibration import GAP_STD_ERRS, _slope_gap_ms
+    from stepcal.experiments.calibration import GAP_STD_ERRS
+    from stepcal.experiments.calibration.search import _slope_gap_ms
     assert _slope_gap_ms(_SlopeFit(0.05, 0.04, 0.002), HostTerms()) == pytest.approx(0.01)
     assert _slope_gap_ms(_SlopeFit(0.05, 0.05 - 0.9 * GAP_STD_ERRS * 0.002, 0.002), HostTerms()) == 0.0
     assert _slope_gap_ms(_SlopeFit(0.05, 0.04, None), HostTerms()) == pytest.approx(0.01)   # noise unknown
 
 
 def test_the_measured_slope_has_a_standard_error(measured):
-    from stepcal.experiments.validation.calibration import _Fit
+    from stepcal.experiments.calibration.objective import _Fit
     fit = _Fit(measured, LinearStepModel(1.0, 0.01, 0.0005))
     std_err = fit.slope_std_err(SLOPE_KEY)
     # no bound against the slope itself: both are timed on this machine, and on a noisy VM a run of
@@ -211,7 +212,8 @@ def test_a_tpot_slope_gap_moves_step_time_to_the_sequences():
     """The first fit priced 1 ms per step and no sequence; TPOT rises 0.1 ms per stream more in the run
     than in its simulation, with five sequences in a request's steps: the extra start is 0.1 ms per
     sequence and 0.5 per step (the same TPOT at the calibration load). Within the noise: no start."""
-    from stepcal.experiments.validation.calibration import TERM_NAMES, _tpot_gap_start
+    from stepcal.experiments.calibration import TERM_NAMES
+    from stepcal.experiments.calibration.search import _tpot_gap_start
     scale = np.array([2.0, 0.5, 0.01, 10.0])
     x = np.array([1.0 / 2.0, 0.0, 0.0, 3.0 / 10.0])
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from stepcal.experiments.calibration import calibrate
+from stepcal.experiments.calibration.step_log_terms import MIN_STEPS, step_log_terms
 from stepcal.experiments.cli import main
-from stepcal.experiments.validation.calibration import calibrate
-from stepcal.experiments.validation.step_log_terms import MIN_STEPS, step_log_terms
 from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
 from tests.experiments.test_calibrate import synthetic_run

@@ -467,7 +467,7 @@ def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, mo
 
 
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
-    import stepcal.experiments.validation.calibration as calibration
+    import stepcal.experiments.calibration as calibration
     calls = []
     hints = []
     monkeypatch.setattr(calibration, "calibrate_step_model",

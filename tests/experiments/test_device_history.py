@@ -74,7 +74,7 @@ def test_the_ledger_is_found_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_calibrate_pools_history_pairs_whose_runs_are_gone(paired_runs, tmp_path):
-    from stepcal.experiments.validation.calibration import calibrate_step_model
+    from stepcal.experiments.calibration import calibrate_step_model
     gone = tmp_path / "gone"
     shutil.copytree(paired_runs["b"], gone)
     [recorded] = record_runs(tmp_path / "h.jsonl", [gone], "earlier")
@@ -90,7 +90,7 @@ def test_calibrate_pools_history_pairs_whose_runs_are_gone(paired_runs, tmp_path
 
 
 def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(tmp_path, monkeypatch):
-    import stepcal.experiments.validation.calibration as calibration
+    import stepcal.experiments.calibration as calibration
     from stepcal.profiler.fingerprint import hardware_fingerprint
     here = hardware_fingerprint("cpu", num_threads=1)
     device = {k: here[k] for k in device_history.DEVICE_FIELDS if k in here}

@@ -111,7 +111,7 @@ def test_prompts_of_one_length_tell_a_token_from_the_request_path_by_the_prefill
 def test_a_log_without_either_slope_holds_the_per_token_term():
     """Neither TTFT's slope on the prompt nor TPOT's on the prefills alongside (one prompt length, no
     prefill cost showing in TPOT): the per-token term is held at zero, and why is said."""
-    from stepcal.experiments.validation.calibration import UNTOLD_TOKEN, untold_terms
+    from stepcal.experiments.calibration import UNTOLD_TOKEN, untold_terms
 
     class _NoSlopes:
         def measured(self, key):

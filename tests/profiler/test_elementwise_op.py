@@ -9,10 +9,12 @@ from stepcal.core.errors import InputError
 from stepcal.core.model_spec import HEAD_NORMS, PRESETS, SEQ_ELEMENTWISE, TOKEN_ELEMENTWISE, elementwise_widths_of
 from stepcal.costmodel.fitting import MIN_ROWS
 from stepcal.costmodel.importers.native import import_profile
+from stepcal.profiler.builtin_grids import QUICK
 from stepcal.profiler.engine.paged import held_batch
-from stepcal.profiler.grid import QUICK, Point, expand_grid
+from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.op_context import OpContext
 from stepcal.profiler.ops import build_kernel, estimate_bytes
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import SweepConfig, run_sweep
 
 TINY = PRESETS["tiny"]

@@ -7,9 +7,9 @@ import stepcal.profiler.engine.probe as probe_module
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.engine.probe import EngineProbe
-from stepcal.profiler.grid import Point
 from stepcal.profiler.op_context import OpContext
 from stepcal.profiler.ops import build_kernel
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import default_timer
 from stepcal.profiler.timing import SelfTimer, TimingPolicy, measure
 

@@ -9,16 +9,10 @@ from stepcal.core.errors import InputError
 from stepcal.core.model_spec import PRESETS
 from stepcal.costmodel.importers import load_profiles
 from stepcal.experiments.cli import main
-from stepcal.profiler.grid import (
-    expand_grid,
-    expert_loads,
-    load_grid,
-    ops_for,
-    power_law_alpha,
-    routed_expert_ids,
-)
+from stepcal.profiler.grid import expand_grid, load_grid, ops_for
 from stepcal.profiler.op_context import OpContext
 from stepcal.profiler.ops import build_kernel, estimate_bytes
+from stepcal.profiler.routing import expert_loads, power_law_alpha, routed_expert_ids
 from stepcal.profiler.sweep import SweepConfig, run_sweep
 
 SPEC = PRESETS["tiny-moe"]

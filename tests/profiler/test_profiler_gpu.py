@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from stepcal.core.model_spec import PRESETS
-from stepcal.profiler.grid import Point, expand_grid
+from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.model import build_model, greedy_generate
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import PointMeasurer, SweepConfig, run_sweep
 from stepcal.profiler.timing import CudaTimer, TimingPolicy, cuda_graph_run, measure
 

@@ -5,15 +5,10 @@ import pytest
 
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import PRESETS
-from stepcal.profiler.grid import (
-    BUILT_IN,
-    Point,
-    decode_kv_lens,
-    expand_grid,
-    load_grid,
-    parse_shard,
-    prefill_batch,
-)
+from stepcal.profiler.batches import decode_kv_lens, prefill_batch
+from stepcal.profiler.builtin_grids import BUILT_IN
+from stepcal.profiler.grid import expand_grid, load_grid, parse_shard
+from stepcal.profiler.point import Point
 
 TINY = PRESETS["tiny"]
 

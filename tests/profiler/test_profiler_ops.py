@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from stepcal.core.model_spec import PRESETS
-from stepcal.profiler.grid import Point
 from stepcal.profiler.op_context import OpContext
 from stepcal.profiler.ops import build_kernel, estimate_bytes, num_buffer_sets
+from stepcal.profiler.point import Point
 from stepcal.profiler.sweep import _Repeat, default_timer
 from stepcal.profiler.timing import CpuTimer, CudaTimer, HostTimer, TimingPolicy, measure
 

@@ -8,7 +8,8 @@ import pytest
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import PRESETS
 from stepcal.profiler.allocator import configure_allocator
-from stepcal.profiler.grid import QUICK, expand_grid
+from stepcal.profiler.builtin_grids import QUICK
+from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.merge import merge_profiles
 from stepcal.profiler.store import COLUMNS, ProfileDir, read_rows
 from stepcal.profiler.sweep import SweepConfig, run_sweep

@@ -8,7 +8,9 @@ from stepcal.core.model_spec import PRESETS
 from stepcal.costmodel.fitting import select_records, whole_steps
 from stepcal.costmodel.importers import load_profiles
 from stepcal.experiments.cli import main
-from stepcal.profiler.grid import QUICK, expand_grid, serve_workloads
+from stepcal.profiler.builtin_grids import QUICK
+from stepcal.profiler.grid import expand_grid
+from stepcal.profiler.grid_sections import serve_workloads
 from stepcal.profiler.merge import merge_profiles
 from stepcal.profiler.serve import SERVED, Workload
 from stepcal.profiler.sweep import SweepConfig, run_sweep

@@ -32,7 +32,7 @@ FRONT_OBJECTIVE = (*(("ttft_ms", f"{group}_load.p{q}") for group in GROUPS for q
                    STREAM_SLOPE_KEY)
 # TTFT's least-squares slope on the prompt's tokens among the light-load arrivals (ms per token): their
 # prefill is most of their TTFT, so it is what a prompt token costs, which TTFT quantiles mix with the
-# per-request time and the queue (calibration's step search matches it: experiments.validation.calibration).
+# per-request time and the queue (calibration's step search matches it: calibration.search).
 SLOPE_KEY = ("ttft_ms", "light_load.per_prompt_token")
 # TPOT's least-squares slope on the mean number of other requests decoding alongside each one (ms per
 # stream): what one more sequence adds to a step, which TPOT's quantiles mix with the per-step time at a

@@ -8,7 +8,7 @@ priced the engine's decode-only steps at a median measured/predicted of 0.88 (0.
 in 17 runs) and its prefill steps at 1.04: the per-step term took what belongs to prefill tokens.
 The step log times every batch the engine ran, from one token to thousands; its terms priced decode
 steps at 0.99 (0.91-1.04; within 7% in 54 runs) and prefill steps at 1.01. The request search stays
-for runs without a log (an imported `vllm bench` run: experiments.validation.calibration).
+for runs without a log (an imported `vllm bench` run: calibration.search).
 
 Terms only add time. Where the base prices the log too high even with them (the regression's constant
 would go below zero), the base's times are scaled down instead, to the log's total (at most by half,
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepcal.experiments.validation.measured import MeasuredRun
+from stepcal.experiments.validation.steps import predict_steps
 from stepcal.simulator.step_model import STEP_TERMS
 
 MIN_STEPS = 50          # fewer logged steps than this: no regression, the request search prices the terms
@@ -55,8 +56,6 @@ def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> 
     """The step terms of `base_model` on `run`'s step log (every repeat's); `held`: terms left at zero.
     None where the run logged fewer than MIN_STEPS steps, or no batch shapes (a log of times alone)."""
     from scipy.optimize import nnls
-
-    from stepcal.experiments.validation.steps import predict_steps
     steps = run.steps
     if len(steps) < MIN_STEPS or any(column not in steps for column in NEEDED):
         return None
