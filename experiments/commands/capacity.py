@@ -42,14 +42,14 @@ OUT/capacity.png (attainment and P99 TTFT / TPOT against rate; with --ranges the
 band and the interval of the capacity).
 
 examples:
-  stepcal capacity --trace ../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
+  stepcal capacity --trace AzureLLMInferenceTrace_conv.csv \\
       --duration 600 --step-model linear:8,0.03,0.0002 --scheduler sarathi \\
       --slo-ttft-ms 500 --slo-tpot-ms 50 --out runs/capacity
-  stepcal capacity --trace poisson:n=2000,prompt=lognormal:512:1.0,output=uniform:16:256 \\
+  stepcal capacity --trace poisson:rate=5,n=2000,prompt=lognormal:512:1.0,output=uniform:16:256 \\
       --step-model linear:8,0.03,0.0002 --slo-ttft-ms 500 --slo-tpot-ms 50 \\
       --disaggregated 1:1 --model-spec llama-3-8b --kv-transfer-gbps 25 --out runs/pd
-  stepcal capacity --trace poisson:n=500,prompt=uniform:32:512,output=uniform:8:128 \
-      --step-model tables/tiny --slo-ttft-ms 300 --slo-tpot-ms 40 \
+  stepcal capacity --trace poisson:rate=5,n=500,prompt=uniform:32:512,output=uniform:8:128 \\
+      --step-model tables/tiny --slo-ttft-ms 300 --slo-tpot-ms 40 \\
       --ranges 20 --scatter-cv 0.05 --scatter-rho 0.5 --workers 2 --out runs/capacity_ranges"""
 
 

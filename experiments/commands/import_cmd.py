@@ -22,7 +22,7 @@ Writes OUT/meta.json (source "vllm-bench"), OUT/trace.parquet, OUT/repeat_0/{req
 and summary.json, and OUT/summary.json.
 
 example:
-  stepcal import vllm-bench bench.json --model-spec llama3-8b --scheduler vllm \\
+  stepcal import vllm-bench bench.json --model-spec llama-3-8b --scheduler vllm \\
       --max-num-seqs 256 --max-batched-tokens 8192 --device-memory-gb 80 --out runs/vllm_rate8
   stepcal validate --measured runs/vllm_rate8 --step-model tables/h100 --out runs/vllm_rate8/validation"""
 

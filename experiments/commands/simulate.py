@@ -19,7 +19,7 @@ OUT/ranges_percentiles.parquet holds each replication's TTFT, TPOT and E2E at th
 with their band. A progress bar over the replications goes to stderr (not with --quiet).
 
 examples:
-  stepcal simulate --trace ../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
+  stepcal simulate --trace AzureLLMInferenceTrace_conv.csv \\
       --scheduler sarathi --step-model linear:8,0.03,0.0002 --out runs/conv
   stepcal simulate --trace poisson:rate=5,n=1000,prompt=lognormal:512:1.0,output=uniform:16:256 \\
       --scheduler vllm --step-model const:20 --kv-blocks 2000 --out runs/p5"""

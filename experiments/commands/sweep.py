@@ -24,7 +24,7 @@ the worker that runs the point. The ranges settings are part of each point's key
 without ranges and rerun with them is a new point (simulated again), never mixed with the old result.
 
 config example (see experiments/sweep/config.py for every key):
-  trace = "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+  trace = "AzureLLMInferenceTrace_conv.csv"
   duration_s = 600
   rates_rps = [2.0, 4.0, 8.0]
   replicas = [1, 2]

@@ -1,6 +1,6 @@
 """The sweep config (TOML): a grid of schedulers × their settings × rates × replicas × step models.
 
-    trace = "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"  # or a generator spec
+    trace = "AzureLLMInferenceTrace_conv.csv"  # or a generator spec
     duration_s = 600                 # optional cut of the trace (also num_requests, trace_format, seed)
     rates_rps = [2.0, 4.0, 8.0]      # the trace's arrivals rescaled; omit for the trace's own rate
     replicas = [1, 2]                # default [1]
