@@ -1,4 +1,4 @@
-"""A measured run on disk: the one owner of its layout (DESIGN.md, data contracts).
+"""A measured run on disk: the one owner of its layout (docs/design.md, data contracts).
 
     OUT/meta.json             settings and provenance (`kind: measured_run`)
     OUT/trace.parquet         the workload that was served, in stepcal's trace format

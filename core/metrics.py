@@ -1,4 +1,4 @@
-"""Serving metrics, one definition for simulator, engine and imports (DESIGN.md, Metrics)."""
+"""Serving metrics, one definition for simulator, engine and imports (docs/design.md, Metrics)."""
 from __future__ import annotations
 
 import math
@@ -62,7 +62,7 @@ def request_metrics(arrival_s, first_token_s, finish_s, num_output_tokens) -> di
 
 def summarize(requests, itl_s: np.ndarray | None = None, itl_weights: np.ndarray | None = None,
               slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> dict:
-    """The summary.json of a run, from a request log (a DataFrame with the DESIGN.md columns)."""
+    """The summary.json of a run, from a request log (a DataFrame with the docs/design.md columns)."""
     finished = requests["finish_s"].notna().to_numpy()
     num_finished = int(finished.sum())
     start_s = float(requests["arrival_s"].min()) if len(requests) else 0.0

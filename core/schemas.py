@@ -1,4 +1,4 @@
-"""Column sets of the files that pass between stages (DESIGN.md, data contracts).
+"""Column sets of the files that pass between stages (docs/design.md, data contracts).
 
 Kept here, in the bottom layer, so that every package can name the same columns without
 importing torch or scikit-learn.

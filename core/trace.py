@@ -1,4 +1,4 @@
-"""Trace: the requests of a workload, as columns (DESIGN.md contract 3)."""
+"""Trace: the requests of a workload, as columns (docs/design.md contract 3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

@@ -1,4 +1,4 @@
-"""Replications of a simulation (ranges, issue 17) where the experiments need more than the summaries that
+"""Replications of a simulation (ranges) where the experiments need more than the summaries that
 simulator.ranges.replicate returns: a replication's request log (each SLO of a sweep, the latency quantiles
 behind the report's CDF bands), or one trace at many rates (capacity); and simulate's, validate's and
 capacity's replications on the local pool or Ray.

@@ -22,7 +22,7 @@ from stepcal.core.io import atomic_write_json, atomic_write_parquet
 from stepcal.core.readers import read_json, read_parquet
 from stepcal.core.schemas import PROFILE_COLUMNS
 
-# Columns the profiler adds to the profile table of DESIGN.md.
+# Columns the profiler adds to the profile table (docs/design.md, data contracts).
 EXTRA_COLUMNS = ("inner_repeats",   # calls per timed sample (tiny kernels repeat inside a sample)
                  "rel_precision",   # estimated standard error of the median / median
                  "rounds",          # passes over the grid whose samples are pooled in this row

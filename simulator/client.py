@@ -1,6 +1,6 @@
 """What clients do besides sending requests at their arrival times: closed-loop sessions, where a
 session's next turn is sent a think time after the previous answer finished, and timeouts, after
-which a client gives up on a request (issue 15).
+which a client gives up on a request.
 
 The Simulation pushes these as events: `Release` sends a closed-loop turn, `Timeout` aborts a request
 that has not finished by its deadline. An abort frees the request's KV blocks at the first step

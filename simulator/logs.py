@@ -8,7 +8,7 @@ from stepcal.simulator.request import Request
 
 
 def request_log(requests: list[Request]):
-    """The request log (DESIGN.md contract 4) of finished or unfinished requests, sorted by id."""
+    """The request log (docs/design.md contract 4) of finished or unfinished requests, sorted by id."""
     import pandas as pd
 
     def col(attr, dtype=np.float64):

@@ -1,6 +1,6 @@
 """Our own directories (T_step tables, measured runs, validations, profiles) and the files a person
 hands over (sweep configs, traces, model specs), broken every way a disk, a copy or an editor can
-break them: each command that reads one keeps the CLI's promise (issue 18): exit 2, one stderr line
+break them: each command that reads one keeps the CLI's promise: exit 2, one stderr line
 `stepcal: <path>: ...` naming the broken file (and key), no traceback, nothing written.
 
 Each case copies an intact directory built once per module, breaks one file, and runs one command.

@@ -1,5 +1,5 @@
 """Bad numbers, sizes and names, table-driven: every case is one stderr line, exit 2, no traceback,
-nothing written, before any real work (issue 18). Output paths: tests/experiments/test_output_paths.py;
+nothing written, before any real work. Output paths: tests/experiments/test_output_paths.py;
 broken directories of ours: tests/test_bad_directories.py."""
 import json
 import time

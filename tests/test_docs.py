@@ -75,3 +75,19 @@ def test_link_pattern_finds_links(tmp_path):
     page.write_text('See [a](docs/a.md), ![b](../shared/x.png "t"), <a href="../y">y</a>.\n[ref]: ../z.md\n'
                     "```bash\n[not](a/link.md)\n```\n")
     assert links(page) == ["docs/a.md", "../shared/x.png", "../y", "../z.md"]
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_names_the_shared_folder(path):
+    # code blocks included: the CLI reference quotes --help, whose examples a user copies
+    assert "../shared" not in path.read_text(encoding="utf-8")
+
+
+def test_package_text_cites_no_issue_or_outside_document():
+    # docstrings and comments say what the code does, in documents a user of the package has
+    cited = re.compile(r"\.\./shared|(?<!docs/)DESIGN\.md|\b[Ii]ssues? \d+")
+    found = [f"{path.relative_to(ROOT)}:{number}" for folder in ("core", "simulator", "costmodel", "profiler",
+                                                                  "experiments", "stepcal")
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if cited.search(line)]
+    assert found == []

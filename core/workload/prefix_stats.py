@@ -1,4 +1,4 @@
-"""How much of a trace's prompts an unbounded prefix cache would serve (issue 15)."""
+"""How much of a trace's prompts an unbounded prefix cache would serve."""
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -1,5 +1,5 @@
 """Generated workloads with reuse: shared system prompts and multi-turn sessions, with the prefix
-hash ids that say what they share (issue 15).
+hash ids that say what they share.
 
 Each arrival of the arrival process starts a session of one or more turns. Turn k's prompt is the
 session's system prompt (one of `num_systems`, picked uniformly), then every earlier turn's user

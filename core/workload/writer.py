@@ -1,4 +1,4 @@
-"""Write a trace in our format (DESIGN.md contract 3), CSV or Parquet, atomically."""
+"""Write a trace in our format (docs/design.md contract 3), CSV or Parquet, atomically."""
 from __future__ import annotations
 
 from pathlib import Path

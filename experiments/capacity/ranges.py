@@ -1,4 +1,4 @@
-"""Capacity with a range (issue 17): the highest rate meeting the SLO target, and its 90% interval.
+"""Capacity with a range: the highest rate meeting the SLO target, and its 90% interval.
 
 N replications; replication i draws the step model's error and the step scatter from seed + i at every
 rate, so each replication's SLO attainment against rate is one curve (monotone-ish, as the plain run's

@@ -1,4 +1,4 @@
-"""How often the measured values fall inside the simulator's predicted intervals (issue 17).
+"""How often the measured values fall inside the simulator's predicted intervals.
 
 An interval that holds the truth as often as it claims is worth as much as a narrow one: with 90%
 intervals, about 9 measured cells in 10 should fall inside.

@@ -106,7 +106,7 @@ def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=No
     return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
                      block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
                      front_end=front_end or FrontEnd(), record_batches=False,
-                     prefix_caching=meta.get("prefix_caching", False),   # runs before issue 15 had none
+                     prefix_caching=meta.get("prefix_caching", False),   # runs written before prefix caching had none
                      timeout_s=meta.get("timeout_s"))
 
 

@@ -1,4 +1,4 @@
-"""The step's parts (DESIGN.md, "The step's four parts"): how much of the predicted step time over
+"""The step's parts (docs/design.md, "The step's four parts"): how much of the predicted step time over
 a run's steps is kernels, element-wise work and host time, and what the front end adds per request.
 
 A table's terms each belong to one part by name; calibrated host terms (per step, sequence and

@@ -162,7 +162,7 @@ def _rate(value) -> float | None:
 
 
 def request_frame(bench: VllmBench):
-    """The request log (DESIGN.md contract 4); failed requests keep NaN first_token_s / finish_s."""
+    """The request log (docs/design.md contract 4); failed requests keep NaN first_token_s / finish_s."""
     import pandas as pd
 
     from stepcal.core.metrics import request_metrics

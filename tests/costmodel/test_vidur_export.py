@@ -152,7 +152,7 @@ def _spec_of(model: VidurModel) -> ModelSpec:
 
 
 GATED = [name for name, m in VIDUR_MODELS.items() if m.use_gated_mlp]
-# Exported through --vidur-model: the configs issue 19 names (the others: the convention test below).
+# Exported through --vidur-model: the configs the Vidur export names (the others: the convention test below).
 NAMED = ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf", "meta-llama/Meta-Llama-3-8B",
          "codellama/CodeLlama-34b-Instruct-hf", "Qwen/Qwen-72B"]
 

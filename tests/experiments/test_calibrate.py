@@ -239,7 +239,7 @@ def test_fit_on_step_logs_of_two_repeats_stores_their_scatter(tmp_path, capsys):
     assert "scatter" not in json.loads((tmp_path / "u" / "meta.json").read_text())
 
 
-# --- every repeat of a run (issue 16): statistics averaged over repeats, each grouped in its own queue ----
+# --- every repeat of a run: statistics averaged over repeats, each grouped in its own queue ----
 
 def two_repeat_run(trace, model, seeds=(99, 98), scatter=None):
     """A measured run of two repeats that are simulations served with different front-end draws (and

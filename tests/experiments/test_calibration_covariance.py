@@ -1,4 +1,4 @@
-"""calibrate stores the covariance of its terms; --ranges draws them from it (issue 17)."""
+"""calibrate stores the covariance of its terms; --ranges draws them from it."""
 import numpy as np
 import pytest
 

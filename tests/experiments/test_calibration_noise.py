@@ -1,5 +1,5 @@
 """The noise that sizes a calibration's uncertainty: the device's step scatter, not the workload's
-variety, scaled up by the fit's misfit (issue 17)."""
+variety, scaled up by the fit's misfit."""
 import numpy as np
 import pytest
 

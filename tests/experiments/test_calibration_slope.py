@@ -1,7 +1,7 @@
 """The request search matches TTFT's slope on the prompt's tokens among light-load arrivals: what a
 prompt token costs, which TTFT quantiles mix with the per-request time and the queue; and TPOT's slope
 on the requests decoding alongside: what a sequence costs a step, which they mix with the per-step
-time (issue 16)."""
+time."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,5 @@
 """calibrate reads the step terms off a run's step log where it has one, and searches only the
-request path on its request log (issue 16)."""
+request path on its request log."""
 from __future__ import annotations
 
 import json

@@ -148,7 +148,7 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, capsys, extra, nee
     assert not out.exists()
 
 
-# --- ranges (issue 17): the capacity's 90% interval -------------------------------------------------------
+# --- ranges: the capacity's 90% interval -------------------------------------------------------
 
 SMALL_TRACE = "poisson:rate=4,n=60,prompt=uniform:32:512,output=uniform:8:128,seed=3"
 

@@ -174,7 +174,7 @@ def test_report_names_tell_validations_of_the_same_run_apart(tmp_path):
     assert list(_unique_names([a, a]).values()) == ["continuous_load_30"]             # one path, one name
 
 
-# --- ranges (issue 17): CDF bands and each cell's interval ------------------------------------------------
+# --- ranges: CDF bands and each cell's interval ------------------------------------------------
 
 @pytest.fixture(scope="module")
 def ranged(inputs, tmp_path_factory):
@@ -239,7 +239,7 @@ def test_report_cdfs_draw_the_band_of_the_replications(ranged):
     assert not any(isinstance(c, PolyCollection) for ax in plain.axes for c in ax.collections)
 
 
-# --- simulate outputs (issue 17): the CDFs with the replications' band --------------------------------------
+# --- simulate outputs: the CDFs with the replications' band --------------------------------------
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):

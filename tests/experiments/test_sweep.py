@@ -174,7 +174,7 @@ def test_the_config_example_in_the_help_is_a_valid_config(tmp_path):
     assert config.slos == (Slo("chat", 500.0, 50.0, 0.9),) and config.duration_s == 600
 
 
-# --- ranges (issue 17): each point's figures with a 90% interval -----------------------------------------
+# --- ranges: each point's figures with a 90% interval -----------------------------------------
 
 RANGED = CONFIG.replace("rates_rps = [5.0, 40.0]\nreplicas = [1, 2]", "rates_rps = 40.0\nranges = 3\nscatter_cv = 0.2")
 RANGED_POINTS = 3   # (vllm × 2 settings + sarathi) at one rate, one replica
@@ -237,7 +237,7 @@ def test_bad_ranges_config_is_one_line(tmp_path, capsys, text, needle):
     assert err.count("\n") == 1 and needle in err and not (tmp_path / "out").exists()
 
 
-# --- host defaults (issue 16): a serving engine's published host terms, an axis like the step models -------
+# --- host defaults: a serving engine's published host terms, an axis like the step models -------
 
 HOSTED = CONFIG.replace("rates_rps = [5.0, 40.0]\nreplicas = [1, 2]", 'rates_rps = 40.0\nhost_defaults = ["none", "vllm"]')
 

@@ -1,4 +1,4 @@
-"""Closed-loop sessions and client timeouts in the simulator (issue 15)."""
+"""Closed-loop sessions and client timeouts in the simulator."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings

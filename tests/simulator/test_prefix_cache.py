@@ -1,4 +1,4 @@
-"""Automatic prefix caching in the simulator (issue 15): the block manager's policy, the schedulers'
+"""Automatic prefix caching in the simulator: the block manager's policy, the schedulers'
 use of it, and the properties the issue names."""
 import numpy as np
 import pytest

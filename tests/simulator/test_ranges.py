@@ -1,4 +1,4 @@
-"""Ranges (issue 17, first part): replications drawing the cost model's error and step scatter."""
+"""Ranges: replications drawing the cost model's error and step scatter."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -1,4 +1,4 @@
-"""Prefix hash ids in traces (issue 15): the readers' contract and `stepcal trace stats`' reuse figure."""
+"""Prefix hash ids in traces: the readers' contract and `stepcal trace stats`' reuse figure."""
 import json
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Generated reuse: shared system prompts and multi-turn sessions (issue 15)."""
+"""Generated reuse: shared system prompts and multi-turn sessions."""
 import numpy as np
 import pytest
 
