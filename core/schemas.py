@@ -3,10 +3,11 @@
 Kept here, in the bottom layer, so that every package can name the same columns without
 importing torch or scikit-learn.
 """
+from stepcal import __version__
 from stepcal.core.batch import FEATURE_NAMES
 
 SCHEMA_VERSION = 1
-TOOL_VERSION = "0.1.0"
+TOOL_VERSION = __version__   # written into every file's provenance
 
 # 1. Profile table (profiler -> costmodel): one row per measured point.
 PROFILE_SHAPE_COLUMNS = ("m", "n", "k", "q_lens", "kv_lens") + FEATURE_NAMES

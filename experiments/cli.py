@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from stepcal import __version__
 from stepcal.core.errors import InputError
 
 # Module names under experiments.commands; each defines register(subparsers).
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stepcal",
         description="Calibrate LLM-serving performance models on real hardware: profile kernels, "
                     "fit step-time models, simulate schedulers, and measure how right they are.")
-    parser.add_argument("--version", action="version", version="stepcal 0.1.0")
+    parser.add_argument("--version", action="version", version=f"stepcal {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"stepcal.experiments.commands.{name}").register(subparsers)
