@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, axes in (("before", Axes.default()), ("after", None)):
             started = time.perf_counter()
             meta = build_tables(result, tables[name], spec=spec, parallelism=parallelism, axes=axes)
-            print(f"build {name}: {time.perf_counter() - started:.1f} s, {len(meta['axes']['num_tokens'])} "
-                  f"num_tokens knots; rule: {meta['axes']['rule']}")
+            print(f"build {name}: {time.perf_counter() - started:.1f} s, {len(meta.axes['num_tokens'])} "
+                  f"num_tokens knots; rule: {meta.axes['rule']}")
         data = data_linear_ms(args.profile, spec)
         regressor = layer_regressor_ms(result, spec, parallelism, data.index.to_numpy(dtype=np.float64))
         report_data_error(data, regressor, tables)

@@ -14,15 +14,16 @@ from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from stepcal.costmodel.coverage import coverage_notes
 from stepcal.costmodel.fitting import FitResult
 from stepcal.costmodel.profile_speed import profile_speed_probes
-from stepcal.costmodel.tables import write_meta
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.vidur_keys import STORED_KEYS, profile_keys_at_fit
 
 
 def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
                  parallelism: Parallelism, axes: Axes | None = None,
-                 extra_meta: dict | None = None, composition: Composition = DEFAULT_COMPOSITION) -> dict:
-    """Write the terms, ops.parquet and the regressors into `directory`; return the meta dict
-    (written as meta.json too; the caller may rewrite it with the MLflow run id).
+                 extra_meta: dict | None = None, composition: Composition = DEFAULT_COMPOSITION) -> TableMeta:
+    """Write the terms, ops.parquet and the regressors into `directory`; return the TableMeta
+    (written as meta.json too; the caller may rewrite it with the MLflow run id). `extra_meta`:
+    more keys of meta.json (the inputs, the scatter, ...).
 
     Without a model spec, per-operator regressors are written alone (mode "operators"):
     `stepcal predict` uses them; composing T_step needs the model's layers and widths.
@@ -91,8 +92,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         STORED_KEYS: profile_keys_at_fit(result.records),
         **(extra_meta or {}),
     }
-    write_meta(directory, meta)
-    return meta
+    return TableMeta.from_dict(meta).write(directory)
 
 
 def _notes(result: FitResult, spec: ModelSpec | None, parallelism: Parallelism, composition: Composition,

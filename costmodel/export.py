@@ -16,7 +16,7 @@ from stepcal.costmodel.export_vidur_attention import (
     DEFAULT_HBM_GBPS,
     attention_features,
 )
-from stepcal.costmodel.tables import read_meta
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.vidur_models import STATS
 
 EXPORT_FORMATS = ("vidur", "csv", "json")
@@ -39,7 +39,7 @@ def export_tables(table_dir: str | Path, fmt: str, out: Path, *, vidur_model: st
         raise InputError(f"--format: unknown export format {fmt!r}; known: {', '.join(EXPORT_FORMATS)}")
     if fmt != "vidur" and vidur_model is not None:
         raise InputError(f"--vidur-model applies to --format vidur only, not {fmt}")
-    meta = read_meta(table_dir)
+    meta = TableMeta.read(table_dir)
     if fmt == "vidur":
         return Export(*export_vidur(table_dir, meta, out, vidur_model, hbm_gbps))
     return Export(export_csv(table_dir, meta, out) if fmt == "csv" else export_json(table_dir, meta, out))

@@ -24,6 +24,7 @@ from stepcal.core.readers import one_line, read_parquet
 from stepcal.costmodel.export_plain import OPS_WHAT, write_csv
 from stepcal.costmodel.export_vidur_attention import vidur_attention
 from stepcal.costmodel.saved_regressors import fitted, load_regressor
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.terms import require_finite_numbers
 from stepcal.costmodel.vidur_keys import filter_keys
 from stepcal.costmodel.vidur_models import num_tokens_sweep, stat_columns
@@ -37,7 +38,7 @@ GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 SOURCES = ("regressor", "interpolated", "roofline", "zeros")
 
 
-def export_vidur(table_dir: Path, meta: dict, out: Path, model_name: str | None,
+def export_vidur(table_dir: Path, meta: TableMeta, out: Path, model_name: str | None,
                  hbm_gbps: float) -> tuple[list[Path], tuple[str, ...]]:
     """Write mlp.csv and attention.csv into `out`; the files and the notes on how they were made."""
     spec, tp = vidur_spec(table_dir, meta)
@@ -50,13 +51,13 @@ def export_vidur(table_dir: Path, meta: dict, out: Path, model_name: str | None,
     return files, (key_note, *mlp_notes, *attention_notes, *host_notes)
 
 
-def calibrated_scale(meta: dict, table_dir: Path) -> tuple[float, list[str]]:
+def calibrated_scale(meta: TableMeta, table_dir: Path) -> tuple[float, list[str]]:
     """What a `stepcal calibrate` directory's host terms give Vidur's files: the base's scale, which
     prices every operator (a calibration that found the tables too slow scales them down); the
     other terms (per step, sequence and token, the request path) are not operator times, and Vidur
     models the CPU's share itself, so they stay out and the notes say so. (1.0, []) for plain tables."""
     from stepcal.simulator.step_model import HostTerms
-    terms = meta.get("host_terms")
+    terms = meta.host_terms
     if not terms:
         return 1.0, []
     if not isinstance(terms, dict):
@@ -77,9 +78,9 @@ def scaled_times(frame: pd.DataFrame, scale: float) -> pd.DataFrame:
     return frame.assign(**{c: frame[c] * scale for c in columns})
 
 
-def vidur_spec(table_dir: Path, meta: dict) -> tuple[ModelSpec, int]:
+def vidur_spec(table_dir: Path, meta: TableMeta) -> tuple[ModelSpec, int]:
     """The tables' model and TP degree, refused where Vidur cannot express the model."""
-    data = meta.get("model_spec")
+    data = meta.model_spec
     if not data:
         raise InputError(f"{table_dir}: vidur export needs tables fitted with --model-spec (model dimensions)")
     if not isinstance(data, dict):
@@ -89,7 +90,7 @@ def vidur_spec(table_dir: Path, meta: dict) -> tuple[ModelSpec, int]:
         spec = ModelSpec(**data)
     except TypeError as exc:
         raise InputError(f"{table_dir / 'meta.json'}: model_spec is not a model spec ({one_line(exc)})") from None
-    tp = meta.get("tp") or 1
+    tp = meta.tp or 1
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise InputError(f"{table_dir / 'meta.json'}: tp must be a positive integer, got {shown(tp)}")
     if spec.is_moe:
@@ -113,12 +114,12 @@ def read_ops(table_dir: Path) -> pd.DataFrame | None:
     return ops
 
 
-def max_tokens(table_dir: Path, meta: dict, ops: pd.DataFrame | None) -> int:
+def max_tokens(table_dir: Path, meta: TableMeta, ops: pd.DataFrame | None) -> int:
     """The tables' num_tokens range: ops.parquet's, else the axis in meta.json."""
     if ops is not None and len(ops):
         top = float(ops["num_tokens"].max())
     else:
-        axis = meta["axes"].get("num_tokens") if isinstance(meta.get("axes"), dict) else None
+        axis = meta.axes.get("num_tokens") if isinstance(meta.axes, dict) else None
         try:
             top = max(float(t) for t in axis)
         except (TypeError, ValueError):
@@ -129,7 +130,7 @@ def max_tokens(table_dir: Path, meta: dict, ops: pd.DataFrame | None) -> int:
     return int(top)
 
 
-def vidur_mlp(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
+def vidur_mlp(table_dir: Path, meta: TableMeta, spec: ModelSpec, tp: int, keys: dict,
               ops: pd.DataFrame | None) -> tuple[pd.DataFrame, list[str]]:
     tokens = num_tokens_sweep(max_tokens(table_dir, meta, ops))
     grids = _regressor_grids(table_dir, meta, spec, tp, tokens)
@@ -179,7 +180,7 @@ def _head_norm_times(spec: ModelSpec, tokens: np.ndarray, grids: pd.DataFrame | 
     return time_ms, spread_ms, found
 
 
-def _regressor_grids(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, tokens: np.ndarray) -> pd.DataFrame | None:
+def _regressor_grids(table_dir: Path, meta: TableMeta, spec: ModelSpec, tp: int, tokens: np.ndarray) -> pd.DataFrame | None:
     """op_grids() of the tables' regressors at Vidur's num_tokens; None without any regressor."""
     from stepcal.costmodel.compose import Axes, op_grids  # composition: only this format needs it
     targets = {t: m for t in ("gemm", *(f"elementwise:{op}" for op in (*VIDUR_OPS, *HEAD_NORMS)))
@@ -209,7 +210,7 @@ def _op_times(ours: str, tokens: np.ndarray, grids: pd.DataFrame | None, ops: pd
     return np.zeros(len(tokens)), np.zeros(len(tokens)), "zeros"
 
 
-def _roofline_calls(meta: dict, spec: ModelSpec, tp: int, tokens: np.ndarray) -> tuple[dict, str]:
+def _roofline_calls(meta: TableMeta, spec: ModelSpec, tp: int, tokens: np.ndarray) -> tuple[dict, str]:
     """Where the tables' element-wise term is the memory roofline (meta.json term_sources): each
     element-wise operator's roofline time and spread for one call (one layer's, as Vidur's profiler
     times it: one residual add per layer) at `tokens`, by our operator name; and the note that says
@@ -217,11 +218,11 @@ def _roofline_calls(meta: dict, spec: ModelSpec, tp: int, tokens: np.ndarray) ->
     from stepcal.costmodel.compose_elementwise import roofline_call_ms, roofline_ops
     from stepcal.costmodel.devices import find_device
     from stepcal.costmodel.roofline import op_constants
-    sources = meta.get("term_sources")
+    sources = meta.term_sources
     source = sources.get("elementwise") if isinstance(sources, dict) else None
     if not isinstance(source, dict) or source.get("source") != "roofline":
         return {}, ("no element-wise term: fit with --device-spec NAME for a roofline estimate"
-                    if "elementwise" in (meta.get("missing_terms") or []) else "")
+                    if "elementwise" in (meta.missing_terms or []) else "")
     device = find_device(source.get("device"))
     if device is None:
         return {}, (f"the element-wise term is a roofline on device {shown(source.get('device'))}, "

@@ -16,7 +16,7 @@ from stepcal.core.errors import InputError
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.core.readers import read_parquet
 from stepcal.costmodel.saved_regressors import fitted, load_regressor
-from stepcal.costmodel.tables import term_entry
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.terms import GRID_COLUMNS, read_term
 from stepcal.costmodel.vidur_models import (
     ATTENTION_KEYS,
@@ -49,7 +49,7 @@ def attention_features(points: pd.DataFrame) -> dict[str, np.ndarray]:
             "kv_sum": np.where(decode, b * s, s)}
 
 
-def vidur_attention(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys: dict,
+def vidur_attention(table_dir: Path, meta: TableMeta, spec: ModelSpec, tp: int, keys: dict,
                     hbm_gbps: float) -> tuple[pd.DataFrame, list[str]]:
     points = attention_inputs(VIDUR_MAX_SEQ_LEN, VIDUR_MAX_BATCH_SIZE)
     p = Parallelism(tp=tp)
@@ -88,7 +88,7 @@ def vidur_attention(table_dir: Path, meta: dict, spec: ModelSpec, tp: int, keys:
     return frame, notes
 
 
-def _kv_cache_save(table_dir: Path, meta: dict, spec: ModelSpec, p: Parallelism, points: pd.DataFrame,
+def _kv_cache_save(table_dir: Path, meta: TableMeta, spec: ModelSpec, p: Parallelism, points: pd.DataFrame,
                    hbm_gbps: float) -> tuple[np.ndarray, np.ndarray, str]:
     """Per-layer KV-cache save at Vidur's points: from our profiler's kv_store regressor where the tables
     have one (priced by sequences: the batch's decodes, or the one prefill chunk), else the estimate."""
@@ -107,7 +107,7 @@ def _kv_cache_save(table_dir: Path, meta: dict, spec: ModelSpec, p: Parallelism,
             f"attn_kv_cache_save from the {target} regressor (our profiler's KV store, by sequences)")
 
 
-def _attention_times(table_dir: Path, meta: dict, spec: ModelSpec, heads: tuple[int, int], target: str,
+def _attention_times(table_dir: Path, meta: TableMeta, spec: ModelSpec, heads: tuple[int, int], target: str,
                      term: str, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, str] | None:
     """Per-layer time and spread of one attention kind at Vidur's points: from its regressor, else the
     tables' grid over the layers; None with neither."""
@@ -121,7 +121,7 @@ def _attention_times(table_dir: Path, meta: dict, spec: ModelSpec, heads: tuple[
             num_kv_heads=np.full(n, float(heads[1])), head_dim=np.full(n, float(spec.head_dim)),
             **features), spec.kv_dtype or spec.dtype)
         return time_ms, spread_ms, f"the {target} regressor"
-    if term not in (meta.get("terms") or {}):
+    if term not in (meta.terms or {}):
         return None
     grid = _term(table_dir, meta, term)
     f = StepFeatures.from_columns(features)
@@ -136,8 +136,8 @@ def kv_cache_save_ms(points: pd.DataFrame, spec: ModelSpec, kv_heads: int, hbm_g
     return kv_bytes / (hbm_gbps * 1e9) * 1e3
 
 
-def _term(table_dir: Path, meta: dict, name: str):
-    entry = term_entry(table_dir, meta, name)
+def _term(table_dir: Path, meta: TableMeta, name: str):
+    entry = meta.term_entry(table_dir, name)
     file = table_dir / entry["file"]
     frame = read_parquet(file, f"the grid of T_step term {name!r}, listed in meta.json", GRID_COLUMNS)
     return read_term(name, entry, frame, file)

@@ -16,7 +16,8 @@ from stepcal.core.readers import one_line
 from stepcal.costmodel.features import assign_targets, design
 from stepcal.costmodel.pickled import load_pickled
 from stepcal.costmodel.regressors import predict_with_spread
-from stepcal.costmodel.tables import load_step_model, read_meta
+from stepcal.costmodel.table_meta import TableMeta
+from stepcal.costmodel.tables import load_step_model
 
 OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_decode",
                         "decode_kv_sum", "decode_kv_max", "prefill_tokens", "prefill_attn_work",
@@ -27,8 +28,8 @@ OUTPUT_SHAPE_COLUMNS = ("name", "m", "n", "k", "num_seqs", "num_tokens", "num_de
 def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFrame:
     """One row per record: row, op, shape columns, measured_ms, predicted_ms, spread_ms, ape_percent."""
     table_dir = Path(table_dir)
-    meta = read_meta(table_dir)
-    fitted = meta.get("targets")
+    meta = TableMeta.read(table_dir)
+    fitted = meta.targets
     # GEMM rows go to their dtype's regressor where the tables have one per dtype.
     targets = assign_targets(records, fitted=fitted if isinstance(fitted, dict) else {})
     predicted = np.full(len(records), np.nan)
@@ -58,8 +59,8 @@ def predict_records(table_dir: str | Path, records: pd.DataFrame) -> pd.DataFram
     return out
 
 
-def _load_regressor(table_dir: Path, meta: dict, target: str):
-    targets = meta.get("targets") or {}
+def _load_regressor(table_dir: Path, meta: TableMeta, target: str):
+    targets = meta.targets or {}
     entry = targets.get(target) if isinstance(targets, dict) else None
     if entry is None:
         return None

@@ -111,13 +111,13 @@ def resolution_of_directory(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     model = load_step_model(path)
     meta = model.meta
-    if not meta.get("model_spec"):
+    if not meta.model_spec:
         raise InputError(f"{path}: fitted without --model-spec: no composed terms to compare")
-    measured = (meta.get("axes") or {}).get("measured")
+    measured = (meta.axes or {}).get("measured")
     if not measured:
         raise InputError(f"{path}: meta.json's axes list no measured values (tables written before "
                          f"they were recorded): fit again to compare")
-    fit = StoredFit({t: StoredTarget(load_pickled(path / entry["model"])) for t, entry in meta["targets"].items()})
-    composition = Composition(moe_distribution=(meta.get("composition") or {}).get("moe_distribution"))
-    return compare(fit, model.terms, ModelSpec(**meta["model_spec"]),
-                   Parallelism(tp=meta.get("tp") or 1, ep=meta.get("ep") or 1), measured, composition)
+    fit = StoredFit({t: StoredTarget(load_pickled(path / entry["model"])) for t, entry in meta.targets.items()})
+    composition = Composition(moe_distribution=(meta.composition or {}).get("moe_distribution"))
+    return compare(fit, model.terms, ModelSpec(**meta.model_spec),
+                   Parallelism(tp=meta.tp or 1, ep=meta.ep or 1), measured, composition)

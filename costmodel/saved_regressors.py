@@ -8,6 +8,7 @@ from pathlib import Path
 from stepcal.core.errors import InputError
 from stepcal.core.readers import one_line
 from stepcal.costmodel.pickled import load_pickled
+from stepcal.costmodel.table_meta import TableMeta
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,10 @@ class Fitted:
     targets: dict
 
 
-def load_regressor(table_dir: Path, meta: dict, target: str):
+def load_regressor(table_dir: Path, meta: TableMeta, target: str):
     """The fitted regressor of `target`; None where the tables have none (not fitted, or its file is
     gone). A damaged file is an error: falling back would hide it."""
-    targets = meta.get("targets")
+    targets = meta.targets
     entry = targets.get(target) if isinstance(targets, dict) else None
     if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
         return None

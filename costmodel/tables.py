@@ -3,7 +3,7 @@ a step-time model the simulator drives.
 
 Layout of a table directory:
   meta.json             axes, units, features, data hash, held-out errors, MLflow run id, model
-                        spec, provenance, host terms (null until calibrated)
+                        spec, provenance, host terms (null until calibrated): costmodel.table_meta
   <term>.parquet        one grid per additive term (time_ms and spread_ms per grid point)
   ops.parquet           per-layer operator times by num_tokens (for exports such as Vidur's)
   models/<target>.joblib  the fitted regressors (for `stepcal predict` on operator rows)
@@ -18,55 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.core.batch import FEATURE_NAMES, StepBatch, StepFeatures
+from stepcal.core.batch import StepBatch, StepFeatures
 from stepcal.core.errors import InputError
-from stepcal.core.io import atomic_write_json
-from stepcal.core.readers import read_json, read_parquet, require_keys
-from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
+from stepcal.core.readers import read_parquet
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.terms import GRID_COLUMNS, Term, read_term
 from stepcal.simulator.step_model import FeatureStepModel
-
-TABLE_KIND = "stepcal.t_step_tables"
-
-
-def write_meta(directory: Path, meta: dict) -> None:
-    meta = {"kind": TABLE_KIND, "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
-            "units": {"time": "ms"}, "features": list(FEATURE_NAMES), "host_terms": None, **meta}
-    atomic_write_json(directory / "meta.json", meta)
-
-
-# ---------------------------------------------------------------------------- loading
-
-META_WHAT = "the meta.json of a T_step table directory, written by `stepcal fit`"
-META_KEYS = ("kind", "t_step_terms", "terms")
-TERM_KEYS = ("file", "axes")
-
-
-def read_meta(path: str | Path) -> dict:
-    path = Path(path)
-    meta_path = path / "meta.json"
-    if not meta_path.exists():
-        raise InputError(f"{path}: not a T_step table directory (no meta.json)")
-    meta = read_json(meta_path, META_WHAT, required_keys=("kind",))
-    if meta["kind"] != TABLE_KIND:
-        raise InputError(f"{meta_path}: kind is {meta['kind']!r}, expected {TABLE_KIND!r}")
-    require_keys(meta_path, meta, META_KEYS, META_WHAT)
-    if not isinstance(meta["t_step_terms"], list) or not isinstance(meta["terms"], dict):
-        raise InputError(f"{meta_path}: t_step_terms must be a list and terms an object ({META_WHAT})")
-    return meta
-
-
-def term_entry(path: Path, meta: dict, name: str) -> dict:
-    """meta.json's entry of a term, with the keys every term kind reads."""
-    where = path / "meta.json"
-    entry = meta["terms"].get(name) if isinstance(name, str) else None
-    if not isinstance(entry, dict):
-        raise InputError(f"{where}: term {name!r} has no entry under 'terms' (an object with file and axes)")
-    require_keys(where, entry, TERM_KEYS, f"the entry of term {name!r} under 'terms'")
-    if not isinstance(entry["file"], str) or not isinstance(entry["axes"], list) \
-            or not all(isinstance(axis, str) for axis in entry["axes"]):
-        raise InputError(f"{where}: term {name!r}: file must be a file name and axes a list of column names")
-    return entry
 
 
 class TableStepModel(FeatureStepModel):
@@ -75,9 +32,9 @@ class TableStepModel(FeatureStepModel):
     Calibrated host terms in meta.json are not added here: experiments.step_models wraps the
     tables in simulator.step_model.HostTermsModel, the one place they are applied."""
 
-    def __init__(self, terms: list[Term], meta: dict, path: Path | None = None):
+    def __init__(self, terms: list[Term], meta: TableMeta | None = None, path: Path | None = None):
         self.terms = terms
-        self.meta = meta
+        self.meta = meta if meta is not None else TableMeta()
         self.path = path
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
@@ -113,13 +70,13 @@ class TableStepModel(FeatureStepModel):
 def load_step_model(path: str | Path) -> TableStepModel:
     """The StepTimeModel of a T_step table directory (what `simulate --step-model DIR` uses)."""
     path = Path(path)
-    meta = read_meta(path)
-    if meta.get("mode") == "operators":
+    meta = TableMeta.read(path)
+    if meta.mode == "operators":
         raise InputError(f"{path}: per-operator regressors only (fitted without --model-spec): no T_step to "
                          f"simulate with; fit again with --model-spec")
     terms = []
-    for name in meta["t_step_terms"]:
-        entry = term_entry(path, meta, name)
+    for name in meta.t_step_terms:
+        entry = meta.term_entry(path, name)
         file = path / entry["file"]
         frame = read_parquet(file, f"the grid of T_step term {name!r}, listed in meta.json", GRID_COLUMNS)
         terms.append(read_term(name, entry, frame, file))

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from stepcal.costmodel.fitting import FitResult
+from stepcal.costmodel.table_meta import TableMeta
 
 PIP_REQUIREMENTS = ["numpy", "pandas", "pyarrow", "scikit-learn", "mlflow"]
 
@@ -29,7 +30,7 @@ def _quiet_mlflow() -> None:
     warnings.filterwarnings("ignore", message=".*Passing a Python object as `python_model`.*")
 
 
-def track_fit(result: FitResult, table_dir: Path, meta: dict, *, tracking_uri: str,
+def track_fit(result: FitResult, table_dir: Path, meta: TableMeta, *, tracking_uri: str,
               experiment: str = "stepcal-fit", register: str | None = None,
               plot_path: Path | None = None, params: dict | None = None,
               artifact_root: Path | None = None) -> str:
@@ -48,9 +49,9 @@ def track_fit(result: FitResult, table_dir: Path, meta: dict, *, tracking_uri: s
                            "trials": result.config.trials, "seed": result.config.seed,
                            "targets": ",".join(sorted(result.targets))})
         mlflow.set_tags({"training_data_hash": result.data_hash,
-                         "sources": ",".join(meta["provenance"]["sources"]),
-                         "devices": ",".join(meta["provenance"]["devices"]) or "unknown",
-                         "mode": meta["mode"]})
+                         "sources": ",".join(meta.provenance["sources"]),
+                         "devices": ",".join(meta.provenance["devices"]) or "unknown",
+                         "mode": meta.mode})
         mlflow.log_metrics(flat_metrics(result))
         for target, fit in result.targets.items():
             mlflow.log_params({f"{target}.family": fit.choice.family,
@@ -72,10 +73,10 @@ def track_fit(result: FitResult, table_dir: Path, meta: dict, *, tracking_uri: s
         return run.info.run_id
 
 
-def _copy_tables(table_dir: Path, meta: dict, dest: Path) -> Path:
+def _copy_tables(table_dir: Path, meta: TableMeta, dest: Path) -> Path:
     """The grid files and meta.json only: the output folder also holds the store itself."""
     dest.mkdir(parents=True)
-    names = ["meta.json", "ops.parquet"] + [entry["file"] for entry in meta["terms"].values()]
+    names = ["meta.json", "ops.parquet"] + [entry["file"] for entry in meta.terms.values()]
     for name in names:
         if (table_dir / name).exists():
             shutil.copy2(table_dir / name, dest / name)

@@ -22,6 +22,7 @@ from stepcal.core.errors import InputError, shown
 from stepcal.core.model_spec import ModelSpec
 from stepcal.core.readers import one_line
 from stepcal.costmodel.importers.vidur import KEY_COLUMNS as VIDUR_PROFILE_KEYS
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.vidur_models import MODEL_COLUMNS, SHAPE_COLUMNS, like_spec, model_keys, spec_keys, vidur_model
 
 STORED_KEYS = "vidur_profile_keys"      # meta.json's list of {file, num_tensor_parallel_workers, keys}
@@ -77,7 +78,7 @@ def profile_row(row: dict, where) -> dict:
 
 # ---------------------------------------------------------------------------- at export time
 
-def filter_keys(meta: dict, meta_path: Path, spec: ModelSpec, tp: int,
+def filter_keys(meta: TableMeta, meta_path: Path, spec: ModelSpec, tp: int,
                 model_name: str | None) -> tuple[dict, str]:
     """mlp.csv's model keys (Vidur column -> value) and a note on where they came from."""
     own, note = _profile_keys(meta, meta_path, spec, tp)
@@ -123,7 +124,7 @@ def _named_model_keys(model_name: str, own: dict, spec: ModelSpec) -> tuple[dict
                     + (f" (overrode {', '.join(overrode)}, which Vidur only filters on)" if overrode else ""))
 
 
-def _profile_keys(meta: dict, meta_path: Path, spec: ModelSpec, tp: int) -> tuple[dict | None, str]:
+def _profile_keys(meta: TableMeta, meta_path: Path, spec: ModelSpec, tp: int) -> tuple[dict | None, str]:
     """The model keys of the Vidur mlp.csv the tables were fitted from and a note saying how they were
     found: stored at fit time, else read back from its path. (None, "") when the tables were not
     fitted from one, (None, a note) when its path does not resolve here."""
@@ -141,8 +142,8 @@ def _profile_keys(meta: dict, meta_path: Path, spec: ModelSpec, tp: int) -> tupl
     return None, ""
 
 
-def _stored_keys(meta: dict, meta_path: Path, tp: int) -> list[tuple[str, dict]]:
-    entries = meta.get(STORED_KEYS)
+def _stored_keys(meta: TableMeta, meta_path: Path, tp: int) -> list[tuple[str, dict]]:
+    entries = meta.vidur_profile_keys
     if entries is None:
         return []
     if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("keys"), dict)
@@ -153,10 +154,10 @@ def _stored_keys(meta: dict, meta_path: Path, tp: int) -> list[tuple[str, dict]]
             for e in entries if e.get(TP_COLUMN) == tp]
 
 
-def _read_back(meta: dict, tp: int) -> tuple[list[tuple[str, dict]], list[str]]:
+def _read_back(meta: TableMeta, tp: int) -> tuple[list[tuple[str, dict]], list[str]]:
     """The model keys at TP `tp` of the Vidur mlp.csv files meta.json's provenance names, and the
     files among them that cannot be read here."""
-    provenance = meta.get("provenance")
+    provenance = meta.provenance
     provenance = provenance if isinstance(provenance, dict) else {}
     if "vidur" not in (provenance.get("sources") or []):
         return [], []

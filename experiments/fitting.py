@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,6 @@ def _plot(result, directory):
 
 
 def _track(options, result, out, meta, plot):
-    from stepcal.costmodel.tables import write_meta
     from stepcal.costmodel.tracking import default_tracking_uri, track_fit
     uri = options.tracking_uri or default_tracking_uri(out)
     run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=options.experiment,
@@ -213,31 +212,28 @@ def _track(options, result, out, meta, plot):
                        params={"model_spec": options.model_spec, "tp": options.tp or 1, "ep": options.ep,
                                "dtype": options.dtype, "device": options.device, "device_spec": options.device_spec,
                                "inputs": " ".join(options.profile)[:500]})
-    meta = {**meta, "mlflow_run_id": run_id, "mlflow_tracking_uri": uri}
     # meta.json is rewritten whole (atomically) now that the run id is known.
-    write_meta(out, {k: v for k, v in meta.items()
-                     if k not in ("kind", "schema_version", "tool_version", "units", "features")})
-    return meta
+    return replace(meta, mlflow_run_id=run_id, mlflow_tracking_uri=uri).write(out)
 
 
 def _report(result, meta, out, wall_s) -> None:
-    terms = " + ".join(meta["t_step_terms"]) or "none"
-    print(f"wrote {out} ({meta['mode']} T_step: {terms}) in {wall_s:.1f} s")
+    terms = " + ".join(meta.t_step_terms) or "none"
+    print(f"wrote {out} ({meta.mode} T_step: {terms}) in {wall_s:.1f} s")
     for target, fit in result.targets.items():
         errs = "  ".join(f"{split} MAPE {e['mape']:.2f}% (P90 {e['p90_ape']:.1f}%)"
                          for split, e in fit.errors.items())
         print(f"  {target:<36} {fit.choice.family:<8} {fit.n_rows:>6} rows  {errs}")
     for split, e in result.errors.items():
         print(f"  overall {split}: MAPE {e['mape']:.2f}%  P90 {e['p90_ape']:.1f}%  max {e['max_ape']:.1f}%")
-    for note in meta.get("notes", []):
+    for note in meta.notes or []:
         print(f"  note: {note}")
-    for target, why in (meta.get("skipped_targets") or {}).items():
+    for target, why in (meta.skipped_targets or {}).items():
         print(f"  note: {target} not fitted: {why}")      # its term is then among the missing ones
-    if meta.get("missing_terms"):
-        print(f"  note: no data for T_step terms {', '.join(meta['missing_terms'])}")
-    scatter = meta.get("scatter")
+    if meta.missing_terms:
+        print(f"  note: no data for T_step terms {', '.join(meta.missing_terms)}")
+    scatter = meta.scatter
     if scatter:
         print(f"  step-time scatter from {len(scatter['runs'])} measured run(s) (what --ranges draws): "
               f"cv {scatter['cv']:.3g}, rho {scatter['rho']:.3g}, run cv {scatter['run_cv']:.3g}")
-    if meta.get("mlflow_run_id"):
-        print(f"  MLflow run {meta['mlflow_run_id']} at {meta['mlflow_tracking_uri']}")
+    if meta.mlflow_run_id:
+        print(f"  MLflow run {meta.mlflow_run_id} at {meta.mlflow_tracking_uri}")

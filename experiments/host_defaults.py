@@ -182,7 +182,7 @@ def prices_kernels_only(model) -> bool:
     from stepcal.experiments.validation.split import PART_OF_TERM
     if not isinstance(model, TableStepModel):
         return False
-    return not any(PART_OF_TERM.get(name) in ("host", "whole_step") for name in model.meta.get("t_step_terms", []))
+    return not any(PART_OF_TERM.get(name) in ("host", "whole_step") for name in model.meta.t_step_terms)
 
 
 def has_calibrated_terms(step_model: str) -> bool:
@@ -191,8 +191,8 @@ def has_calibrated_terms(step_model: str) -> bool:
     meta = Path(step_model) / "meta.json"
     if not meta.is_file():
         return False
-    from stepcal.core.readers import read_json
-    return bool(read_json(meta, "the meta.json of a step-model directory").get("host_terms"))
+    from stepcal.experiments.step_model_meta import read_step_model_meta
+    return bool(read_step_model_meta(meta.parent).host_terms)
 
 
 def add_host_defaults_flag(parser, auto_help: str = AUTO_HELP) -> None:

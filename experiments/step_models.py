@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stepcal.core.artifact import META_FILE
 from stepcal.core.errors import InputError
-from stepcal.core.readers import read_json
+from stepcal.costmodel.table_meta import TableMeta
+from stepcal.experiments.step_model_meta import BuiltinMeta, read_step_model_meta
 from stepcal.simulator.frontend import FrontEnd
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
 
@@ -38,24 +40,25 @@ def _resolve(spec: str):
     path = Path(spec)
     if not path.is_dir():
         raise InputError(f"--step-model {spec!r}: expected const:MS, linear:A,B,C or a T_step table directory")
-    meta = _read_meta(path)
-    if meta.get("kind") == "builtin":
-        base = parse_builtin_step_model(meta.get("step_model", ""))
+    meta = read_step_model_meta(path)
+    if isinstance(meta, BuiltinMeta):
+        base = parse_builtin_step_model(meta.step_model)
         if base is None:
             raise InputError(f"{path / 'meta.json'}: step_model must be const:MS or linear:A,B,C")
     else:
         from stepcal.costmodel.tables import load_step_model  # sklearn-free, but only needed here
         base = load_step_model(path)
-    terms = meta.get("host_terms")
+    terms = meta.host_terms
     if not terms:
         return base
-    return HostTermsModel(base, _host_terms(path / "meta.json", terms), _uncertainty(path / "meta.json", meta))
+    return HostTermsModel(base, _host_terms(path / "meta.json", terms),
+                          _uncertainty(path / "meta.json", meta.calibration))
 
 
-def _uncertainty(meta_path: Path, meta: dict) -> TermUncertainty | None:
+def _uncertainty(meta_path: Path, calibration: dict | None) -> TermUncertainty | None:
     """The calibrated terms' covariance (`calibration.uncertainty.covariance`), else their standard
     errors as independent terms; None for a calibration that measured neither."""
-    block = (meta.get("calibration") or {}).get("uncertainty") or {}
+    block = (calibration or {}).get("uncertainty") or {}
     try:
         covariance = block.get("covariance")
         if covariance:
@@ -79,25 +82,19 @@ def _host_terms(meta_path: Path, terms) -> HostTerms:
         raise InputError(f"{meta_path}: {exc}") from None
 
 
-def _read_meta(path: Path) -> dict:
-    meta = path / "meta.json"
-    if not meta.exists():
-        raise InputError(f"--step-model {path}: no meta.json (expected a directory written by `stepcal fit` "
-                         f"or `stepcal calibrate`)")
-    return read_json(meta, "the meta.json of a step-model directory, written by `stepcal fit` or `stepcal calibrate`")
-
-
 def front_end(model) -> FrontEnd:
     """The request path of a model (simulator.frontend): its host terms' front end, none without them."""
     return getattr(model, "front_end", None) or FrontEnd()
 
 
-def tables_meta(model) -> dict:
+def tables_meta(model) -> TableMeta:
     """The meta.json of the tables under a step model as loaded (under calibrated host terms or a
-    rescale: HostTermsModel, ScaledStepModel wrap them as `base`); {} for a model without tables."""
+    rescale: HostTermsModel, ScaledStepModel wrap them as `base`); TableMeta's defaults for a model
+    without tables."""
     while hasattr(model, "base"):
         model = model.base
-    return getattr(model, "meta", None) or {}
+    meta = getattr(model, "meta", None)
+    return meta if isinstance(meta, TableMeta) else TableMeta()
 
 
 def describe_step_model(spec: str, model) -> str:
@@ -108,10 +105,10 @@ def describe_step_model(spec: str, model) -> str:
 def stored_scatter(step_model: str) -> dict:
     """The step-time scatter stored with a step-model directory (meta.json's `scatter`, written by
     `stepcal calibrate`: cv, rho, run_cv); {} for built-in models and directories without one."""
-    meta = Path(step_model) / "meta.json" if step_model else None
+    meta = Path(step_model) / META_FILE if step_model else None
     if meta is None or not meta.is_file():
         return {}
-    scatter = read_json(meta, "the meta.json of a step-model directory").get("scatter")
+    scatter = read_step_model_meta(meta.parent).scatter
     if scatter is not None and not (isinstance(scatter, dict) and all(
             isinstance(scatter.get(k, 0.0), (int, float)) for k in ("cv", "rho", "run_cv", "bias_cv")) and all(
             isinstance(scatter.get(k, 0), int) and not isinstance(scatter.get(k, 0), bool) and scatter.get(k, 0) >= 0

@@ -52,20 +52,20 @@ def scatter_variance(fit, terms, keys) -> float:
 
 
 def one_model(campaign: Path, model_name: str, scheduler: str) -> str:
-    from stepcal.core.readers import read_json
     from stepcal.experiments.calibration.objective import OBJECTIVE, _Fit
+    from stepcal.experiments.step_model_meta import read_step_model_meta
     from stepcal.experiments.step_models import resolve_step_model
     from stepcal.experiments.validation.measured import load_measured_run
     from stepcal.simulator.scatter import Scatter
     from stepcal.simulator.step_model import HostTerms
     directory = campaign / model_name / scheduler
-    meta = read_json(directory / "meta.json", "a calibrated step model's meta.json")
-    calibration = meta["calibration"]
+    meta = read_step_model_meta(directory)
+    calibration = meta.calibration
     run = load_measured_run(calibration["measured_run"])
-    scatter = meta.get("scatter")
+    scatter = meta.scatter
     fit = _Fit(run, resolve_step_model(str(directory)).base,
                Scatter(cv=scatter["cv"], rho=scatter["rho"]) if scatter else None)
-    terms, keys = HostTerms(**meta["host_terms"]), list(OBJECTIVE)
+    terms, keys = HostTerms(**meta.host_terms), list(OBJECTIVE)
     boot = float(np.mean(np.diag(fit.log_covariance(keys))))
     scat = scatter_variance(fit, terms, keys) if scatter else math.nan
     reps = repeats_variance(run, keys)

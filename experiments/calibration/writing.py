@@ -3,22 +3,24 @@
 It reads the measured run, measures the device's scatter on it (pooled with more runs, a profile's
 two halves and the device's history), fits the host terms (stages.calibrate), and writes the output
 directory: the step model's tables copied, with `host_terms`, the `calibration` record and the
-scatter block in meta.json.
+scatter block in meta.json, written by the writer `stepcal fit` uses (TableMeta.write; a calibrated
+built-in model's by BuiltinMeta.write).
 """
 from __future__ import annotations
 
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from stepcal.core.errors import InputError
-from stepcal.core.io import atomic_output_dir, atomic_write_json
+from stepcal.core.io import atomic_output_dir
 from stepcal.core.metrics import clean_json
-from stepcal.core.readers import read_json
 from stepcal.experiments.calibration.result import Calibration
 from stepcal.experiments.calibration.stages import calibrate
 from stepcal.experiments.host_defaults import host_defaults as engine_defaults
+from stepcal.experiments.step_model_meta import BuiltinMeta, read_step_model_meta
 from stepcal.experiments.step_models import resolve_step_model
 from stepcal.experiments.validation.measured import MeasuredRun, load_measured_run, warn_slowed
 from stepcal.experiments.validation.scatter import measured_scatter, profile_log_ratio, run_pairs, scatter_run_dirs
@@ -61,15 +63,15 @@ def calibrate_step_model(measured: str | Path, step_model: str, out: str | Path,
                 shutil.copytree(source, Path(tmp) / "t")
                 for item in (Path(tmp) / "t").iterdir():
                     shutil.move(str(item), staging / item.name)
-            meta = read_json(staging / "meta.json", "the meta.json of a step-model directory")
+            meta = read_step_model_meta(staging)
         else:
-            meta = {"kind": "builtin", "step_model": step_model}
-        meta["host_terms"] = result.terms.to_dict()
-        meta["calibration"] = clean_json({**result.to_dict(), "measured_run": str(measured),
-                                          "host_defaults": host_defaults})
+            meta = BuiltinMeta(step_model=step_model)
+        calibration = clean_json({**result.to_dict(), "measured_run": str(measured), "host_defaults": host_defaults})
+        meta = replace(meta, host_terms=result.terms.to_dict(), calibration=calibration)
         if scatter is not None or result.bias_cv > 0:   # the level the terms left goes with the device's spread
-            meta["scatter"] = {**(scatter or {"cv": 0.0, "rho": 0.0, "run_cv": 0.0}), "bias_cv": result.bias_cv}
-        atomic_write_json(staging / "meta.json", meta)
+            meta = replace(meta, scatter={**(scatter or {"cv": 0.0, "rho": 0.0, "run_cv": 0.0}),
+                                          "bias_cv": result.bias_cv})
+        meta.write(staging)
     return result
 
 

@@ -447,11 +447,12 @@ class Campaign:
         """The profile's servings with stretches the profiled tables' fit left out (their meta.json), the
         most slowed first, named for the headline as the repeats served again are: workload, profile
         half, how much slower, how many of its steps."""
+        from stepcal.costmodel.table_meta import TableMeta
         from stepcal.profiler.slowed_servings import labels
-        meta = self.c.out / "tables_profiled" / "meta.json"
-        if not meta.exists():
+        tables = self.c.out / "tables_profiled"
+        if not (tables / "meta.json").exists():
             return []
-        return labels(json.loads(meta.read_text()).get("slowed_servings", []))
+        return labels(TableMeta.read(tables).slowed_servings or [])
 
 
 def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load: float) -> list[Path]:

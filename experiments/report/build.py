@@ -178,7 +178,7 @@ def add_tables(doc: Document, t: TablesInput, name: str) -> None:
     doc.heading(f"Cost model: {t.path}")
     for note in t.notes:
         doc.text(f"note: {note}")
-    header, rows, texts = heldout_table(t.meta)
+    header, rows, texts = heldout_table(t.meta.to_dict())
     if rows:
         doc.text("Held-out errors of the cost model (from meta.json):")
         doc.table(header, rows)
@@ -195,12 +195,13 @@ def heldout_table(meta: dict) -> tuple[list[str], list[list[str]], list[str]]:
     """The entries of meta.json under keys that name held-out data or errors, as a table: one row per
     dotted path to a group of numbers, one column per number's name (e.g. row `held_out_errors.gemm.random`,
     columns mape, p90_ape); strings (notes on units) come back apart. The table format is another
-    helper's, so no particular nesting is assumed."""
+    helper's, so no particular nesting is assumed. Keys without a value (null: what TableMeta gives a key
+    an older file lacks) are left out."""
     groups: dict[str, dict] = {}
     texts = []
     for key, value in meta.items():
         lowered = key.lower()
-        if not any(word in lowered for word in ("heldout", "held_out", "error", "mape")):
+        if value is None or not any(word in lowered for word in ("heldout", "held_out", "error", "mape")):
             continue
         if isinstance(value, str):
             texts.append(f"{key}: {value}")

@@ -8,8 +8,9 @@ from pathlib import Path
 from stepcal.core.errors import InputError
 from stepcal.core.measured_run import REQUESTS, has_request_log, repeat_dirs
 from stepcal.core.readers import read_json, read_parquet
-from stepcal.costmodel.tables import TABLE_KIND
+from stepcal.costmodel.table_meta import TABLE_KIND, TableMeta
 from stepcal.experiments.replications import RANGES_PERCENTILES
+from stepcal.experiments.step_model_meta import BUILTIN_KIND, BuiltinMeta, read_step_model_meta
 from stepcal.experiments.validation.compare import ValidationRecord, read_record
 
 
@@ -40,7 +41,7 @@ class SimulationInput:
 class TablesInput:
     """A T_step table directory: its meta.json, and the model when the tables can be loaded."""
     path: Path
-    meta: dict
+    meta: TableMeta | BuiltinMeta   # BuiltinMeta: a built-in model calibrated by `stepcal calibrate`
     model: object | None
     notes: list[str] = field(default_factory=list)
 
@@ -54,7 +55,7 @@ LATENCY_COLUMNS = ("request_id", "finish_s", "ttft_ms", "tpot_ms", "e2e_ms")
 SIMULATION_FILES = ("summary.json", "requests.parquet", "config.json")
 # Directories whose meta.json makes them a step model a report can describe: fitted tables, and a
 # built-in model calibrated by `stepcal calibrate`.
-STEP_MODEL_KINDS = (TABLE_KIND, "builtin")
+STEP_MODEL_KINDS = (TABLE_KIND, BUILTIN_KIND)
 
 
 def load_input(path: str | Path) -> ValidationInput | SimulationInput | TablesInput:
@@ -140,13 +141,14 @@ def _measured_dir(validation_dir: Path, measured_run: str | None) -> Path | None
 def load_tables(path: Path) -> TablesInput:
     """A step-model directory; its kind is checked here so that another directory with a meta.json
     (a measured run, a profile) is refused by name rather than reported as tables without a heatmap."""
-    meta = read_json(path / "meta.json", "the meta.json of a T_step table directory")
-    if meta.get("kind") not in STEP_MODEL_KINDS:
+    from stepcal.experiments.step_models import resolve_step_model
+    kind = read_json(path / "meta.json", "the meta.json of a T_step table directory").get("kind")
+    if kind not in STEP_MODEL_KINDS:
         raise InputError(f"{path}: neither a validation directory (no validation.json) nor a T_step table "
-                         f"directory (meta.json has kind {meta.get('kind')!r}, expected one of "
+                         f"directory (meta.json has kind {kind!r}, expected one of "
                          f"{', '.join(STEP_MODEL_KINDS)})")
-    if meta.get("mode") == "operators":
+    meta = read_step_model_meta(path)
+    if isinstance(meta, TableMeta) and meta.mode == "operators":
         return TablesInput(path, meta, None, ["could not load the tables as a step model: per-operator "
                                               "regressors only (fitted without --model-spec); no heatmap"])
-    from stepcal.experiments.step_models import resolve_step_model
     return TablesInput(path, meta, resolve_step_model(str(path)), [])

@@ -19,7 +19,7 @@ def beyond_fitted(model, steps) -> dict | None:
     (meta.json `fitted_range`, costmodel.build.fitted_ranges), read from the step model's tables as
     loaded (under calibrated host terms too). None without a step log, or for a model without that
     record (const: and linear: models, tables fitted before it was kept)."""
-    ranges = (tables_meta(model).get("fitted_range") or {}).get("step") or {}
+    ranges = (tables_meta(model).fitted_range or {}).get("step") or {}
     if steps is None or not len(steps):
         return None
     max_fitted = {f: float(hi) for f, (_, hi) in ranges.items() if f in steps}

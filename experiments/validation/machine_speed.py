@@ -22,7 +22,7 @@ DRIFT_WARNING = 0.05
 def profile_probes(model) -> list | None:
     """The step model's tables' profile probes (under calibrated host terms or a rescale too); None
     for a model without them (const:, linear:, imported profiles, tables fitted before the probe)."""
-    probes = tables_meta(model).get("profile_speed_probe_ms")
+    probes = tables_meta(model).profile_speed_probe_ms
     return [float(p) for p in probes] if probes else None
 
 

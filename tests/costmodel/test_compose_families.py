@@ -110,14 +110,14 @@ def test_tables_of_a_moe_model_simulate_and_say_what_was_assumed(tmp_path):
                                            "experts_per_token": [2] * 2, "tp": [1] * 2, "ep": [1] * 2}})
     result = result_of(MOE_TARGETS, records)
     meta = build_tables(result, tmp_path, spec=DSV3, parallelism=Parallelism(tp=8, ep=8), axes=AXES)
-    assert meta["composition"]["all_to_all"]["source"].startswith("link bandwidth")
-    assert meta["composition"]["decode_target"] == "mla_decode" and meta["ep"] == 8
+    assert meta.composition["all_to_all"]["source"].startswith("link bandwidth")
+    assert meta.composition["decode_target"] == "mla_decode" and meta.ep == 8
     # No element-wise data and no device named: no roofline either.
-    assert meta["missing_terms"] == ["elementwise", "overhead", "sampling"]
-    moe_note = [n for n in meta["notes"] if n.startswith("MoE experts")]
+    assert meta.missing_terms == ["elementwise", "overhead", "sampling"]
+    moe_note = [n for n in meta.notes if n.startswith("MoE experts")]
     assert moe_note and "extrapolated" in moe_note[0] and "num_experts=256 (measured 8..8)" in moe_note[0]
     written = json.loads((tmp_path / "meta.json").read_text())
-    assert written["t_step_terms"] == meta["t_step_terms"]
+    assert written["t_step_terms"] == meta.t_step_terms
     model = load_step_model(tmp_path)
     decode = StepBatch.of(list(range(64)), [1] * 64, [4096] * 64)
     parts = model.term_ms(decode.features())

@@ -183,12 +183,12 @@ def test_aiconfigurator_h100_tables_gain_elementwise_and_sampling_terms(aiconfig
     assert roofline_device(aiconfigurator_h100_gemms, None).name == "h100_sxm"
     result = _result(("gemm", "attn_decode", "attn_prefill"), aiconfigurator_h100_gemms)
     meta = build_tables(result, tmp_path, spec=LLAMA3, parallelism=Parallelism(), axes=AXES)
-    assert meta["t_step_terms"][:4] == ["linear", "elementwise", "lm_head", "sampling"]
-    assert meta["missing_terms"] == ["overhead"]
-    source = meta["term_sources"]["elementwise"]
+    assert meta.t_step_terms[:4] == ["linear", "elementwise", "lm_head", "sampling"]
+    assert meta.missing_terms == ["overhead"]
+    source = meta.term_sources["elementwise"]
     assert source["source"] == "roofline" and source["device"] == "h100_sxm"
     assert source["constants"]["norm"]["launch_us"] == roofline.shipped_constants()["norm"].launch_us
-    assert meta["term_sources"]["linear"]["source"] == "data"
+    assert meta.term_sources["linear"]["source"] == "data"
     model = load_step_model(tmp_path)
     assert json.loads((tmp_path / "meta.json").read_text())["terms"]["elementwise"]["source"] == source
     for T in (1.0, 2048.0, 5000.0):            # 5,000: between knots, where the table interpolates
@@ -220,8 +220,8 @@ def test_measured_elementwise_operators_move_out_of_linear_and_keep_the_sum(tmp_
     them: once per layer, the embedding once); linear keeps the GEMMs; tables written before the split
     (linear holding both, no elementwise term) load and give the same step times."""
     meta = build_tables(_vidur_like_result(), tmp_path / "new", spec=LLAMA3, parallelism=Parallelism(), axes=AXES)
-    assert meta["term_sources"]["elementwise"] == {"source": "data", "ops": list(VIDUR_SMALL_OPS)}
-    assert "sampling" in meta["missing_terms"] and "elementwise" not in meta["missing_terms"]
+    assert meta.term_sources["elementwise"] == {"source": "data", "ops": list(VIDUR_SMALL_OPS)}
+    assert "sampling" in meta.missing_terms and "elementwise" not in meta.missing_terms
     new = load_step_model(tmp_path / "new")
     terms = {t.name: t for t in new.terms}
     assert terms["linear"].time_ms == pytest.approx(np.full(4, 4 * 32.0))        # 1 ms per GEMM call
@@ -256,7 +256,7 @@ def test_measured_rmsnorm_prices_the_head_norms_where_no_profile_timed_them(tmp_
     L = qwen.num_layers
     metas = {n: build_tables(_vidur_like_result(), tmp_path / n, spec=s, parallelism=Parallelism(), axes=AXES)
              for n, s in (("qk", qwen), ("plain", without))}
-    assert metas["qk"]["term_sources"]["elementwise"]["ops"] == [*VIDUR_SMALL_OPS, "q_norm", "k_norm"]
+    assert metas["qk"].term_sources["elementwise"]["ops"] == [*VIDUR_SMALL_OPS, "q_norm", "k_norm"]
     terms = {n: {t.name: t for t in load_step_model(tmp_path / n).terms} for n in metas}
     assert terms["qk"]["elementwise"].time_ms == pytest.approx(terms["plain"]["elementwise"].time_ms + 2 * L)
     assert terms["qk"]["linear"].time_ms == pytest.approx(terms["plain"]["linear"].time_ms)
@@ -270,20 +270,20 @@ def test_measured_rmsnorm_prices_the_head_norms_where_no_profile_timed_them(tmp_
 def test_measured_operators_win_over_the_roofline_and_sampling_still_comes_from_it(tmp_path):
     meta = build_tables(_vidur_like_result(device="NVIDIA A100-SXM4-80GB"), tmp_path, spec=LLAMA3,
                         parallelism=Parallelism(), axes=AXES)
-    assert meta["term_sources"]["elementwise"]["source"] == "data"
-    assert meta["term_sources"]["sampling"]["source"] == "roofline"
-    assert meta["term_sources"]["sampling"]["device"] == "a100_sxm" and "sampling" not in meta["missing_terms"]
+    assert meta.term_sources["elementwise"]["source"] == "data"
+    assert meta.term_sources["sampling"]["source"] == "roofline"
+    assert meta.term_sources["sampling"]["device"] == "a100_sxm" and "sampling" not in meta.missing_terms
 
 
 def test_device_spec_makes_the_roofline_when_the_profiles_name_none(tmp_path):
     records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0, "device": "Test CPU"}, source="t", file="t")
     result = _result(("gemm",), records)
     without = build_tables(result, tmp_path / "a", spec=LLAMA3, parallelism=Parallelism(), axes=AXES)
-    assert {"elementwise", "sampling"} <= set(without["missing_terms"])
-    assert any("--device-spec" in note for note in without["notes"])
+    assert {"elementwise", "sampling"} <= set(without.missing_terms)
+    assert any("--device-spec" in note for note in without.notes)
     with_h200 = build_tables(result, tmp_path / "b", spec=LLAMA3, parallelism=Parallelism(), axes=AXES,
                              composition=Composition(device_spec="H200"))
-    assert with_h200["term_sources"]["elementwise"]["device"] == "h200_sxm"
+    assert with_h200.term_sources["elementwise"]["device"] == "h200_sxm"
     model = load_step_model(tmp_path / "b")
     f = StepFeatures.from_batches([StepBatch.of([0], [2048], [0])])
     assert model.term_ms(f)["elementwise"][0] == pytest.approx(_hand_elementwise_ms(2048.0, 4.8e12))
@@ -309,9 +309,9 @@ def test_our_profilers_sampling_and_kv_stores_make_per_sequence_terms_that_win_o
     records = make_records({"row": [0], "op": "gemm", "time_ms": 1.0, "device": "NVIDIA H100 80GB HBM3"},
                            source="t", file="t")
     meta = build_tables(_result(targets, records), tmp_path, spec=LLAMA3, parallelism=Parallelism(), axes=AXES)
-    assert meta["term_sources"]["sampling"] == {"source": "data", "ops": ["sample"]}
-    assert meta["term_sources"]["kv_store"] == {"source": "data", "ops": ["kv_store"]}
-    assert not {"elementwise", "sampling"} & set(meta["missing_terms"])
+    assert meta.term_sources["sampling"] == {"source": "data", "ops": ["sample"]}
+    assert meta.term_sources["kv_store"] == {"source": "data", "ops": ["kv_store"]}
+    assert not {"elementwise", "sampling"} & set(meta.missing_terms)
     terms = {t.name: t for t in load_step_model(tmp_path).terms}
     assert terms["sampling"].axis == terms["kv_store"].axis == "num_seqs"
     f = StepFeatures.from_batches([StepBatch.of(range(5), [1] * 5, [100] * 5)])

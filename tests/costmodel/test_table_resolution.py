@@ -115,8 +115,8 @@ def test_two_d_axes_stay_under_the_cap(tables):
 
 def test_fixed_axes_say_so_in_meta(fitted, tmp_path):
     meta = build_tables(fitted, tmp_path, spec=SPEC, parallelism=PARALLELISM, axes=Axes.default())
-    assert meta["axes"]["rule"] == FIXED_RULE
-    assert meta["axes"]["num_tokens"] == Axes.default().num_tokens.tolist()
+    assert meta.axes["rule"] == FIXED_RULE
+    assert meta.axes["num_tokens"] == Axes.default().num_tokens.tolist()
 
 
 def test_dense_multiples_fill_dense_stretches_only():

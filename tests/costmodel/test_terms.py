@@ -7,13 +7,14 @@ import pytest
 
 from stepcal.core.batch import FEATURE_NAMES, StepBatch, StepFeatures, feature_row
 from stepcal.core.errors import InputError
-from stepcal.costmodel.tables import load_step_model, write_meta
+from stepcal.costmodel.table_meta import TableMeta
+from stepcal.costmodel.tables import load_step_model
 from stepcal.costmodel.terms import TERM_KINDS, AdditiveStep, DecodeAttention, FeatureCurve, PrefillAttention
 
 
 def write_tables(directory, terms) -> None:
     entries = {t.name: t.write(directory) for t in terms}
-    write_meta(directory, {"t_step_terms": [t.name for t in terms], "terms": entries})
+    TableMeta(t_step_terms=[t.name for t in terms], terms=entries).write(directory)
 
 
 def plane(x, y):

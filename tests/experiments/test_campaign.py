@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from stepcal.core.errors import InputError
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
 from stepcal.experiments.campaign.campaign import RETRY_SPENT
 from stepcal.experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
@@ -269,7 +270,7 @@ def test_the_campaign_names_the_servings_its_profiled_fit_left_out(tmp_path):
                  "workload": "serve/sarathi64/c2/n8/p16-1024/o4-128/m2/67ef6aa645ec"},    # written before stretches
                 {"file": str(tmp_path / "profile" / "profile.parquet"), "num_rows": 80, "ratio": 1.61,
                  "workload": "serve/vllm/c4/n8/p16-1024/o4-128/m4/0a1b2c3d4e5f", "num_steps": 40, "of_steps": 96}]
-    (tmp_path / "tables_profiled" / "meta.json").write_text(json.dumps({"slowed_servings": servings}))
+    TableMeta(slowed_servings=servings).write(tmp_path / "tables_profiled")
     assert campaign.slowed_servings() == ["vllm/c4/n8/p16-1024/o4-128 in profile (1.61x, 40 of 96 steps)",
                                           "sarathi64/c2/n8/p16-1024/o4-128 in profile_late (1.52x)"]
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.extrapolated import beyond_fitted, describe_beyond
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, LinearStepModel
@@ -16,7 +17,7 @@ from tests.costmodel.test_host_term import _fit, _profile
 
 
 def test_steps_beyond_the_fitted_batches_are_counted_by_their_time():
-    tables = SimpleNamespace(meta={"fitted_range": {"step": {"num_seqs": [1, 64], "num_tokens": [1, 512]}}})
+    tables = SimpleNamespace(meta=TableMeta(fitted_range={"step": {"num_seqs": [1, 64], "num_tokens": [1, 512]}}))
     steps = pd.DataFrame({"num_seqs": [8, 64, 65, 200, 4], "num_tokens": [8, 64, 65, 200, 600],
                           "duration_ms": [1.0, 4.0, 5.0, 10.0, 20.0]})
     block = beyond_fitted(HostTermsModel(tables, HostTerms(per_step_ms=0.1)), steps)   # calibrated: the tables' range
@@ -27,7 +28,7 @@ def test_steps_beyond_the_fitted_batches_are_counted_by_their_time():
     assert describe_beyond({**block, "num_steps": 0}) is None
     assert beyond_fitted(tables, steps) == block
     assert beyond_fitted(LinearStepModel(1.0, 0.1, 0.01), steps) is None        # no tables
-    assert beyond_fitted(SimpleNamespace(meta={"mode": "step"}), steps) is None   # tables fitted before the record
+    assert beyond_fitted(SimpleNamespace(meta=TableMeta(mode="step")), steps) is None   # tables fitted before the record
 
 
 def test_fit_records_the_whole_steps_range_and_validate_names_the_steps_beyond_it(tmp_path, measured, capsys):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from stepcal.costmodel.table_meta import TableMeta
 from stepcal.experiments.campaign.headline import HeadlineRow, speed_line
 from stepcal.experiments.cli import main
 from stepcal.experiments.validation.machine_speed import describe_speed, profile_probes, speed_vs_profile
@@ -15,7 +16,7 @@ from tests.costmodel.test_host_term import _fit, _profile
 
 
 def test_the_runs_probe_against_the_profiles_says_how_much_slower_the_machine_ran():
-    tables = SimpleNamespace(meta={"profile_speed_probe_ms": [2.0, 2.2, 1.8, 2.0]})
+    tables = SimpleNamespace(meta=TableMeta(profile_speed_probe_ms=[2.0, 2.2, 1.8, 2.0]))
     calibrated = HostTermsModel(tables, HostTerms(per_step_ms=0.1))
     assert profile_probes(calibrated) == profile_probes(tables) == [2.0, 2.2, 1.8, 2.0]
     assert profile_probes(LinearStepModel(1.0, 0.1, 0.01)) is None

@@ -32,7 +32,8 @@ def inputs(tmp_path_factory):
     tables = root / "tables"
     tables.mkdir()
     (tables / "meta.json").write_text(json.dumps(
-        {"kind": "stepcal.t_step_tables", "mode": "operators", "heldout": {"mape": 0.034, "per_op": {"gemm": 0.02}}, "features": ["num_tokens"]}))
+        {"kind": "stepcal.t_step_tables", "mode": "operators", "t_step_terms": [], "terms": {},
+         "heldout": {"mape": 0.034, "per_op": {"gemm": 0.02}}, "features": ["num_tokens"]}))
     return root
 
 

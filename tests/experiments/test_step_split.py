@@ -20,7 +20,7 @@ def _tables():
     terms = [_curve("linear", "num_tokens", 0.02), _curve("lm_head", "num_seqs", 0.01),
              _curve("elementwise", "num_tokens", 0.005), _curve("sampling", "num_seqs", 0.001),
              _curve("overhead", "num_seqs", 0.003)]
-    return TableStepModel(terms, {})
+    return TableStepModel(terms)
 
 
 def _steps():
