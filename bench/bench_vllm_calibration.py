@@ -88,8 +88,9 @@ def write_bench(path: Path, base_dir: Path, terms: dict, rate: float, prompt: st
 def errors(run: Path, step_model: Path, out: Path, *extra: str) -> dict:
     """The errors of METRICS of `step_model` (with `extra` validate flags) against the run."""
     cli("validate", "--measured", str(run), "--step-model", str(step_model), *extra, "--out", str(out))
-    metrics = json.loads((out / "validation.json").read_text())["metrics"]
-    return {key: metrics[key[0]][key[1]]["error"] for key in METRICS}
+    from stepcal.experiments.validation.compare import read_record
+    record = read_record(out / "validation.json")
+    return {key: record.cell(*key).error for key in METRICS}
 
 
 def one_truth(work: Path, base_dir: Path, name: str, prompt: str, max_simulations: int) -> list[str]:

@@ -1,6 +1,6 @@
 """A measured run on disk: the one owner of its layout (docs/design.md, data contracts).
 
-    OUT/meta.json             settings and provenance (`kind: measured_run`)
+    OUT/meta.json             settings and provenance (`kind: measured_run`; core.run_meta.RunMeta)
     OUT/trace.parquet         the workload that was served, in stepcal's trace format
     OUT/summary.json          repeat 0's summary, plus `noise_floor` when there are two repeats or more
     OUT/repeat_<k>/requests.parquet, steps.parquet, summary.json    each repeat's logs, k = 0, 1, ...
@@ -19,6 +19,7 @@ from pathlib import Path
 from stepcal.core.errors import InputError
 from stepcal.core.metrics import PERCENTILES
 from stepcal.core.readers import read_json, read_parquet
+from stepcal.core.run_meta import RunMeta
 
 META = "meta.json"
 TRACE = "trace.parquet"
@@ -83,7 +84,7 @@ class Repeat:
 @dataclass
 class MeasuredRunFiles:
     path: Path
-    meta: dict
+    meta: RunMeta
     trace: object              # core.trace.Trace
     summary: dict              # OUT/summary.json
     repeats: list[Repeat]
@@ -122,7 +123,7 @@ def noise_floor(summaries: list[dict]) -> dict:
     return floor
 
 
-def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: dict) -> dict:
+def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: RunMeta) -> dict:
     """Write the layout above, atomically; `repeats` are objects with requests, steps and summary
     (an engine result or a Repeat). Returns OUT/summary.json's content."""
     from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
@@ -138,7 +139,7 @@ def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: dict) ->
             atomic_write_parquet(repeat.steps, repeat_dir(staging, k) / STEPS)
             atomic_write_json(repeat_dir(staging, k) / SUMMARY, repeat_summary)
         atomic_write_json(staging / SUMMARY, summary)
-        atomic_write_json(staging / META, clean_json(meta))
+        atomic_write_json(staging / META, clean_json(meta.to_dict()))
     return summary
 
 
@@ -152,7 +153,7 @@ class Needs:
     request_columns: tuple[str, ...] = ()
     step_columns: tuple[str, ...] = ()
     # checks meta.json's settings beyond their keys (a replay: the scheduler's, see validation.measured)
-    check_meta: Callable[[Path, dict], None] | None = None
+    check_meta: Callable[[Path, RunMeta], None] | None = None
 
 
 def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: Needs = Needs()) -> MeasuredRunFiles:
@@ -164,7 +165,7 @@ def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: N
         if not (path / name).exists():
             raise InputError(f"{arg_name} {path}: missing {name} (expected the output of `stepcal measure` "
                              f"or `stepcal import vllm-bench`)")
-    meta = read_json(path / META, "a measured run's meta.json", needs.meta_keys)
+    meta = RunMeta.read(path, needs.meta_keys)
     if needs.check_meta is not None:
         needs.check_meta(path / META, meta)
     summary = _read_summary(path / SUMMARY, needs)
@@ -204,5 +205,5 @@ def _is_number(value) -> bool:
 
 
 __all__ = ["META", "METRICS", "REQUESTS", "SAME_PLACE", "STATS", "STEPS", "SUMMARY", "TRACE", "MeasuredRunFiles",
-           "MetricStats", "Needs", "Repeat", "RunStats", "has_request_log", "noise_floor", "read_measured_run",
+           "MetricStats", "Needs", "Repeat", "RunMeta", "RunStats", "has_request_log", "noise_floor", "read_measured_run",
            "repeat_dir", "repeat_dirs", "write_measured_run"]

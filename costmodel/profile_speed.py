@@ -8,21 +8,19 @@ CPU that drift moved the quickstart's step time by up to 8% between profile halv
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from stepcal.core.profile_meta import ProfileMeta, is_profile_dir
 
 
 def profile_speed_probes(records) -> list[float]:
     """Every probe (ms) in the meta.json beside each fitted profile of ours, in file order; [] where
-    none recorded one (imported profiles, op-only grids, profiles taken before the probe)."""
+    none recorded one (imported profiles, op-only grids, profiles taken before the probe). A profile
+    without a readable meta.json of a profile has none; one of a newer schema is refused (InputError)."""
     if not {"source", "file"} <= set(records.columns):
         return []
     probes = []
     for name in sorted(records.loc[records["source"] == "profile", "file"].dropna().astype(str).unique()):
-        try:
-            meta = json.loads((Path(name).parent / "meta.json").read_text())
-        except (OSError, ValueError):   # a diagnostic only: a profile without a readable meta has none
-            continue
-        values = meta.get("speed_probe_ms") if isinstance(meta, dict) else None
-        probes += [float(v) for v in values or () if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+        if is_profile_dir(Path(name).parent):
+            probes += ProfileMeta.read(Path(name).parent).probes_ms()
     return probes

@@ -51,6 +51,7 @@ def fit_tables(options: FitOptions) -> None:
     from stepcal.costmodel.devices import device_spec
     from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
     from stepcal.costmodel.importers import load_profiles
+    from stepcal.costmodel.profile_speed import profile_speed_probes
     from stepcal.costmodel.records import normalise_dtype
 
     if options.axes not in AXES_RULES:
@@ -75,6 +76,7 @@ def fit_tables(options: FitOptions) -> None:
     ops = options.ops or (composed_ops(spec, parallelism) if spec else None)
     records = select_records(load_profiles(options.profile, options.format), device=options.device,
                              dtype=dtype, tp=options.tp, ops=ops)
+    profile_speed_probes(records)   # each profile's meta.json read now: one of a newer schema is refused before fitting
     records, slowed = without_slowed_servings(records)
     if slowed:
         from stepcal.profiler.slowed_servings import describe
@@ -177,7 +179,7 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
             history[str(run)] = pairs_of(loaded[str(run)])
     if not found and not history:
         return None
-    reference = (next(iter(found.values()))[0] if found else next(iter(history.values()))).meta.get("fingerprint")
+    reference = (next(iter(found.values()))[0] if found else next(iter(history.values()))).meta.fingerprint
     for where, pairs in history.items():
         check_same_device(reference, pairs.meta, where)
     if found:       # cv and rho: the inputs' own runs where there are some, else the history's

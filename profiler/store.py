@@ -1,6 +1,6 @@
 """The profile directory: rows appended in small atomic part files, joined into profile.parquet.
 
-    DIR/meta.json          sweep configuration, hardware fingerprint, progress
+    DIR/meta.json          sweep configuration, hardware fingerprint, progress (core.profile_meta.ProfileMeta)
     DIR/parts/part-*.parquet   rows not yet joined (each file written whole, then renamed in)
     DIR/profile.parquet    every point once, in grid order (rewritten at the end of each run)
 
@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from stepcal.core.errors import InputError
-from stepcal.core.io import atomic_write_json, atomic_write_parquet
-from stepcal.core.readers import read_json, read_parquet
+from stepcal.core.io import atomic_write_parquet
+from stepcal.core.profile_meta import ProfileMeta
+from stepcal.core.readers import read_parquet
 from stepcal.core.schemas import PROFILE_COLUMNS
 
 # Columns the profiler adds to the profile table (docs/design.md, data contracts).
@@ -110,11 +111,11 @@ class ProfileDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def read_meta(self) -> dict | None:
+    def read_meta(self) -> ProfileMeta | None:
         return read_meta(self.path)
 
-    def write_meta(self, meta: dict) -> None:
-        atomic_write_json(self.meta_path, meta)
+    def write_meta(self, meta: ProfileMeta) -> None:
+        meta.write(self.path)
 
     def part_files(self) -> list[Path]:
         return sorted(self.parts_path.glob("part-*.parquet")) if self.parts_path.is_dir() else []
@@ -143,11 +144,11 @@ class ProfileDir:
         return frame
 
 
-def read_meta(path: Path) -> dict | None:
-    meta_path = Path(path) / META_FILE
-    if not meta_path.exists():
+def read_meta(path: Path) -> ProfileMeta | None:
+    """DIR/meta.json (kind and schema version checked); None where there is none yet."""
+    if not (Path(path) / META_FILE).exists():
         return None
-    return read_json(meta_path, "the meta.json of a profile directory, written by `stepcal profile`")
+    return ProfileMeta.read(path)
 
 
 def read_rows(path: Path) -> tuple[pd.DataFrame, list[Path]]:

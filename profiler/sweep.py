@@ -19,6 +19,7 @@ import pandas as pd
 from stepcal.core.batch import batch_row
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import ModelSpec
+from stepcal.core.profile_meta import ProfileMeta
 from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.profiler.allocator import configure_allocator
 from stepcal.profiler.grid import Grid
@@ -106,8 +107,8 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
         done = {p.key: _rounds_done(previous.get(p.key), wanted[p.key]) for p in points}
         # Round r measures every point with r rounds done: pass after pass over the grid.
         tasks = [p for r in range(rounds) for p in points if done[p.key] <= r < wanted[p.key]]
-        meta.update({"hardware": fingerprint, "fingerprint_id": fingerprint_id(fingerprint),
-                     "allocator": allocator, "status": "running", "started_at": _now()})
+        meta = meta.started(hardware=fingerprint, fingerprint_id=fingerprint_id(fingerprint), allocator=allocator,
+                            started_at=_now())
         pdir.write_meta(meta)
         provenance = {
             "device": config.device, "device_name": device_name(fingerprint), "dtype": config.dtype,
@@ -120,19 +121,17 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
         measured, measured_again = _measure_all(tasks, previous, measurer, pdir, provenance,
                                                 sum(min(n, wanted[k]) for k, n in done.items()),
                                                 sum(wanted.values()), started, max_minutes, progress, clock, guard)
-        if start_probe_ms is not None:   # each sweep's pair, a resumed one's after the earlier ones
-            meta["speed_probe_ms"] = [*meta.get("speed_probe_ms", []), start_probe_ms,
-                                      engine_speed_probe_ms(tasks, measurer.ctx)]
-        if guard is not None and guard.probes_ms:
-            meta["speed_guard"] = [*meta.get("speed_guard", []), guard.record(measured_again)]
+        # each sweep's pair of probes, a resumed one's after the earlier ones
+        probes_ms = [] if start_probe_ms is None else [start_probe_ms, engine_speed_probe_ms(tasks, measurer.ctx)]
+        meta = meta.with_speed(probes_ms, guard.record(measured_again) if guard is not None and guard.probes_ms
+                               else None)
         frame = pdir.compact([p.key for p in config.grid.points])
         in_shard = frame[frame["point_key"].isin(done)]
         finished = in_shard["rounds"].fillna(0).ge(in_shard["point_key"].map(wanted)) | in_shard["status"].eq("failed")
         complete = len(in_shard) == len(points) and bool(finished.all())
         num_failed = int((in_shard["status"] == "failed").sum())
-        meta.update({"status": "complete" if complete else "incomplete", "finished_at": _now(),
-                     "num_points": len(points), "num_done": int(finished.sum()),
-                     "num_failed": num_failed})
+        meta = meta.finished(complete=complete, finished_at=_now(), num_points=len(points),
+                             num_done=int(finished.sum()), num_failed=num_failed)
         pdir.write_meta(meta)
     num_done_before = sum(1 for k, n in done.items() if n >= wanted[k])
     # A resumed sweep may stop mid-pass: points with some rounds done count as measurements reused.
@@ -428,25 +427,24 @@ def _check_device(device: str) -> None:
                          f"(torch {torch.__version__})")
 
 
-def _check_meta(pdir: ProfileDir, config: SweepConfig) -> dict:
+def _check_meta(pdir: ProfileDir, config: SweepConfig) -> ProfileMeta:
     """meta.json of the directory: new, or the same configuration (else mixing would corrupt it)."""
     identity = config.identity()
     shard = {"index": config.shard[0], "count": config.shard[1]}
     meta = pdir.read_meta()
     if meta is not None:
-        old = meta.get("identity", {})
+        old = meta.identity
         if not isinstance(old, dict):
             raise InputError(f"{pdir.meta_path}: identity must be an object (the sweep's settings), got {old!r}")
         diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
-        if meta.get("shard", shard) != shard:
+        if (meta.shard if meta.shard is not None else shard) != shard:
             diff.append("shard")
         if diff:
             raise InputError(f"{pdir.path}: holds a sweep with other settings ({', '.join(diff)}); "
                              "use another --out, or the same arguments to resume")
         return meta
-    return {"kind": "stepcal profile", "identity": identity, "shard": shard, "grid": config.grid.name,
-            "grid_source": config.grid.source, "grid_num_points": len(config.grid.points),
-            "created_at": _now()}
+    return ProfileMeta(identity=identity, shard=shard, grid=config.grid.name, grid_source=config.grid.source,
+                       grid_num_points=len(config.grid.points), created_at=_now())
 
 
 def _rotate_bytes(device: str) -> int:

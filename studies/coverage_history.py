@@ -25,7 +25,6 @@ and give how often one lands inside issue 17's band of 80-97%.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -68,6 +67,7 @@ def coverage_of(campaign: Path, model: str, run_cv: float, args, out: Path,
     """(cells inside, cells, relative width) per held-out repeat, validated with this run_cv and
     `level`: (pairs behind run_cv, repeats of the model's calibration run); (0, 0) takes run_cv as exact."""
     from stepcal.experiments.cli import main
+    from stepcal.experiments.validation.compare import read_record
     rows = []
     for scheduler, runs in load_runs(campaign).items():
         for run in runs[1:]:
@@ -78,7 +78,7 @@ def coverage_of(campaign: Path, model: str, run_cv: float, args, out: Path,
                          "--scatter-model-repeats", str(level[1]), "--out", str(target)])
             if code != 0:
                 raise SystemExit(f"validate {run} failed (exit {code})")
-            cells = json.loads((target / "validation.json").read_text())["ranges"]["coverage"]["cells"]
+            cells = read_record(target / "validation.json").ranges["coverage"]["cells"]
             flat = [cell for stats in cells.values() for cell in stats.values()]
             for k in range(len(flat[0]["repeats_inside"])):
                 inside = [cell["repeats_inside"][k] for cell in flat]

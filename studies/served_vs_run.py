@@ -69,11 +69,11 @@ def main() -> None:
     torch.set_num_threads(1)
     run = read_measured_run(args.measured_run)
     meta = run.meta
-    model = build_model(ModelSpec(**meta["model_spec"]), device="cpu", dtype=meta["dtype"], seed=args.seed)
+    model = build_model(ModelSpec(**meta.model_spec), device="cpu", dtype=meta.dtype, seed=args.seed)
     warm_up(model)
-    config = EngineConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
-                          block_size=meta["block_size"], prefix_caching=bool(meta.get("prefix_caching")),
-                          clock="virtual", seed=meta.get("seed", 0))
+    config = EngineConfig(scheduler=meta.scheduler, scheduler_config=SchedulerConfig(**meta.scheduler_config),
+                          block_size=meta.block_size, prefix_caching=meta.prefix_caching_on,
+                          clock="virtual", seed=meta.seed or 0)
     workloads = [Workload.parse(name) for name in args.workloads]
     served, measured = [], []
     for k in range(args.rounds):   # interleaved: a drift of the machine hits both alike

@@ -187,6 +187,10 @@ def _cases() -> list[Case]:
               ("repeat_0/requests.parquet", "repeat_1/requests.parquet")]
     # a profile directory, read by fit --profile
     cases += [Case("profile", "fit", "profile.parquet", how) for how in ("truncate", "garbage", "columns", "delete")]
+    # each artifact written by a newer stepcal: refused by its reader in one line naming the file
+    newer = ("schema_version=99", "schema_version 99 is newer")
+    cases += [Case("run", "validate", "meta.json", "set", *newer), Case("profile", "fit", "meta.json", "set", *newer),
+              Case("run", "report-validation", "validation/validation.json", "set", *newer)]
     return cases
 
 

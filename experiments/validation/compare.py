@@ -6,15 +6,20 @@ it when the measured run has repeats.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta
 from stepcal.core.errors import InputError
 from stepcal.core.measured_run import METRICS, STATS, MetricStats, RunStats
-from stepcal.core.readers import read_json
 from stepcal.experiments.validation.errors import ErrorCell, relative_error, stat_error
 from stepcal.experiments.validation.measured import MeasuredRun
 from stepcal.experiments.validation.steps import StepLevelError
+
+VALIDATION_SCHEMA_VERSION = 1
+VALIDATION_KIND = ArtifactKind(kind="stepcal.validation", schema_version=VALIDATION_SCHEMA_VERSION,
+                               what="a validation", written_by="`stepcal validate`", file="validation.json",
+                               aliases=(None,))
 
 
 @dataclass(frozen=True)
@@ -129,9 +134,10 @@ class ValidationRecord:
                    data.get("host_defaults"))
 
     def to_dict(self) -> dict:
+        """validation.json's content: the header (kind, schema_version, tool_version), then the record."""
         from stepcal.core.metrics import clean_json
         return clean_json({
-            "measured_run": self.measured_run, "num_requests": self.num_requests, "num_repeats": self.num_repeats,
+            **artifact_header(VALIDATION_KIND), "measured_run": self.measured_run, "num_requests": self.num_requests, "num_repeats": self.num_repeats,
             "num_finished_both": self.num_finished_both,
             "num_finished_only_measured": self.num_finished_only_measured,
             "num_finished_only_simulated": self.num_finished_only_simulated,
@@ -160,9 +166,10 @@ RECORD_WHAT = "the validation.json of `stepcal validate`"
 
 def read_record(path: str | Path) -> ValidationRecord:
     """A validation.json read back (reports, the campaign's headline); InputError naming the file and
-    the key for anything ValidationRecord.from_dict cannot take."""
+    the key for anything ValidationRecord.from_dict cannot take, or for a newer schema than this
+    stepcal reads. Files written before the header (no kind, no schema_version) read as version 1."""
     path = Path(path)
-    data = read_json(path, RECORD_WHAT, RECORD_KEYS)
+    data = read_artifact_meta(path.parent, replace(VALIDATION_KIND, file=path.name), RECORD_KEYS)
     metrics = data["metrics"]
     if not isinstance(metrics, dict) or not metrics:
         raise InputError(f"{path}: metrics must be an object of metrics ({RECORD_WHAT}), got {metrics!r}")
@@ -214,7 +221,7 @@ def compare(run: MeasuredRun, simulated_requests, simulated: RunStats, step_leve
         Preemptions(run.stats.num_preemptions, simulated.num_preemptions), step_level, run.speed_probe_ms,
         step_model, step_matched,
         PrefixReuse.of(run.requests, simulated_requests)
-        if run.meta.get("prefix_caching") and run.trace.prefix_hash_ids is not None else None)
+        if run.meta.prefix_caching_on and run.trace.prefix_hash_ids is not None else None)
 
 
 def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, config) -> StepMatched | None:

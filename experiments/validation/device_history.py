@@ -59,7 +59,8 @@ class HistoryEntry:
 
     def pairs(self) -> RunPairs:
         """As measured_scatter takes the runs of --scatter-runs."""
-        return RunPairs(Path(self.run), {"fingerprint": self.device}, self.ratios)
+        from stepcal.core.run_meta import RunMeta
+        return RunPairs(Path(self.run), RunMeta(fingerprint=self.device), self.ratios)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def record_runs(path: str | Path, runs: Iterable[str | Path], campaign: str | Pa
             continue
         pairs = run_pairs(run)
         added.append(HistoryEntry(str(Path(run).resolve()), str(Path(campaign).resolve()), now,
-                                  device_fields(pairs.meta.get("fingerprint")), pairs.ratios))
+                                  device_fields(pairs.meta.fingerprint), pairs.ratios))
     if added:
         _rewrite(Path(path), added)
     return added

@@ -10,22 +10,22 @@ import numpy as np
 
 from stepcal.core.errors import InputError, shown
 from stepcal.core.measured_run import METRICS, SAME_PLACE, STATS, MetricStats, Needs, RunStats, read_measured_run
+from stepcal.core.run_meta import RunMeta
 from stepcal.core.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
 from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
 
 
-def check_replay_meta(where: Path, meta: dict) -> None:
-    """The settings a replay builds its SimConfig from, each of the type it needs."""
-    if meta["kind"] != "measured_run":
-        raise InputError(f"{where}: kind is {meta['kind']!r}, expected 'measured_run'")
-    if not isinstance(meta["scheduler"], str) or meta["scheduler"] not in SCHEDULERS:
-        raise InputError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)}, got {meta['scheduler']!r}")
-    config = meta["scheduler_config"]
+def check_replay_meta(where: Path, meta: RunMeta) -> None:
+    """The settings a replay builds its SimConfig from, each of the type it needs (the kind was
+    checked on reading)."""
+    if not isinstance(meta.scheduler, str) or meta.scheduler not in SCHEDULERS:
+        raise InputError(f"{where}: scheduler must be one of {', '.join(SCHEDULERS)}, got {meta.scheduler!r}")
+    config = meta.scheduler_config
     known = set(SchedulerConfig.__dataclass_fields__)
     if not isinstance(config, dict) or not set(config) <= known:
         raise InputError(f"{where}: scheduler_config must be an object with keys among {', '.join(sorted(known))}, "
                          f"got {config!r}")
-    settings = [("block_size", meta["block_size"]), ("kv_blocks", meta["kv_blocks"])]
+    settings = [("block_size", meta.block_size), ("kv_blocks", meta.kv_blocks)]
     settings += [(f"scheduler_config.{k}", v) for k, v in config.items()]
     for key, value in settings:
         if value is None and key.split(".")[-1] in NULLABLE:
@@ -48,7 +48,7 @@ REPLAY = Needs(meta_keys=("kind", "scheduler", "scheduler_config", "block_size",
 @dataclass
 class MeasuredRun:
     path: Path
-    meta: dict
+    meta: RunMeta
     trace: object            # core.trace.Trace
     requests: object         # DataFrame, repeat 0
     steps: object            # DataFrame, every repeat's step log, with a `repeat` column
@@ -103,11 +103,11 @@ def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=No
     from stepcal.simulator.schedulers import SchedulerConfig
     from stepcal.simulator.simulation import SimConfig
     meta = run.meta
-    return SimConfig(scheduler=meta["scheduler"], scheduler_config=SchedulerConfig(**meta["scheduler_config"]),
-                     block_size=meta["block_size"], kv_blocks=meta["kv_blocks"], step_overhead_ms=step_overhead_ms,
+    return SimConfig(scheduler=meta.scheduler, scheduler_config=SchedulerConfig(**meta.scheduler_config),
+                     block_size=meta.block_size, kv_blocks=meta.kv_blocks, step_overhead_ms=step_overhead_ms,
                      front_end=front_end or FrontEnd(), record_batches=False,
-                     prefix_caching=meta.get("prefix_caching", False),   # runs written before prefix caching had none
-                     timeout_s=meta.get("timeout_s"))
+                     prefix_caching=meta.prefix_caching_on,   # runs written before prefix caching had none
+                     timeout_s=meta.timeout_s)
 
 
 def slowed_repeats(run: MeasuredRun) -> list[dict]:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stepcal.core.run_meta import RunMeta
+
 # The fingerprint fields (profiler.fingerprint) that make two runs the same device for run_cv; the
 # hostname, clocks and library versions may differ.
 DEVICE_FIELDS = ("device", "cpu_model", "num_cpus", "gpu_name", "num_threads")
@@ -86,7 +88,7 @@ def measured_scatter(run, more_runs: Sequence[RunPairs] = (), more_ratios: Seque
     if noise is None or not own:
         return None
     for other in more_runs:
-        check_same_device(run.meta.get("fingerprint"), other.meta, str(other.path))
+        check_same_device(run.meta.fingerprint, other.meta, str(other.path))
     ratios = [*own, *(r for other in more_runs for r in other.ratios), *more_ratios]
     # Log-normal factors' coefficient of variation: sqrt(exp(sigma^2) - 1), about sigma when small.
     cv = float(np.sqrt(np.expm1(noise.sigma_log ** 2)))
@@ -107,13 +109,14 @@ def scatter_run_dirs(paths: Sequence[str | Path], own: str | Path | None = None)
     `own`, the run being calibrated, and repeats of a run are dropped: a pair counts once."""
     from stepcal.core.errors import InputError
     from stepcal.core.measured_run import META, repeat_dirs
+    from stepcal.core.run_meta import is_measured_run
     skip = {Path(own).resolve()} if own is not None else set()
     found: list[Path] = []
     for given in map(Path, paths):
         if not given.is_dir() or (given / META).exists():
             runs = [given]        # a run (load_measured_run says what is wrong with it, if anything)
         else:
-            runs = sorted(m.parent for m in given.rglob(META) if _is_measured_run(m)
+            runs = sorted(m.parent for m in given.rglob(META) if is_measured_run(m.parent)
                           and not any(part.startswith(".") for part in m.relative_to(given).parts)
                           and len(repeat_dirs(m.parent)) >= 2)
             if not runs:
@@ -126,20 +129,12 @@ def scatter_run_dirs(paths: Sequence[str | Path], own: str | Path | None = None)
     return found
 
 
-def _is_measured_run(meta_path: Path) -> bool:
-    import json
-    try:
-        return json.loads(meta_path.read_text()).get("kind") == "measured_run"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def check_same_device(reference: dict | None, other_meta: dict, where: str) -> None:
+def check_same_device(reference: dict | None, other_meta: RunMeta, where: str) -> None:
     """InputError when the run `where` (its meta.json `other_meta`) was measured on another device than
     `reference` (a fingerprint): its speed pairs say nothing of this one. Runs without a fingerprint
     (imported ones) are taken as they are."""
     from stepcal.core.errors import InputError
-    other = other_meta.get("fingerprint")
+    other = other_meta.fingerprint
     if not isinstance(reference, dict) or not isinstance(other, dict):
         return
     field = differing_field(reference, other)
@@ -157,10 +152,9 @@ def check_scatter_runs(paths: Sequence[str | Path], reference: dict) -> None:
     """What `--scatter-runs` names, checked from each run's meta.json and repeat directories alone
     (before minutes of work, without reading its logs): runs of two or more repeats, measured on the
     device of the fingerprint `reference`."""
-    from stepcal.core.measured_run import META, repeat_dirs
-    from stepcal.core.readers import read_json
+    from stepcal.core.measured_run import repeat_dirs
     for path in scatter_run_dirs(paths):
-        meta = read_json(path / META, "the meta.json of a measured run, for --scatter-runs")
+        meta = RunMeta.read(path)
         if len(repeat_dirs(path)) < 2:
             raise one_repeat_error(path)
         check_same_device(reference, meta, str(path))
@@ -179,7 +173,7 @@ class RunPairs:
     """What run_cv needs of a --scatter-runs run: where it is, its meta.json (the fingerprint) and its
     pairs' log ratios (required_ratios)."""
     path: Path
-    meta: dict
+    meta: RunMeta
     ratios: tuple[float, ...]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from stepcal.core.run_meta import VLLM_BENCH
 from stepcal.experiments.replications import RANGES_PERCENTILES
 from stepcal.experiments.validation.compare import ValidationRecord, compare, step_matched_errors
 from stepcal.experiments.validation.extrapolated import beyond_fitted
@@ -16,7 +17,7 @@ from stepcal.experiments.validation.table import format_table
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
 # The measured runs served by the engine their scheduler names: imported from `vllm bench`, a vLLM
 # server's. A run of `stepcal measure` was served by the torch engine, whose host time is its own.
-ENGINE_SERVED_SOURCES = ("vllm-bench",)
+ENGINE_SERVED_SOURCES = (VLLM_BENCH,)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     from stepcal.simulator.simulation import simulate
 
     run = load_measured_run(measured)
-    served_by = run.meta["scheduler"] if run.meta.get("source") in ENGINE_SERVED_SOURCES else None
+    served_by = run.meta.scheduler if run.meta.source in ENGINE_SERVED_SOURCES else None
     (model,), added = resolve_step_models([step_model], host_defaults, served_by)
     config = sim_config_for(run, step_overhead_ms, front_end(model))
     # the replications first: their worker processes start before the plain run's logs are held

@@ -216,18 +216,16 @@ def write_vllm_bench_run(bench: VllmBench, out: str | Path, *, model_spec, sched
     _check_kv_capacity(bench, block_size, kv_blocks)
     from stepcal.core.measured_run import Repeat, write_measured_run
     from stepcal.core.metrics import clean_json, summarize
-    from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
+    from stepcal.core.run_meta import VLLM_BENCH, RunMeta
     trace = bench_trace(bench)
     requests = request_frame(bench)
     itls = [itl for itl in bench.itl_s if len(itl)]
     summary = clean_json(summarize(requests, itl_s=np.concatenate(itls) if itls else np.zeros(0)))
-    meta = {
-        "kind": "measured_run", "source": "vllm-bench", "schema_version": SCHEMA_VERSION,
-        "tool_version": TOOL_VERSION, "bench_file": str(bench.path), "model_spec": model_spec.to_dict(),
-        "scheduler": scheduler, "scheduler_config": asdict(scheduler_config), "block_size": block_size,
-        "kv_blocks": kv_blocks, "repeats": 1, "arrival_source": bench.arrival_source,
-        "num_requests": len(bench), "num_failed": int(bench.failed.sum()), "bench_totals": bench.totals,
-        "warnings": list(bench.warnings) + list(trace.warnings)}
+    meta = RunMeta(source=VLLM_BENCH, bench_file=str(bench.path), model_spec=model_spec.to_dict(),
+                   scheduler=scheduler, scheduler_config=asdict(scheduler_config), block_size=block_size,
+                   kv_blocks=kv_blocks, repeats=1, arrival_source=bench.arrival_source, num_requests=len(bench),
+                   num_failed=int(bench.failed.sum()), bench_totals=bench.totals,
+                   warnings=list(bench.warnings) + list(trace.warnings))
     return write_measured_run(out, trace, [Repeat(requests, empty_step_frame(), summary)], meta)
 
 

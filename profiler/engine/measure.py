@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from stepcal.core.measured_run import SAME_PLACE, read_measured_run, write_measured_run
+from stepcal.core.run_meta import RunMeta
 
 
 def warm_up(model, num_steps: int = 3) -> None:
@@ -90,8 +91,7 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
                 on_slowed(k, results[k].summary["slowest_window"],
                           "same place" if results[k].summary.get(SAME_PLACE) else "kept")
     meta = engine_meta(spec, config, device=device, dtype=dtype, num_threads=num_threads, trace_source=trace_source,
-                       repeats=repeats, fingerprint=hardware_fingerprint(device, num_threads))
-    meta["allocator"] = allocator
+                       repeats=repeats, fingerprint=hardware_fingerprint(device, num_threads), allocator=allocator)
     return write_measured_run(out, trace, results, meta)
 
 
@@ -166,12 +166,12 @@ _SAME_RUN_KEYS = ("model_spec", "device", "dtype", "num_threads", "scheduler", "
                   "kv_blocks", "clock", "seed", "prefix_caching")
 
 
-def _run_setting(meta: dict, key: str):
+def _run_setting(meta: RunMeta, key: str):
     """A setting of a measured run. Runs written before the engine cached prefixes lack
     "prefix_caching": they ran without it, whatever their scheduler (as validation reads them)."""
     if key == "prefix_caching":
-        return meta.get(key, False)
-    return meta.get(key)
+        return meta.prefix_caching_on
+    return getattr(meta, key)
 
 
 def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: tuple[int, ...] = ()) -> dict:
@@ -193,18 +193,17 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
     slowed = mark_slowest_windows(repeats)     # each part was judged against its own steps alone
     for k in set(kept_same_place).intersection(slowed):
         repeats[k].summary[SAME_PLACE] = True
-    return write_measured_run(out, runs[0].trace, repeats, dict(runs[0].meta, repeats=len(repeats)))
+    return write_measured_run(out, runs[0].trace, repeats, runs[0].meta.with_repeats(len(repeats)))
 
 
 def engine_meta(spec, config, *, device: str, dtype: str, num_threads: int, trace_source: str,
-                repeats: int, fingerprint: dict) -> dict:
-    from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
-    return {"kind": "measured_run", "schema_version": SCHEMA_VERSION, "tool_version": TOOL_VERSION,
-            "model_spec": spec.to_dict(), "device": device, "dtype": dtype, "num_threads": num_threads,
-            "fingerprint": fingerprint, "trace": trace_source, "repeats": repeats,
-            "scheduler": config.scheduler, "scheduler_config": asdict(config.scheduler_config),
-            "block_size": config.block_size, "kv_blocks": config.kv_blocks, "clock": config.clock,
-            "seed": config.seed, "prefix_caching": config.uses_prefix_caching, "timeout_s": config.timeout_s}
+                repeats: int, fingerprint: dict, allocator: dict | None = None) -> RunMeta:
+    """The meta.json of a run the engine served: its settings, the device and the machine."""
+    return RunMeta(model_spec=spec.to_dict(), device=device, dtype=dtype, num_threads=num_threads,
+                   fingerprint=fingerprint, trace_source=trace_source, repeats=repeats,
+                   scheduler=config.scheduler, scheduler_config=asdict(config.scheduler_config),
+                   block_size=config.block_size, kv_blocks=config.kv_blocks, clock=config.clock, seed=config.seed,
+                   prefix_caching=config.uses_prefix_caching, timeout_s=config.timeout_s, allocator=allocator)
 
 
 __all__ = ["combine_repeats", "engine_meta", "mark_slowest_windows", "measure_trace", "serve_slowed_again",

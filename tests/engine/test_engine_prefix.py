@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from stepcal.core.model_spec import PRESETS
+from stepcal.core.run_meta import RunMeta
 from stepcal.core.trace import Trace
 from stepcal.profiler.engine import Engine, EngineConfig
 from stepcal.profiler.engine.engine import prompt_tokens
@@ -190,13 +191,13 @@ def test_the_pool_grows_keeping_its_blocks(tiny):
 def test_the_measured_run_records_prefix_caching():
     spec = PRESETS["tiny"]
     meta = {s: engine_meta(spec, EngineConfig(scheduler=s), device="cpu", dtype="float32", num_threads=1,
-                           trace_source="t", repeats=1, fingerprint={})["prefix_caching"] for s in ("vllm", "sarathi")}
+                           trace_source="t", repeats=1, fingerprint={}).prefix_caching for s in ("vllm", "sarathi")}
     assert meta == {"vllm": True, "sarathi": False}
     assert engine_meta(spec, EngineConfig(scheduler="vllm", prefix_caching=False), device="cpu", dtype="float32",
-                       num_threads=1, trace_source="t", repeats=1, fingerprint={})["prefix_caching"] is False
+                       num_threads=1, trace_source="t", repeats=1, fingerprint={}).prefix_caching is False
     # runs written before the key existed ran without prefix caching, even under vllm
-    assert _run_setting({"scheduler": "vllm"}, "prefix_caching") is False
-    assert _run_setting({"scheduler": "vllm", "prefix_caching": True}, "prefix_caching") is True
+    assert _run_setting(RunMeta.from_dict({"scheduler": "vllm"}), "prefix_caching") is False
+    assert _run_setting(RunMeta.from_dict({"scheduler": "vllm", "prefix_caching": True}), "prefix_caching") is True
 
 
 # -- clients: closed-loop turns and timeouts (as the simulator's, simulator.client) ------------------

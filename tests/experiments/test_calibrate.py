@@ -131,14 +131,15 @@ def synthetic_run(trace, model, front_end_seed: int, scatter=None):
     from dataclasses import asdict
     from pathlib import Path
 
+    from stepcal.core.run_meta import RunMeta
     from stepcal.experiments.validation.measured import MeasuredRun
     from stepcal.simulator.schedulers import SchedulerConfig
     from stepcal.simulator.simulation import SimConfig, simulate
     config = SimConfig(scheduler="vllm", front_end=model.front_end, front_end_seed=front_end_seed,
                        scatter=scatter, scatter_seed=front_end_seed, record_batches=False)
     result = simulate(trace, model, config)
-    meta = {"scheduler": "vllm", "scheduler_config": asdict(SchedulerConfig()), "block_size": 16, "kv_blocks": None,
-            "prefix_caching": False}
+    meta = RunMeta(scheduler="vllm", scheduler_config=asdict(SchedulerConfig()), block_size=16, kv_blocks=None,
+                   prefix_caching=False)
     return MeasuredRun(Path("synthetic"), meta, trace, result.requests, result.steps,
                        RunStats.from_summary(result.summary))
 

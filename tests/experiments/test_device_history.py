@@ -28,8 +28,8 @@ def test_recorded_runs_keep_their_pairs_and_device_and_a_rerun_replaces_its_entr
     for e in added:    # the single-repeat run has no pair: passed over
         run = load_measured_run(e.run)
         assert list(e.ratios) == pytest.approx(speed_log_ratios(run))
-        assert e.device == {k: run.meta["fingerprint"][k] for k in device_history.DEVICE_FIELDS
-                            if k in run.meta["fingerprint"]}
+        assert e.device == {k: run.meta.fingerprint[k] for k in device_history.DEVICE_FIELDS
+                            if k in run.meta.fingerprint}
         assert e.campaign == str(Path("campaign").resolve())
     assert len(added[1].ratios) == 2       # four repeats: two pairs
     assert read_history(ledger).entries == tuple(added)

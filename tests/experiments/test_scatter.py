@@ -76,7 +76,7 @@ def test_a_history_runs_pairs_are_loaded_once_until_its_step_logs_change(runs, t
     monkeypatch.setattr(measured, "load_measured_run", lambda path: loads.append(path) or real(path))
     first = run_pairs(run)
     assert run_pairs(run) is first and len(loads) == 1
-    assert first.ratios == tuple(speed_log_ratios(real(run))) and first.meta["kind"] == "measured_run"
+    assert first.ratios == tuple(speed_log_ratios(real(run))) and first.meta == real(run).meta and first.meta.fingerprint
     steps = run / "repeat_1" / "steps.parquet"
     stamp = steps.stat().st_mtime_ns
     os.utime(steps, ns=(stamp + 10**9, stamp + 10**9))    # rewritten: read again

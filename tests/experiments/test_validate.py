@@ -138,7 +138,7 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     out = tmp_path / "v"
     assert main(["validate", "--measured", str(measured), "--step-model", "const:2", "--quiet", "--out", str(out)]) == 0
     record = json.loads((out / "validation.json").read_text())
-    assert list(record) == ["measured_run", "num_requests", "num_repeats", "num_finished_both",
+    assert list(record) == ["kind", "schema_version", "tool_version", "measured_run", "num_requests", "num_repeats", "num_finished_both",
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
                             "prefix_reuse", "ranges", "step_split", "slowed_repeats", "beyond_fitted",

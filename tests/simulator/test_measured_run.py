@@ -18,6 +18,7 @@ from stepcal.core.measured_run import (
     repeat_dirs,
     write_measured_run,
 )
+from stepcal.core.run_meta import RunMeta
 from stepcal.core.trace import Trace
 
 
@@ -40,7 +41,7 @@ def trace():
 
 def test_the_layout_and_what_it_reads_back(tmp_path, trace):
     repeats = [repeat(0), repeat(1)]
-    written = write_measured_run(tmp_path / "run", trace, repeats, {"kind": "measured_run", "ratio": float("nan")})
+    written = write_measured_run(tmp_path / "run", trace, repeats, RunMeta(scheduler="vllm", extra={"ratio": float("nan")}))
     files = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*") if p.is_file())
     assert files == ["meta.json", "repeat_0/requests.parquet", "repeat_0/steps.parquet", "repeat_0/summary.json",
                      "repeat_1/requests.parquet", "repeat_1/steps.parquet", "repeat_1/summary.json", "summary.json",
@@ -51,7 +52,7 @@ def test_the_layout_and_what_it_reads_back(tmp_path, trace):
     assert written["noise_floor"]["throughput_rps"] == pytest.approx(1.0)
     assert written["noise_floor"]["ttft_ms"]["p90"] is None and written["noise_floor"]["e2e_ms"]["p50"] is None
     run = read_measured_run(tmp_path / "run")
-    assert run.meta == {"kind": "measured_run", "ratio": None}          # NaN is written as null
+    assert run.meta == RunMeta(scheduler="vllm", extra={"ratio": None})          # NaN is written as null
     assert run.summary == written == json.loads((tmp_path / "run" / "summary.json").read_text())
     assert run.trace.to_frame().equals(trace.to_frame())
     for got, sent in zip(run.repeats, repeats):
@@ -61,13 +62,13 @@ def test_the_layout_and_what_it_reads_back(tmp_path, trace):
 
 
 def test_one_repeat_has_no_noise_floor(tmp_path, trace):
-    written = write_measured_run(tmp_path / "run", trace, [repeat(0)], {})
+    written = write_measured_run(tmp_path / "run", trace, [repeat(0)], RunMeta())
     assert written == summary(10.0, 2.0)
     assert len(read_measured_run(tmp_path / "run").repeats) == 1
 
 
 def test_a_missing_file_names_the_argument_and_the_file(tmp_path, trace):
-    write_measured_run(tmp_path / "run", trace, [repeat(0)], {})
+    write_measured_run(tmp_path / "run", trace, [repeat(0)], RunMeta())
     (tmp_path / "run" / "repeat_0" / "steps.parquet").unlink()
     with pytest.raises(InputError) as missing:
         read_measured_run(tmp_path / "run", arg_name="--measured")
