@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from stepcal.profiler.noise_policy import NoisePolicy
+
 
 @dataclass(frozen=True)
 class FitOptions:
@@ -34,6 +36,7 @@ class FitOptions:
     register: str | None = None
     no_mlflow: bool = False
     scatter_runs: list[str] = field(default_factory=list)
+    noise: NoisePolicy | None = None     # None: the profiles' device's
 
 
 def fit_tables(options: FitOptions) -> None:
@@ -77,7 +80,7 @@ def fit_tables(options: FitOptions) -> None:
     records = select_records(load_profiles(options.profile, options.format), device=options.device,
                              dtype=dtype, tp=options.tp, ops=ops)
     profile_speed_probes(records)   # each profile's meta.json read now: one of a newer schema is refused before fitting
-    records, slowed = without_slowed_servings(records)
+    records, slowed = without_slowed_servings(records, options.noise)
     if slowed:
         from stepcal.profiler.slowed_servings import describe
         print(describe(slowed), flush=True)
@@ -104,15 +107,19 @@ def fit_tables(options: FitOptions) -> None:
     _report(result, meta, out, time.perf_counter() - started)
 
 
-def without_slowed_servings(records):
+def without_slowed_servings(records, noise=None):
     """The records less the served steps the machine slowed (stretches of a serving: profiler.slowed_servings),
     where a workload was served more than once (two profiles: the campaign's halves, a device profiled
     twice; or a grid's [serve] rounds): a pooled row's time from its other passes, a row with none
-    left out. Returns them and the slowed servings."""
+    left out. Returns them and the slowed servings; the records as they are where the NoisePolicy
+    `noise` (None: the profiles' device's) does not drop slowed servings."""
     from stepcal.profiler.serve import SERVED
-    from stepcal.profiler.slowed_servings import find_slowed, kept_times, read_served
+    from stepcal.profiler.slowed_servings import find_slowed, kept_times, profiled_device, read_served
     served = records["source"].eq("profile") & records["name"].eq(SERVED)
     files = [f for f in records.loc[served, "file"].unique() if str(f).endswith(".parquet")]
+    noise = noise if noise is not None else NoisePolicy.for_device(profiled_device(files))
+    if not noise.drop_slowed_servings:
+        return records, []
     frames = {f: read_served(f) for f in files}
     slowed = find_slowed(frames) if frames else []
     if not slowed:

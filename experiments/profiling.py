@@ -14,10 +14,11 @@ OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe",
 def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str | None = None,
                     grid: str = "quick", dtype: str | None = None, threads: int = 1, max_minutes: float | None = None,
                     shard: str = "0/1", seed: int = 0, retry_failed: bool = False, progress: bool = True,
-                    rounds: int | None = None):
+                    rounds: int | None = None, noise=None):
     """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result.
     `ops` None: every op the model has (moe for mixture-of-experts models only). `rounds`: passes
-    over the grid instead of the grid's own number (the quickstart splits them over its run)."""
+    over the grid instead of the grid's own number (the quickstart splits them over its run).
+    `noise`: the sweep's profiler.noise_policy.NoisePolicy (None: the device's)."""
     from stepcal.core.model_files import load_model_spec
     from stepcal.profiler.grid import load_grid, ops_for, parse_shard
 
@@ -43,7 +44,7 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
 
     from stepcal.profiler.sweep import SweepConfig, run_sweep
     config = SweepConfig(spec=spec, device=device, dtype=dtype, ops=op_names, grid=points,
-                         num_threads=threads, shard=shard_part, seed=seed)
+                         num_threads=threads, shard=shard_part, seed=seed, noise=noise)
     return run_sweep(config, out, max_minutes=max_minutes, retry_failed=retry_failed, progress=progress)
 
 

@@ -52,11 +52,14 @@ OPS = "gemm,attn_prefill,attn_decode,elementwise,overhead,step,host,serve"
 
 def config_of(args):
     from stepcal.experiments.campaign import CampaignConfig
+    from stepcal.profiler.noise_policy import NOISE_FLOOR_REPEATS, NoisePolicy
+    # a device lent for minutes has no time for repeats served again, on a CPU dry run too
+    noise = NoisePolicy.for_device(args.device).with_retry_slowed(0)
     return CampaignConfig(out=Path(args.work), model_spec=args.model_spec, device=args.device,
                           schedulers=tuple(args.schedulers.split(",")), num_requests=args.num_requests,
-                          prompt=args.prompt, output=args.output, chunk_size=args.chunk_size, repeats=2,
-                          trials=args.trials, profile_ops=OPS, history_file=None, retry_slowed=0,
-                          seed=args.seed)
+                          prompt=args.prompt, output=args.output, chunk_size=args.chunk_size,
+                          repeats=NOISE_FLOOR_REPEATS, trials=args.trials, profile_ops=OPS, history_file=None,
+                          noise=noise, seed=args.seed)
 
 
 def profile_pass(campaign, name: str, minutes: float, *, whole: bool = False) -> None:
@@ -66,7 +69,7 @@ def profile_pass(campaign, name: str, minutes: float, *, whole: bool = False) ->
     from stepcal.experiments.profiling import describe_sweep, profile_kernels
     c = campaign.c
     result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops, grid=c.grid,
-                             progress=False, rounds=1, max_minutes=minutes)
+                             progress=False, rounds=1, max_minutes=minutes, noise=c.noise)
     print(describe_sweep(result), file=sys.stderr, flush=True)
     if result.complete or not whole:
         campaign.profiled.append(name)
@@ -143,7 +146,8 @@ def measure_loads(campaign, capacity: dict, deadline: float) -> dict:
         pace_s = max(pace_s, (time.monotonic() - started) / c.num_requests)   # the machine may have slowed
     for (s, load), kept in done.items():
         if kept:
-            combine_repeats([parts / s / load_name(load) / str(k) for k in kept], c.measured_dir(s, load), ())
+            combine_repeats([parts / s / load_name(load) / str(k) for k in kept], c.measured_dir(s, load), (),
+                            noise=c.noise)
     shutil.rmtree(parts, ignore_errors=True)
     return {f"{s}/{load_name(load)}": kept for (s, load), kept in done.items()}
 

@@ -31,12 +31,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+# the measured runs' threshold and stretch (profiler.engine.slowdown's): servings are judged alike
+from stepcal.profiler.noise_policy import SLOWED_RATIO
+from stepcal.profiler.noise_policy import SLOWED_WINDOW_STEPS as WINDOW_STEPS
 from stepcal.profiler.serve import SERVED
 
-# The measured runs' threshold and stretch (profiler.engine.slowdown's SLOWED_RATIO and WINDOW_STEPS,
-# which import the engine and torch with them; a test keeps them equal).
-SLOWED_RATIO = 1.25
-WINDOW_STEPS = 32
 MIN_STEPS = 8          # steps a workload's servings must share to be compared
 COLUMNS = ["point_key", "op", "name", "q_lens", "kv_lens", "time_ms", "samples_ms"]
 
@@ -175,6 +174,19 @@ def read_served(path: str) -> pd.DataFrame:
     import pyarrow.parquet as pq
     names = set(pq.read_schema(path).names)
     return pd.read_parquet(path, columns=[c for c in COLUMNS if c in names])
+
+
+def profiled_device(paths) -> str:
+    """"cuda" where every one of these profile tables was timed on a GPU (their `device` column, the
+    sweep's cpu or cuda), else "cpu": the device whose NoisePolicy says whether the fit drops slowed
+    servings (a table without the column counts as the CPU's, as every profile was before GPUs)."""
+    import pyarrow.parquet as pq
+    devices = set()
+    for path in paths:
+        if "device" not in pq.read_schema(path).names:
+            return "cpu"
+        devices |= {str(d) for d in pd.read_parquet(path, columns=["device"])["device"].dropna().unique()}
+    return "cuda" if devices and all(d.startswith("cuda") for d in devices) else "cpu"
 
 
 def describe(slowed: list[SlowedServing], limit: int = 3) -> str:

@@ -11,9 +11,10 @@ Between engine points the guard times a short fixed decode step (the runs' speed
 steps) at most every `every_s` (so that probing costs about 3% of the sweep). Where a probe finds
 the machine more than `slow_factor` slower than its normal speed (the median of the sweep's other
 probes), the engine points timed since the previous probe, and those timed until the next, are
-timed again at the end of the sweep, once, after waiting up to WAIT_MAX_S for the machine to
+timed again at the end of the sweep, once, after waiting up to `wait_max_s` for the machine to
 recover; each keeps the faster of its two rounds. A point timed in a later round since is left as
-it is: its rounds pooled outvote the slowed one (and timing it again would drop them).
+it is: its rounds pooled outvote the slowed one (and timing it again would drop them). The settings
+are a NoisePolicy's (profiler.noise_policy: `for_policy`), which says whether a sweep runs a guard.
 """
 from __future__ import annotations
 
@@ -23,19 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepcal.profiler.noise_policy import NoisePolicy
+
 GUARDED_OPS = frozenset({"step", "host"})   # one row per point; a `serve` point's served-step rows are not guarded
-GUARD_STEPS = 20        # decode steps of a guard probe (the runs' probe times 200)
-SLOW_FACTOR = 1.5       # a probe this much slower than the machine's normal speed is a slow stretch
-PROBE_SHARE = 0.03      # of the sweep's time spent probing, at most: the probes' spacing
-MIN_EVERY_S = 5.0       # and at least this far apart
-WAIT_STEP_S, WAIT_MAX_S = 3.0, 30.0   # before timing the slowed points again: probe every 3 s, for 30 s at most
-
-
-def every_s(start_probe_ms: float) -> float:
-    """Seconds between probes for a machine whose start probe took `start_probe_ms` a step: 5 s for
-    the tiny model on a CPU (a probe there takes about 0.1 s), about 20 s on an H200 (0.6 s)."""
-    probe_s = GUARD_STEPS * 1.2 * start_probe_ms / 1000.0   # the untimed warm-up fifth included
-    return max(MIN_EVERY_S, probe_s / PROBE_SHARE)
+_DEFAULT = NoisePolicy()
+GUARD_STEPS = _DEFAULT.guard_probe_steps      # the policy's defaults, by their old names
+SLOW_FACTOR = _DEFAULT.guard_slow_factor
+MIN_EVERY_S = _DEFAULT.guard_min_every_s
+WAIT_STEP_S, WAIT_MAX_S = _DEFAULT.guard_wait_step_s, _DEFAULT.guard_wait_max_s
 
 
 @dataclass
@@ -43,8 +39,10 @@ class SpeedGuard:
     probe_ms: Callable[[], float]       # the fixed decode step's time now
     clock: Callable[[], float]
     start_ms: float                     # the sweep's start probe
-    every_s: float = MIN_EVERY_S        # seconds between probes, at least (every_s() sets it)
+    every_s: float = MIN_EVERY_S        # seconds between probes, at least (for_policy sets it)
     slow_factor: float = SLOW_FACTOR
+    wait_step_s: float = WAIT_STEP_S    # before timing the slowed points again: probe this often,
+    wait_max_s: float = WAIT_MAX_S      # for this long at most
     probes_ms: list[float] = field(default_factory=list)
     _normal_ms: list[float] = field(init=False)     # the probes not in a slow stretch, the start's first
     _since: list = field(default_factory=list, init=False)   # (point, its rows) since the last probe
@@ -54,6 +52,14 @@ class SpeedGuard:
     def __post_init__(self) -> None:
         self._normal_ms = [self.start_ms]
         self._last_s = self.clock()   # made just after the sweep's start probe
+
+    @classmethod
+    def for_policy(cls, policy: NoisePolicy, probe_ms: Callable[[], float], clock: Callable[[], float],
+                   start_ms: float) -> SpeedGuard:
+        """A guard with `policy`'s settings (its spacing from the start probe); `probe_ms` times
+        policy.guard_probe_steps steps."""
+        return cls(probe_ms, clock, start_ms, every_s=policy.guard_every_s(start_ms), slow_factor=policy.guard_slow_factor,
+                   wait_step_s=policy.guard_wait_step_s, wait_max_s=policy.guard_wait_max_s)
 
     @property
     def reference_ms(self) -> float:
@@ -87,14 +93,14 @@ class SpeedGuard:
         self.probes_ms.append(probe)
         return probe > self.slow_factor * self.reference_ms
 
-    def wait_recovered(self, sleep: Callable[[float], None] = time.sleep, max_s: float = WAIT_MAX_S) -> bool:
-        """Probe every WAIT_STEP_S until the machine is out of its slow stretch, for max_s at most
-        (WAIT_MAX_S, or what the sweep's budget has left); whether it is out."""
-        deadline = self.clock() + min(max_s, WAIT_MAX_S)
+    def wait_recovered(self, sleep: Callable[[float], None] = time.sleep, max_s: float = float("inf")) -> bool:
+        """Probe every wait_step_s until the machine is out of its slow stretch, for wait_max_s at
+        most, or max_s (what the sweep's budget has left) where less; whether it is out."""
+        deadline = self.clock() + min(max_s, self.wait_max_s)
         while self.slow():
             if self.clock() >= deadline:
                 return False
-            sleep(WAIT_STEP_S)
+            sleep(self.wait_step_s)
         return True
 
     def finish(self) -> list:

@@ -23,9 +23,9 @@ from stepcal.core.profile_meta import ProfileMeta
 from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.profiler.allocator import configure_allocator
 from stepcal.profiler.grid import Grid
+from stepcal.profiler.noise_policy import NoisePolicy
 from stepcal.profiler.point import Point
-from stepcal.profiler.speed_guard import GUARD_STEPS, SpeedGuard
-from stepcal.profiler.speed_guard import every_s as guard_every_s
+from stepcal.profiler.speed_guard import SpeedGuard
 from stepcal.profiler.store import ProfileDir
 from stepcal.profiler.timing import Measurement, TimingPolicy, torch_threads
 
@@ -44,6 +44,11 @@ class SweepConfig:
     num_threads: int = 1
     shard: tuple[int, int] = (0, 1)
     seed: int = 0
+    noise: NoisePolicy | None = None   # None: NoisePolicy.for_device(device); not part of the identity
+
+    @property
+    def noise_policy(self) -> NoisePolicy:
+        return self.noise if self.noise is not None else NoisePolicy.for_device(self.device)
 
     def identity(self) -> dict:
         """What must match for a run to resume (or merge with) another."""
@@ -82,7 +87,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None
     count set to the config's for the sweep and restored after it."""
     started = clock()
     _check_device(config.device)
-    allocator = configure_allocator() if config.device == "cpu" else None
+    allocator = configure_allocator() if config.noise_policy.cpu_allocator else None
     with torch_threads(config.num_threads):
         return _run_sweep(config, Path(out), started, max_minutes, retry_failed, progress, timer_factory, clock,
                           allocator)
@@ -116,13 +121,15 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
             "torch_version": torch.__version__, "tool_version": TOOL_VERSION,
             "schema_version": SCHEMA_VERSION, "fingerprint_id": fingerprint_id(fingerprint)}
         measurer = PointMeasurer(config, timer_factory)
-        start_probe_ms = engine_speed_probe_ms(tasks, measurer.ctx)
-        guard = speed_guard(measurer, start_probe_ms, clock)
+        noise = config.noise_policy
+        start_probe_ms = engine_speed_probe_ms(tasks, measurer.ctx, noise.speed_probe_steps)
+        guard = speed_guard(measurer, start_probe_ms, clock, noise)
         measured, measured_again = _measure_all(tasks, previous, measurer, pdir, provenance,
                                                 sum(min(n, wanted[k]) for k, n in done.items()),
                                                 sum(wanted.values()), started, max_minutes, progress, clock, guard)
         # each sweep's pair of probes, a resumed one's after the earlier ones
-        probes_ms = [] if start_probe_ms is None else [start_probe_ms, engine_speed_probe_ms(tasks, measurer.ctx)]
+        probes_ms = [] if start_probe_ms is None else [start_probe_ms, engine_speed_probe_ms(tasks, measurer.ctx,
+                                                                                            noise.speed_probe_steps)]
         meta = meta.with_speed(probes_ms, guard.record(measured_again) if guard is not None and guard.probes_ms
                                else None)
         frame = pdir.compact([p.key for p in config.grid.points])
@@ -143,7 +150,7 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
 ENGINE_OPS = frozenset({"step", "host", "serve"})   # the ops that run the engine's own model
 
 
-def engine_speed_probe_ms(tasks, ctx) -> float | None:
+def engine_speed_probe_ms(tasks, ctx, num_steps: int = NoisePolicy.speed_probe_steps) -> float | None:
     """The machine's speed now, when the sweep times the engine (step, host or serve points): the
     fixed decode step each measured run times before and after its repeats
     (profiler.engine.measure.speed_probe_ms), on the profile's own model. meta.json keeps one before
@@ -154,16 +161,17 @@ def engine_speed_probe_ms(tasks, ctx) -> float | None:
     from stepcal.profiler.engine.measure import speed_probe_ms, warm_up
     model = ctx.model()
     warm_up(model)
-    return speed_probe_ms(model)
+    return speed_probe_ms(model, num_steps=num_steps)
 
 
-def speed_guard(measurer, start_probe_ms: float | None, clock) -> SpeedGuard | None:
-    """The sweep's guard against slow stretches (profiler.speed_guard), where it times the engine."""
-    if start_probe_ms is None:
+def speed_guard(measurer, start_probe_ms: float | None, clock, noise: NoisePolicy) -> SpeedGuard | None:
+    """The sweep's guard against slow stretches (profiler.speed_guard), where it times the engine and
+    the policy runs one."""
+    if start_probe_ms is None or not noise.speed_guard:
         return None
     from stepcal.profiler.engine.measure import speed_probe_ms
-    return SpeedGuard(lambda: speed_probe_ms(measurer.ctx.model(), num_steps=GUARD_STEPS), clock, start_probe_ms,
-                      every_s=guard_every_s(start_probe_ms))
+    return SpeedGuard.for_policy(noise, lambda: speed_probe_ms(measurer.ctx.model(), num_steps=noise.guard_probe_steps),
+                                 clock, start_probe_ms)
 
 
 def _faster(row: dict, other: dict) -> bool:

@@ -40,6 +40,7 @@ from stepcal.experiments.campaign.config import CALIBRATED, PROFILED_OPS, Campai
 from stepcal.experiments.campaign.headline import Headline, HeadlineRow
 from stepcal.experiments.output_paths import check_output
 from stepcal.experiments.replications import RangesSettings, replicate_ranges
+from stepcal.profiler.noise_policy import NoisePolicy
 
 T = TypeVar("T")
 
@@ -47,11 +48,11 @@ T = TypeVar("T")
 def retry_spent(retries: int) -> str:
     """The calibration's hint for a repeat still slowed: served again `retries` times already."""
     if retries == 0:
-        return "this campaign serves no slowed repeat again (retry_slowed 0)"
+        return "this campaign serves no slowed repeat again (retry_slowed_repeats 0)"
     return f"the quickstart served this run's slowed repeats again {retries} times, its most"
 
 
-RETRY_SPENT = retry_spent(CampaignConfig.retry_slowed)   # the quickstart's
+RETRY_SPENT = retry_spent(NoisePolicy.for_device("cpu").retry_slowed_repeats)   # the quickstart's
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Campaign:
         from stepcal.experiments.profiling import describe_sweep, profile_kernels
         c = self.c
         result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops,
-                                 grid=c.grid, progress=False, rounds=rounds)
+                                 grid=c.grid, progress=False, rounds=rounds, noise=c.noise)
         self.profiled.append(name)
         print(describe_sweep(result), file=sys.stderr)
         if not result.complete:
@@ -261,7 +262,9 @@ class Campaign:
         # EngineConfig's KV block size is measure's --block-size default
         config = EngineConfig(scheduler=scheduler, scheduler_config=checked_scheduler_config(chunk_size=c.chunk_size),
                               seed=c.seed)
-        return measure_trace(trace, spec, config, str(out), device=c.device, trace_source=workload)
+        # one repeat per call: serve_slowed_again below judges it against the run's other repeats
+        return measure_trace(trace, spec, config, str(out), device=c.device, trace_source=workload,
+                             noise=c.noise.with_retry_slowed(0))
 
     def fit(self, logs: list[Path], ops: str | None, out: Path, profiles: list[str] | None = None,
             track: bool = True) -> None:
@@ -270,7 +273,7 @@ class Campaign:
         c = self.c
         profiles = self.profile_files() if profiles is None else profiles
         fit_tables(FitOptions(profile=[*profiles, *map(str, logs)], out=str(out), ops=ops, model_spec=c.model_spec,
-                              regressor="tuned", trials=c.trials, seed=c.seed, no_mlflow=not track))
+                              regressor="tuned", trials=c.trials, seed=c.seed, no_mlflow=not track, noise=c.noise))
 
     def profile_halves(self) -> dict:
         """The profiled tables fitted on each half of the profile alone (OUT/reproducibility), and
@@ -347,7 +350,7 @@ class Campaign:
                 f"calibrate host terms of the {base} tables on {s} at {c.loads[0]:.0%} load", s, name, target,
                 (str(c.measured_dir(s, c.loads[0])), str(tables), str(target)),
                 {"scatter_runs": others, "scatter_profiles": halves, "history": [e.pairs() for e in self.history_used],
-                 "step_log": False, "retry_hint": retry_spent(c.retry_slowed)}))
+                 "step_log": False, "retry_hint": retry_spent(c.noise.retry_slowed_repeats)}))
         return jobs
 
     def calibrate_in_pool(self, jobs: list[CalibrationJob]) -> None:
@@ -393,13 +396,14 @@ class Campaign:
             for load in c.loads:
                 kept = self.serve_slowed_again(s, load, capacity[s], parts)
                 combine_repeats([parts / s / load_name(load) / str(k) for k in range(c.repeats)],
-                                c.measured_dir(s, load), kept)
+                                c.measured_dir(s, load), kept, noise=c.noise)
         shutil.rmtree(parts)
 
     def serve_slowed_again(self, scheduler: str, load: float, capacity_rps: float, parts: Path) -> tuple[int, ...]:
         """A repeat the machine slowed (a stretch of its steps far slower than the run's other steps of
-        that size: profiler.engine.slowdown) is served again, up to config.retry_slowed times per run
-        (profiler.engine.measure.serve_slowed_again, the rule of `stepcal measure --retry-slowed`). On
+        that size: profiler.engine.slowdown) is served again, up to config.noise.retry_slowed_repeats
+        times per run (profiler.engine.measure.serve_slowed_again, the rule of `stepcal measure
+        --retry-slowed`); none where the noise policy marks no slowed window (CUDA's). On
         this project's VMs another process takes the cores for a second or two now and then; a run
         lasts a few seconds, and one such stretch moved a bursty run's TTFT P50 from 128 to 365 ms, a
         miss no model can avoid and a noise floor that excuses every other. The served-again repeats
@@ -409,6 +413,8 @@ class Campaign:
         from stepcal.profiler.engine.measure import serve_slowed_again
         from stepcal.profiler.engine.slowdown import SlowestWindow
         c = self.c
+        if not c.noise.mark_slowed_windows:    # the rule is a shared CPU's (profiler.noise_policy)
+            return ()
         dirs = [parts / scheduler / load_name(load) / str(k) for k in range(c.repeats)]
         repeats = []
 
@@ -422,7 +428,7 @@ class Campaign:
             self.stage(f"measure {scheduler} at {load:.0%} load again (repeat {k + 1} of {c.repeats}: the machine "
                        f"slowed it, {why})", "measure",
                        lambda: self.measure(scheduler, c.workload(load * capacity_rps), dirs[k]))
-        slowed = serve_slowed_again(current, again, c.retry_slowed)
+        slowed = serve_slowed_again(current, again, c.noise.retry_slowed_repeats)
         kept = tuple(k for k in slowed if repeats[k].summary.get(SAME_PLACE))
         for k in kept:
             why = SlowestWindow.from_dict(repeats[k].summary["slowest_window"]).describe()

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepcal.profiler.noise_policy import NOISE_FLOOR_REPEATS, NoisePolicy
+
 KERNEL_OPS = ("gemm", "attn_prefill", "attn_decode", "elementwise", "overhead", "moe")   # moe: MoE models only
 CALIBRATED = ("calibrated", "profiled_cal")   # the step models with host terms fitted to a request log
 PROFILED_OPS = ("step", "host")    # what the "profiled" tables need: whole-step device time and host time
@@ -20,7 +22,7 @@ class CampaignConfig:
     prompt: str = "lognormal:128:0.8"
     output: str = "lognormal:32:0.8"
     chunk_size: int = 64
-    repeats: int = 2
+    repeats: int = NOISE_FLOOR_REPEATS
     trials: int = 4
     grid: str = "quick"
     profile_ops: str | None = None                  # e.g. "step,overhead" (None: every op of the grid)
@@ -29,9 +31,15 @@ class CampaignConfig:
     workers: int = 1                                # processes for those replications
     scatter_runs: tuple[str, ...] = ()              # earlier runs or campaigns of this device: run_cv's history
     history_file: Path | None = None                # the device's ledger of run pairs, read and added to (None: off)
-    retry_slowed: int = 2                           # times a run's slowed repeats are served again, in all
+    # how the profile, the runs and the fit handle noise (its retry_slowed_repeats: times a run's
+    # slowed repeats are served again, in all); None: NoisePolicy.for_device(device)
+    noise: NoisePolicy | None = None
     seed: int = 0
     timings: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.noise is None:
+            self.noise = NoisePolicy.for_device(self.device)
 
     def workload(self, rate_rps: float, num_requests: int | None = None) -> str:
         n = num_requests or self.num_requests

@@ -21,13 +21,14 @@ def register(subparsers) -> None:
         "grid's [serve] rounds), the stretches the machine slowed are left out: 32 steps whose median is over "
         "1.25x another serving's over the same steps, once each pass's overall drift is taken out (a pooled row "
         "keeps its other passes), as a measured run's slowed repeat is served again; meta.json lists the "
-        "servings and their steps (slowed_servings).",
+        "servings and their steps (slowed_servings). That rule is for a shared CPU's cores: on for profiles "
+        "timed on the cpu, off for those timed on cuda (the profiles' device column).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_input_flags(p)
     _add_parallelism_flags(p)
     _add_regressor_flags(p)
     _add_output_flags(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, noise=None)   # FitOptions.noise: the profiles' device's
 
 
 def _add_input_flags(p) -> None:

@@ -40,8 +40,9 @@ def register(subparsers) -> None:
                         "other repeats' over the same stretch, or 1.4x with one repeat), up to N times in all; "
                         "one slowed again in the same place is kept, as the engine's own, and its summary.json "
                         "says so (slow_again_in_same_place: validate then notes it instead of warning) "
-                        "(default 0: such repeats are kept, and named on stderr; each repeat's summary.json "
-                        "records its slowest_window either way)")
+                        "(default 0: such repeats are kept, and named on stderr; on cpu each repeat's summary.json "
+                        "records its slowest_window either way, on cuda only with N > 0: the rule is for a shared "
+                        "CPU's cores)")
     p.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights, prompt tokens and generated workloads")
     p.add_argument("--timeout-s", type=argtypes.seconds, default=None,
                    help="client timeout for requests whose trace gives no timeout_s: the engine aborts a request "
@@ -70,7 +71,7 @@ def run(args) -> int:
     print_warnings(trace.warnings)
     summary = measure_trace(trace, spec, _engine_config(args), args.out, device=args.device, dtype=args.dtype,
                             num_threads=args.threads, repeats=args.repeats, trace_source=str(args.trace),
-                            on_repeat=None if args.quiet else _print_repeat, retry_slowed=args.retry_slowed,
+                            on_repeat=None if args.quiet else _print_repeat, noise=noise_policy(args),
                             on_slowed=partial(_print_slowed, hint=args.retry_slowed == 0))
     if not args.quiet:
         print(format_summary(summary))
@@ -80,6 +81,12 @@ def run(args) -> int:
                 f"{m} p50 {_pct(nf[m]['p50'])} p99 {_pct(nf[m]['p99'])}" for m in ("ttft_ms", "tpot_ms", "e2e_ms")))
         print(f"wrote {args.out}")
     return 0
+
+
+def noise_policy(args):
+    """The measured run's noise handling: the device's (profiler.noise_policy), with --retry-slowed."""
+    from stepcal.profiler.noise_policy import NoisePolicy
+    return NoisePolicy.for_device(args.device).with_retry_slowed(args.retry_slowed)
 
 
 def _print_slowed(k: int, window: dict, action: str, hint: bool) -> None:

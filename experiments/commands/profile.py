@@ -101,9 +101,16 @@ def run(args) -> int:
     from stepcal.experiments.profiling import describe_sweep, profile_kernels
     result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
                              dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
-                             seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress)
+                             seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress,
+                             noise=noise_policy(args))
     print(describe_sweep(result), file=sys.stderr)
     return 0 if result.complete else EXIT_INCOMPLETE
+
+
+def noise_policy(args):
+    """The sweep's noise handling: the device's (profiler.noise_policy); no flag changes it."""
+    from stepcal.profiler.noise_policy import NoisePolicy
+    return NoisePolicy.for_device(args.device)
 
 
 def run_merge(args) -> int:

@@ -6,6 +6,7 @@ import os
 from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import SCHEDULER_NAMES, add_command
+from stepcal.profiler.noise_policy import NOISE_FLOOR_REPEATS
 
 # processes for the calibrations and replications: two, where the machine has two cores
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
@@ -19,11 +20,12 @@ HELP = """Run the whole pipeline on a small built-in default, on this machine's 
             gamma:CV, bursty) workload with log-normal lengths at 30%, 60% and 90% of it, served
             for real by the torch engine, twice each (interleaved: every run once, then every
             run again); a repeat the machine slowed (`stepcal measure --retry-slowed`) is served
-            again, up to twice per run
+            again, up to twice per run (on cpu; off on cuda, whose cores no other process shares)
   fit       T_step tables (Optuna-tuned) from the profile and the 30%-load step logs ("tables"),
             from the profile alone: whole steps plus the engine's host time ("profiled": the
             path of a user without step logs; it saw no run, so every load is held out for it),
-            and from the kernel profile alone ("kernels": no engine host work in them)
+            and from the kernel profile alone ("kernels": no engine host work in them); on cpu the
+            stretches of a served workload the machine slowed in one profile half are left out
   calibrate host terms of the kernel tables from the 30%-load request logs ("calibrated"), and of
             the profiled tables ("profiled_cal"), on --workers processes at once
   validate  simulate every measured run with the same scheduler and KV cache and compare TTFT,
@@ -48,7 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("--schedulers", type=argtypes.names(SCHEDULER_NAMES), default=("continuous", "sarathi"),
                    help=f"comma-separated, of {','.join(SCHEDULER_NAMES)} (default continuous,sarathi)")
     p.add_argument("--num-requests", type=argtypes.count(), default=200, help="requests per measured run (default 200)")
-    p.add_argument("--repeats", type=argtypes.count(1, 1000), default=2, help="measured repeats per run (default 2: the noise floor; every two repeats are one more pair for "
+    p.add_argument("--repeats", type=argtypes.count(1, 1000), default=NOISE_FLOOR_REPEATS, help="measured repeats per run (default 2: the noise floor; every two repeats are one more pair for "
                         "the run-to-run speed spread that --ranges draws)")
     p.add_argument("--trials", type=argtypes.count(1, 100_000), default=4, help="Optuna trials per fitted target (default 4)")
     p.add_argument("--seed", type=argtypes.seed, default=0)
@@ -102,7 +104,8 @@ def run(args) -> int:
                             model_spec=args.model_spec, prompt=args.prompt, output=args.output,
                             chunk_size=args.chunk_size, grid=args.grid, profile_ops=args.profile_ops,
                             arrivals=args.arrivals, ranges=args.ranges, workers=args.workers,
-                            scatter_runs=tuple(args.scatter_runs), history_file=history_file(args.history))
+                            scatter_runs=tuple(args.scatter_runs), history_file=history_file(args.history),
+                            noise=noise_policy(args))
     campaign = Campaign(config)
     headline = campaign.run()
     print(format_headline(headline))
@@ -112,6 +115,12 @@ def run(args) -> int:
     print(f"\nfinished in {headline.wall_s:.0f} s; report: {Path(args.out) / 'report' / 'report.html'} "
           f"(and report.md); headline numbers: {Path(args.out) / 'headline.json'}")
     return 0
+
+
+def noise_policy(args):
+    """The campaign's noise handling: the device's (profiler.noise_policy); no flag changes it."""
+    from stepcal.profiler.noise_policy import NoisePolicy
+    return NoisePolicy.for_device(args.device)
 
 
 def history_text(config, used: list, added: list) -> str | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from stepcal.core.measured_run import SAME_PLACE, read_measured_run, write_measured_run
 from stepcal.core.run_meta import RunMeta
+from stepcal.profiler.noise_policy import NoisePolicy
 
 
 def warm_up(model, num_steps: int = 3) -> None:
@@ -29,7 +30,7 @@ def warm_up(model, num_steps: int = 3) -> None:
         model.run_step(step_inputs([tokens], [start], [True], model.device, kv))
 
 
-def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int = 128) -> float:
+def speed_probe_ms(model, num_steps: int = NoisePolicy.speed_probe_steps, num_seqs: int = 4, kv_len: int = 128) -> float:
     """Median time of one fixed decode step, timed back to back: the machine's speed at this
     moment, recorded before and after each repeat. On a shared CPU the same batch can cost 30%
     more a few minutes later; the probe lets validation tell that drift from model error."""
@@ -56,13 +57,15 @@ def speed_probe_ms(model, num_steps: int = 200, num_seqs: int = 4, kv_len: int =
 
 def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", dtype: str | None = None,
                   num_threads: int = 1, repeats: int = 1, trace_source: str,
-                  on_repeat: Callable[[int, object], None] | None = None, retry_slowed: int = 0,
+                  on_repeat: Callable[[int, object], None] | None = None, noise: NoisePolicy | None = None,
                   on_slowed: Callable[[int, dict, str], None] | None = None) -> dict:
     """Serve `trace` `repeats` times on the engine (a ModelSpec's model with random weights from
     config.seed) and write the measured run to `out`; on_repeat(k, result) after each repeat.
-    A repeat the machine slowed (profiler.engine.slowdown) is served again, up to `retry_slowed`
-    times in all (serve_slowed_again); on_slowed(k, window, "again") before each, and for each one
-    kept on_slowed(k, window, "same place") where it was slow again in the same place, else "kept".
+    `noise` (default: `stepcal measure`'s for the device, NoisePolicy.for_device with no repeat served
+    again): where it marks slowed windows, a repeat the machine slowed (profiler.engine.slowdown) is
+    served again, up to noise.retry_slowed_repeats times in all (serve_slowed_again);
+    on_slowed(k, window, "again") before each, and for each one kept on_slowed(k, window, "same place")
+    where it was slow again in the same place, else "kept".
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
     import torch
 
@@ -74,18 +77,20 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
     dtype = dtype or default_dtype(device)
-    allocator = configure_allocator() if device == "cpu" else None
+    noise = noise if noise is not None else NoisePolicy.for_device(device).with_retry_slowed(0)
+    allocator = configure_allocator() if noise.cpu_allocator else None
     with torch_threads(num_threads):   # restored after: the campaign runs many of these in one process
         model = build_model(spec, device=device, dtype=dtype, seed=config.seed)
         warm_up(model)
-        serve = _Server(model, trace, config)
+        serve = _Server(model, trace, config, noise.speed_probe_steps)
         results = [serve.repeat(k, on_repeat) for k in range(repeats)]
 
         def again(k: int, window: dict) -> None:
             if on_slowed is not None:
                 on_slowed(k, window, "again")
             results[k] = serve.repeat(k, on_repeat)
-        slowed = serve_slowed_again(lambda: results, again, retry_slowed)
+        slowed = serve_slowed_again(lambda: results, again, noise.retry_slowed_repeats) \
+            if noise.mark_slowed_windows else []
         for k in slowed:    # kept: said, and recorded in the repeat's summary
             if on_slowed is not None:
                 on_slowed(k, results[k].summary["slowest_window"],
@@ -98,14 +103,14 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
 class _Server:
     """Serves the trace once per call, with the speed probe before and after each repeat."""
 
-    def __init__(self, model, trace, config) -> None:
-        self.model, self.trace, self.config = model, trace, config
-        self.last_probe_ms = speed_probe_ms(model)
+    def __init__(self, model, trace, config, probe_steps: int = NoisePolicy.speed_probe_steps) -> None:
+        self.model, self.trace, self.config, self.probe_steps = model, trace, config, probe_steps
+        self.last_probe_ms = speed_probe_ms(model, num_steps=probe_steps)
 
     def repeat(self, k: int, on_repeat: Callable[[int, object], None] | None):
         from stepcal.profiler.engine import Engine
         result = Engine(self.model, self.trace, self.config).run()
-        probe_ms = speed_probe_ms(self.model)
+        probe_ms = speed_probe_ms(self.model, num_steps=self.probe_steps)
         # the machine's speed during this repeat: the probes just before and just after it
         result.summary["speed_probe_ms"] = (self.last_probe_ms + probe_ms) / 2
         self.last_probe_ms = probe_ms
@@ -174,14 +179,16 @@ def _run_setting(meta: RunMeta, key: str):
     return getattr(meta, key)
 
 
-def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: tuple[int, ...] = ()) -> dict:
+def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: tuple[int, ...] = (),
+                    noise: NoisePolicy | None = None) -> dict:
     """One measured run from single-repeat runs of the same workload taken at different times.
 
     The quickstart interleaves repeats across its runs (every run's repeat 0, then every run's
     repeat 1), so that each run's repeats sample the machine's speed at different moments of
     the campaign instead of two back-to-back minutes. Writes the layout `write_measured_run`
     writes; raises InputError when the parts differ in trace or settings. `kept_same_place`: the parts
-    serve_slowed_again kept, slow again in the same place, flagged so in their summary."""
+    serve_slowed_again kept, slow again in the same place, flagged so in their summary. The repeats'
+    slowest windows are marked where `noise` (default: the parts' device's) marks them."""
     from stepcal.core.errors import InputError
     runs = [read_measured_run(p) for p in parts]
     first_trace = runs[0].trace.to_frame()
@@ -190,7 +197,9 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
         if differ or not run.trace.to_frame().equals(first_trace):
             raise InputError(f"{run.path}: not a repeat of {runs[0].path} (differs in {', '.join(differ) or 'trace'})")
     repeats = [repeat for run in runs for repeat in run.repeats]
-    slowed = mark_slowest_windows(repeats)     # each part was judged against its own steps alone
+    noise = noise if noise is not None else NoisePolicy.for_device(str(runs[0].meta.device or "cpu"))
+    # each part was judged against its own steps alone
+    slowed = mark_slowest_windows(repeats) if noise.mark_slowed_windows else []
     for k in set(kept_same_place).intersection(slowed):
         repeats[k].summary[SAME_PLACE] = True
     return write_measured_run(out, runs[0].trace, repeats, runs[0].meta.with_repeats(len(repeats)))

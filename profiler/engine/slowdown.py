@@ -20,12 +20,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-# Two quickstarts on a 2-core VM (24 runs, 2 repeats each): clean windows reached 1.12x the other
-# repeat's same stretch (1.34x their shapes' usual time, in both repeats at once); the one slowed
-# repeat, 1.5x.
-SLOWED_RATIO = 1.25
-SLOWED_ALONE_RATIO = 1.4
-WINDOW_STEPS = 32
+from stepcal.profiler.noise_policy import SLOWED_ALONE_RATIO, SLOWED_RATIO
+from stepcal.profiler.noise_policy import SLOWED_WINDOW_STEPS as WINDOW_STEPS
+
 MIN_SHAPE_STEPS = 8
 FEATURES = ("num_seqs", "num_tokens", "kv_sum", "prefill_attn_work")   # the line's, beside a constant
 _IRLS_ITERATIONS = 8

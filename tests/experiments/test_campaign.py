@@ -10,6 +10,7 @@ from stepcal.costmodel.table_meta import TableMeta
 from stepcal.experiments.campaign import Campaign, CampaignConfig, HeadlineRow, format_headline, target_summary
 from stepcal.experiments.campaign.campaign import RETRY_SPENT
 from stepcal.experiments.campaign.headline import HEADLINE_METRICS, HEADLINE_STATS, HeadlineCell
+from stepcal.profiler.noise_policy import NoisePolicy
 
 SMALL_GRID = {
     "timing": {"max_point_s": 0.05, "min_repeats": 3, "rounds": 2},   # one before the measurements, one after
@@ -313,12 +314,14 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
     import stepcal.profiler.engine.measure as measure
     calls = {}
 
-    def profile_kernels(model_spec, out, **kwargs):
+    def profile_kernels(model_spec, out, noise=None, **kwargs):
         calls.setdefault("profile", []).append({"model_spec": model_spec, "out": out, **kwargs})
+        calls.setdefault("noise", []).append(noise)
         return SimpleNamespace(complete=True)
 
-    def measure_trace(trace, spec, config, out, **kwargs):
+    def measure_trace(trace, spec, config, out, noise=None, **kwargs):
         calls.setdefault("measure", []).append((trace, spec, config, out, kwargs))
+        calls.setdefault("noise", []).append(noise)
         return {"throughput_rps": 10.0}
 
     def fit_tables(options):
@@ -350,6 +353,9 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
         "llama-3-8b", 3, 7, None, str(tmp_path / "tables"))
     assert config.kernel_ops() == []     # no GEMMs profiled: no kernel-only tables to calibrate
     assert not config.profiled_ops()     # no host op profiled: no tables from the profile alone
+    # the device's noise policy reaches the sweeps, the run and the fit: no shared-CPU mechanism on cuda
+    cuda = NoisePolicy.for_device("cuda")
+    assert calls["noise"] == [cuda, cuda, cuda] and options.noise == cuda and not cuda.mark_slowed_windows
 
 
 def test_bursty_arrivals_make_a_gamma_workload(tmp_path):
@@ -394,7 +400,7 @@ def test_repeats_interleave_and_every_other_pass_is_rotated_by_half(tmp_path, mo
     outs = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: outs.append((str(out), workload)))
     monkeypatch.setattr(measure, "combine_repeats",
-                        lambda parts, out, kept: outs.append(("combine", len(parts), str(out), kept)))
+                        lambda parts, out, kept, noise=None: outs.append(("combine", len(parts), str(out), kept)))
     monkeypatch.setattr(Campaign, "serve_slowed_again", lambda self, *args: ())   # no step logs here
     (tmp_path / "measured" / ".repeats").mkdir(parents=True)
     config = CampaignConfig(out=tmp_path, schedulers=("a", "b"), loads=(0.3, 0.9), repeats=2)
@@ -462,7 +468,8 @@ def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, mo
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append(out))
     monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
     monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: [SlowestWindow(1.6, 1.25, 2.5), SlowestWindow(1.05, 0.0, 0.1)])
-    campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a",), loads=(0.6,), repeats=2, retry_slowed=0))
+    no_retry = NoisePolicy.for_device("cpu").with_retry_slowed(0)
+    campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a",), loads=(0.6,), repeats=2, noise=no_retry))
     assert campaign.serve_slowed_again("a", 0.6, 10.0, tmp_path / "parts") == () and served == []
     assert campaign.served_again == []
 

@@ -40,7 +40,7 @@ def served_runs(script, monkeypatch, tmp_path, pilot_s: float, run_s: float, dea
         Path(out).mkdir(parents=True)
         served.append((Path(out).relative_to(tmp_path).as_posix(), n))
     monkeypatch.setattr(Campaign, "measure", serve)
-    monkeypatch.setattr(measure, "combine_repeats", lambda parts, out, kept: None)
+    monkeypatch.setattr(measure, "combine_repeats", lambda parts, out, kept, noise=None: None)
     campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("sarathi",), num_requests=200, repeats=2))
     kept = script.measure_loads(campaign, {"sarathi": 4.0}, deadline_s)
     return campaign, served, kept
