@@ -64,7 +64,7 @@ def atomic_output_dir(out: str | Path):
 
 
 def _json_default(obj):
-    import numpy as np
+    import numpy as np  # lazy: loads numpy
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepcal.core.errors import InputError
-from stepcal.core.metrics import PERCENTILES
+from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+from stepcal.core.metrics import PERCENTILES, clean_json
 from stepcal.core.readers import read_json, read_parquet
 from stepcal.core.run_meta import RunMeta
+from stepcal.core.workload import read_trace
 
 META = "meta.json"
 TRACE = "trace.parquet"
@@ -126,8 +128,6 @@ def noise_floor(summaries: list[dict]) -> dict:
 def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: RunMeta) -> dict:
     """Write the layout above, atomically; `repeats` are objects with requests, steps and summary
     (an engine result or a Repeat). Returns OUT/summary.json's content."""
-    from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
-    from stepcal.core.metrics import clean_json
     summaries = [clean_json(r.summary) for r in repeats]
     summary = dict(summaries[0])
     if len(repeats) > 1:
@@ -159,7 +159,6 @@ class Needs:
 def read_measured_run(path: str | Path, arg_name: str = "measured run", needs: Needs = Needs()) -> MeasuredRunFiles:
     """Every file of the layout; InputError naming the file (and key or columns) when one that is
     required is missing, unreadable or lacks what `needs` asks for."""
-    from stepcal.core.workload import read_trace
     path = Path(path)
     for name in REQUIRED:
         if not (path / name).exists():

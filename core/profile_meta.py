@@ -11,10 +11,12 @@ allocator, which a sweep records when it starts, null included (null: none confi
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta, split_known
+from stepcal.core.io import atomic_write_json
 
 PROFILE_SCHEMA_VERSION = 1
 PROFILE_KIND = ArtifactKind(kind="stepcal.profile", schema_version=PROFILE_SCHEMA_VERSION,
@@ -101,14 +103,12 @@ class ProfileMeta:
 
     def write(self, directory: str | Path) -> None:
         """DIR/meta.json, written whole and renamed in."""
-        from stepcal.core.io import atomic_write_json
         atomic_write_json(Path(directory) / PROFILE_KIND.file, self.to_dict())
 
 
 def is_profile_dir(directory: str | Path) -> bool:
     """Whether DIR/meta.json names itself a profile's (or names no kind, as older ones did): a probe
     that passes over anything else. Reading it, ProfileMeta.read checks its schema version."""
-    import json
     try:
         kind = json.loads((Path(directory) / PROFILE_KIND.file).read_text()).get("kind")
     except (OSError, ValueError, AttributeError):

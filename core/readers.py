@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import tomllib
+
 from stepcal.core.errors import InputError
 
 
@@ -67,7 +69,6 @@ def read_document(path: str | Path, what: str):
 
 
 def read_toml(path: str | Path, what: str) -> dict:
-    import tomllib  # Python 3.11+: imported here so that the rest of stepcal still runs on 3.10
     path = Path(path)
     try:
         return tomllib.loads(read_text(path, what))
@@ -86,7 +87,7 @@ def read_config_file(path: str | Path, what: str) -> dict:
 def read_parquet(path: str | Path, what: str, columns: Iterable[str] = ()):
     """A Parquet file as a DataFrame, with at least `columns`; a missing, truncated, damaged or
     foreign file is an InputError naming it."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     path = _existing_file(path, what)
     try:
         frame = pd.read_parquet(path)

@@ -10,6 +10,7 @@ their writer has always written, null included: so a run read and written again 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -97,7 +98,6 @@ class RunMeta:
 def is_measured_run(directory: str | Path) -> bool:
     """Whether DIR/meta.json names itself a measured run: a probe for a search through directories,
     which passes over anything else (reading the run, RunMeta.read checks its schema version)."""
-    import json
     try:
         return json.loads((Path(directory) / RUN_KIND.file).read_text()).get("kind") == RUN_KIND.kind
     except (OSError, ValueError, AttributeError):

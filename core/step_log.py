@@ -47,7 +47,7 @@ class StepLogBuilder:
             self.batches.append((request_ids, q_lens, kv_lens, len(start_s)))
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # lazy: loads pandas
         n = len(self)
         data = {"replica": np.full(n, self.replica, dtype=np.int64), "step": np.arange(n, dtype=np.int64),
                 "start_s": np.frombuffer(self.start_s, dtype=np.float64) if n else np.zeros(0),

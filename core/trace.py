@@ -90,7 +90,7 @@ class Trace:
                        **{name: pick(getattr(self, name)) for name in OPTIONAL_COLUMNS})
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # lazy: loads pandas
         data = {"request_id": self.request_id, "arrival_s": self.arrival_s,
                 "num_prompt_tokens": self.num_prompt_tokens, "num_output_tokens": self.num_output_tokens}
         for name in OPTIONAL_COLUMNS:

@@ -83,7 +83,7 @@ class AdditiveGridRegressor(TimeRegressor):
         of either sign for the others and the intercept (each the difference of two non-negative
         columns). Each curve starts at 0 at its first knot: the curves share a constant, which the
         intercept takes."""
-        from scipy.optimize import nnls
+        from scipy.optimize import nnls  # lazy: loads scipy
         sizes = [len(knots) for knots in self.knots_]
         rises = np.zeros((1 + sum(sizes), 1 + sum(size - 1 for size in sizes)))
         rises[0, 0] = 1.0
@@ -172,7 +172,7 @@ def bootstrap_relative_spread(estimator: AdditiveGridRegressor, X, y, num_fits: 
     simulator.ranges). One number for the whole term: the features' curves trade off against each
     other between refits (num_seqs, num_decode and num_tokens move together), so their knots'
     spreads, summed, would overstate the spread of the sum many times."""
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # lazy: loads threadpoolctl
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     rng = np.random.default_rng(seed)
     fitted = estimator._predict_raw(X)

@@ -12,6 +12,7 @@ from stepcal.costmodel.compose import Axes, additive_term, compose_terms, data_a
 from stepcal.costmodel.compose_attention import attention_targets
 from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from stepcal.costmodel.coverage import coverage_notes
+from stepcal.costmodel.features import assign_targets
 from stepcal.costmodel.fitting import FitResult
 from stepcal.costmodel.profile_speed import profile_speed_probes
 from stepcal.costmodel.table_meta import TableMeta
@@ -30,7 +31,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
 
     `axes`: the knots of the terms' grids; by default costmodel.axes.DATA_RULE's, from the data
     (Axes.default() gives the fixed log grid tables had before)."""
-    import joblib
+    import joblib  # lazy: loads joblib
     directory = Path(directory)
     terms = []
     has_ops = any(t != "step" for t in result.targets)
@@ -182,7 +183,6 @@ def fitted_ranges(result: FitResult) -> dict:
     """{target: {feature: [min, max]}} over the training rows of the whole-step targets (step, host):
     `validate` names the measured steps beyond them, whose prices the fit extrapolated
     (experiments.validation.extrapolated)."""
-    from stepcal.costmodel.features import assign_targets
     records = result.records
     targets = assign_targets(records).to_numpy()
     ranges = {}

@@ -19,6 +19,7 @@ import pandas as pd
 
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import ModelSpec, Parallelism
+from stepcal.costmodel.additive import AdditiveGridRegressor, bootstrap_relative_spread
 from stepcal.costmodel.axes import Axes, measured_values, refine_steps
 from stepcal.costmodel.compose_attention import attention_terms
 from stepcal.costmodel.compose_comm import (
@@ -41,7 +42,7 @@ from stepcal.costmodel.compose_elementwise import (
     sampling_term,
     seq_calls_per_step,
 )
-from stepcal.costmodel.features import FEATURE_DTYPE_BYTES, gemm_target
+from stepcal.costmodel.features import FEATURE_DTYPE_BYTES, assign_targets, design, gemm_target
 from stepcal.costmodel.fitting import FitResult
 from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.records import normalise_dtype
@@ -252,8 +253,6 @@ def additive_term(result: FitResult, target: str, description: str | None = None
     """A target fitted by the additive regressor as its term, with the spread of its fit (a bootstrap
     of its rows, costmodel.additive.bootstrap_relative_spread) for --ranges to draw; zero for another
     regressor's fit."""
-    from stepcal.costmodel.additive import AdditiveGridRegressor, bootstrap_relative_spread
-    from stepcal.costmodel.features import assign_targets, design
     fit = result.targets[target]
     spread = 0.0
     if isinstance(fit.estimator, AdditiveGridRegressor):

@@ -10,7 +10,9 @@ import numpy as np
 
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import ModelSpec, Parallelism
+from stepcal.costmodel.features import assign_targets, design
 from stepcal.costmodel.grid_predict import predict_grid
+from stepcal.costmodel.records import make_records
 from stepcal.costmodel.terms import FeatureCurve, Term
 
 
@@ -83,8 +85,6 @@ def all_reduce_tokens(result, spec: ModelSpec, parallelism: Parallelism) -> np.n
     """The message sizes the all-reduce regressor was measured at (at this TP degree), as the token
     counts whose hidden states make a message of as many bytes: the all_reduce term's measured values
     on its num_tokens axis. Empty without tensor parallelism or all-reduce data."""
-    from stepcal.costmodel.features import assign_targets, design
-    from stepcal.costmodel.records import make_records
     target = all_reduce_target(result) if parallelism.tp > 1 else None
     if target is None:
         return np.empty(0)

@@ -21,13 +21,16 @@ import pandas as pd
 from stepcal.core.errors import InputError, shown
 from stepcal.core.model_spec import HEAD_NORMS, ModelSpec, Parallelism
 from stepcal.core.readers import one_line, read_parquet
+from stepcal.costmodel.devices import find_device
 from stepcal.costmodel.export_plain import OPS_WHAT, write_csv
 from stepcal.costmodel.export_vidur_attention import vidur_attention
+from stepcal.costmodel.roofline import op_constants
 from stepcal.costmodel.saved_regressors import fitted, load_regressor
 from stepcal.costmodel.table_meta import TableMeta
 from stepcal.costmodel.terms import require_finite_numbers
 from stepcal.costmodel.vidur_keys import filter_keys
 from stepcal.costmodel.vidur_models import num_tokens_sweep, stat_columns
+from stepcal.simulator.step_model import HostTerms
 
 # Our operator names -> Vidur's (mlp.csv columns time_stats.<op>.<stat>).
 VIDUR_OPS = {"qkv_proj": "attn_pre_proj", "o_proj": "attn_post_proj", "gate_up_proj": "mlp_up_proj",
@@ -56,7 +59,6 @@ def calibrated_scale(meta: TableMeta, table_dir: Path) -> tuple[float, list[str]
     prices every operator (a calibration that found the tables too slow scales them down); the
     other terms (per step, sequence and token, the request path) are not operator times, and Vidur
     models the CPU's share itself, so they stay out and the notes say so. (1.0, []) for plain tables."""
-    from stepcal.simulator.step_model import HostTerms
     terms = meta.host_terms
     if not terms:
         return 1.0, []
@@ -182,7 +184,7 @@ def _head_norm_times(spec: ModelSpec, tokens: np.ndarray, grids: pd.DataFrame | 
 
 def _regressor_grids(table_dir: Path, meta: TableMeta, spec: ModelSpec, tp: int, tokens: np.ndarray) -> pd.DataFrame | None:
     """op_grids() of the tables' regressors at Vidur's num_tokens; None without any regressor."""
-    from stepcal.costmodel.compose import Axes, op_grids  # composition: only this format needs it
+    from stepcal.costmodel.compose import Axes, op_grids  # lazy: loads sklearn; composition: only this format needs it
     targets = {t: m for t in ("gemm", *(f"elementwise:{op}" for op in (*VIDUR_OPS, *HEAD_NORMS)))
                if (m := load_regressor(table_dir, meta, t)) is not None}
     if not targets:
@@ -215,9 +217,7 @@ def _roofline_calls(meta: TableMeta, spec: ModelSpec, tp: int, tokens: np.ndarra
     element-wise operator's roofline time and spread for one call (one layer's, as Vidur's profiler
     times it: one residual add per layer) at `tokens`, by our operator name; and the note that says
     so, or why there is no such estimate. ({}, "") where the term came from data."""
-    from stepcal.costmodel.compose_elementwise import roofline_call_ms, roofline_ops
-    from stepcal.costmodel.devices import find_device
-    from stepcal.costmodel.roofline import op_constants
+    from stepcal.costmodel.compose_elementwise import roofline_call_ms, roofline_ops  # lazy: loads sklearn
     sources = meta.term_sources
     source = sources.get("elementwise") if isinstance(sources, dict) else None
     if not isinstance(source, dict) or source.get("source") != "roofline":

@@ -92,7 +92,7 @@ def _kv_cache_save(table_dir: Path, meta: TableMeta, spec: ModelSpec, p: Paralle
                    hbm_gbps: float) -> tuple[np.ndarray, np.ndarray, str]:
     """Per-layer KV-cache save at Vidur's points: from our profiler's kv_store regressor where the tables
     have one (priced by sequences: the batch's decodes, or the one prefill chunk), else the estimate."""
-    from stepcal.costmodel.compose_elementwise import elementwise_ms
+    from stepcal.costmodel.compose_elementwise import elementwise_ms  # lazy: loads sklearn
     target = "elementwise:kv_store"
     model = load_regressor(table_dir, meta, target)
     if model is None:
@@ -111,7 +111,7 @@ def _attention_times(table_dir: Path, meta: TableMeta, spec: ModelSpec, heads: t
                      term: str, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, str] | None:
     """Per-layer time and spread of one attention kind at Vidur's points: from its regressor, else the
     tables' grid over the layers; None with neither."""
-    from stepcal.costmodel.grid_predict import predict_grid
+    from stepcal.costmodel.grid_predict import predict_grid  # lazy: loads sklearn
     features = attention_features(part)
     model = load_regressor(table_dir, meta, target)
     if model is not None:

@@ -136,7 +136,7 @@ def fit_all(records: pd.DataFrame, config: FitConfig, holdout: pd.DataFrame | No
             progress=None) -> FitResult:
     if config.regressor not in REGRESSORS:
         raise InputError(f"--regressor: unknown {config.regressor!r}; known: {', '.join(REGRESSORS)}")
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # lazy: loads threadpoolctl
     # Small fits in loops: OpenMP thread pools (boosting) cost more than they give, and thrash
     # when the machine is shared.
     with threadpool_limits(limits=1):

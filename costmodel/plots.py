@@ -9,9 +9,9 @@ from stepcal.costmodel.fitting import FitResult
 
 
 def plot_held_out(result: FitResult, path: Path, split: str = "random") -> Path | None:
-    import matplotlib
+    import matplotlib  # lazy: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: loads matplotlib
     pairs = {t: f.held_out[split] for t, f in result.targets.items() if split in f.held_out}
     if not pairs:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin, clone
+from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor, RandomForestRegressor
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 FAMILIES = ("rf", "et", "hgb", "physics")
@@ -18,12 +19,10 @@ FAMILIES = ("rf", "et", "hgb", "physics")
 def _tree(kind: str, *, n_estimators: int, min_samples_leaf: int, max_features: float,
           learning_rate: float, max_iter: int, max_leaf_nodes: int, random_state):
     if kind == "hgb":
-        from sklearn.ensemble import HistGradientBoostingRegressor
         return HistGradientBoostingRegressor(learning_rate=learning_rate, max_iter=max_iter,
                                              max_leaf_nodes=max_leaf_nodes,
                                              min_samples_leaf=max(min_samples_leaf, 2),
                                              random_state=random_state)
-    from sklearn.ensemble import ExtraTreesRegressor, RandomForestRegressor
     cls = RandomForestRegressor if kind == "rf" else ExtraTreesRegressor
     # One job: fits are small and run inside CV loops, where a thread pool costs more than it saves.
     return cls(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf,
@@ -150,7 +149,7 @@ class PhysicsResidualRegressor(_TreeParams):
         return np.abs(np.log(y / oof)) <= self.trim
 
     def _fit(self, X, y):
-        from scipy.optimize import nnls
+        from scipy.optimize import nnls  # lazy: loads scipy
         if self.residual not in ("ratio", "additive"):
             raise ValueError(f"residual must be 'ratio' or 'additive', got {self.residual!r}")
         P = self._physics(X)

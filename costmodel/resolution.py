@@ -29,6 +29,7 @@ from stepcal.costmodel.compose import (
 )
 from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
 from stepcal.costmodel.pickled import load_pickled
+from stepcal.costmodel.tables import load_step_model
 from stepcal.costmodel.terms import FeatureCurve, Term
 
 CHUNK_SIZES = (256, 512, 1024, 2048, 4096)
@@ -107,7 +108,6 @@ class StoredFit:
 def resolution_of_directory(path: str | Path) -> pd.DataFrame:
     """compare() on a table directory from `stepcal fit`: its tables, its regressors (models/),
     its model spec and the measured values meta.json's "axes" lists."""
-    from stepcal.costmodel.tables import load_step_model
     path = Path(path)
     model = load_step_model(path)
     meta = model.meta

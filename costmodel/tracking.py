@@ -4,9 +4,11 @@ model (registered under a name on request). Kept outside the estimators and the 
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 from stepcal.costmodel.fitting import FitResult
@@ -22,8 +24,6 @@ def default_tracking_uri(out_dir: Path) -> str:
 
 def _quiet_mlflow() -> None:
     """MLflow's store migrations and model-logging advice are noise on a CLI's terminal."""
-    import logging
-    import warnings
     logging.getLogger("mlflow").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
@@ -39,7 +39,7 @@ def track_fit(result: FitResult, table_dir: Path, meta: TableMeta, *, tracking_u
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     _quiet_mlflow()
-    import mlflow
+    import mlflow  # lazy: loads mlflow
     mlflow.set_tracking_uri(tracking_uri)
     if artifact_root is not None and mlflow.get_experiment_by_name(experiment) is None:
         mlflow.create_experiment(experiment, artifact_location=Path(artifact_root).resolve().as_uri())
@@ -64,7 +64,7 @@ def track_fit(result: FitResult, table_dir: Path, meta: TableMeta, *, tracking_u
             mlflow.log_artifacts(str(tables), artifact_path="tables")
             if (table_dir / "models").is_dir():
                 mlflow.log_artifacts(str(table_dir / "models"), artifact_path="regressors")
-            from stepcal.costmodel.mlflow_model import TStepPyfunc
+            from stepcal.costmodel.mlflow_model import TStepPyfunc  # lazy: loads mlflow
             info = mlflow.pyfunc.log_model(name="t_step", python_model=TStepPyfunc(),
                                            artifacts={"tables": str(tables)},
                                            pip_requirements=PIP_REQUIREMENTS)

@@ -71,12 +71,12 @@ def default_choice(kind: str) -> Choice:
 
 def make_storage(storage: str | None):
     """None: in memory. A URL (sqlite:///..., postgresql://...): RDB. Anything else: a journal file."""
-    import optuna
+    import optuna  # lazy: loads optuna
     if storage is None:
         return None
     if "://" in storage:
         return storage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend  # lazy: loads optuna
     return optuna.storages.JournalStorage(JournalFileBackend(storage))
 
 
@@ -110,7 +110,7 @@ def tune(build, X: np.ndarray, y: np.ndarray, size: np.ndarray, *, kind: str, ha
          n_trials: int, seed: int, storage: str | None = None, study_name: str | None = None,
          timeout_s: float | None = None) -> tuple[Choice, list[dict]]:
     """The best Choice found and a record of every trial. `build(choice)` makes an estimator."""
-    import optuna
+    import optuna  # lazy: loads optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rng = np.random.default_rng(seed)
     if len(y) > TUNE_MAX_ROWS:

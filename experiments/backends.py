@@ -14,7 +14,13 @@ Ray is imported only when the ray backend is chosen.
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from stepcal.core.errors import InputError
 
 BACKENDS = ("local", "ray")
 # spawn: a worker inherits nothing but what it is sent; fork: a worker starts as a copy-on-write copy of
@@ -42,13 +48,10 @@ class PoolRunner:
     """A pool of `workers` local processes that each receive `shared` once, when they start."""
 
     def __init__(self, function: Callable, shared, workers: int, start_method: str = "spawn") -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(start_method),
                                          initializer=_init_worker, initargs=(function, shared))
 
     def as_completed(self, tasks: Sequence) -> Iterator[tuple[int, object]]:
-        from concurrent.futures import as_completed
         futures = {self._pool.submit(_call_in_worker, task): index for index, task in enumerate(tasks)}
         for future in as_completed(futures):
             yield futures[future], future.result()
@@ -73,9 +76,8 @@ class RayRunner:
 
     def __init__(self, function: Callable, shared, workers: int, address: str | None = None) -> None:
         try:
-            import ray
+            import ray  # lazy: loads ray
         except ImportError:
-            from stepcal.core.errors import InputError
             raise InputError("--backend ray needs Ray: pip install 'stepcal[ray]'") from None
         self._ray = ray
         self._started = not ray.is_initialized()
@@ -88,7 +90,6 @@ class RayRunner:
         self._shared_ref = ray.put(shared)   # shipped to each node once, not once per task
 
     def as_completed(self, tasks: Sequence) -> Iterator[tuple[int, object]]:
-        from stepcal.core.errors import InputError
         ray = self._ray
         pending = {self._remote.remote(task, self._shared_ref): index for index, task in enumerate(tasks)}
         # Tasks left pending by an error or an interrupt are not cancelled: ray.cancel racing a task's
@@ -117,7 +118,6 @@ class open_runner:
 
     def __init__(self, function: Callable, shared, *, backend: str = "local", workers: int = 1,
                  address: str | None = None, start_method: str = "spawn") -> None:
-        from stepcal.core.errors import InputError
         if backend not in BACKENDS:
             raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if workers < 1:
@@ -147,9 +147,6 @@ def usable_start_method(start_method: str) -> str | None:
     program's __main__ from its file, and a program read from standard input (`python -`) has none
     (its __file__ is '<stdin>'): the worker dies and the pool waits for ever. Then fork, which copies
     this process instead, where the platform has it; else None (run in this process)."""
-    import multiprocessing
-    import os
-    import sys
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if start_method != "spawn" or main_file is None or os.path.exists(main_file):
         return start_method

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_output_dir
+from stepcal.core.model_files import load_model_spec
+from stepcal.core.model_spec import Parallelism
+from stepcal.costmodel.devices import device_spec
+from stepcal.costmodel.profile_speed import profile_speed_probes
 from stepcal.profiler.noise_policy import NoisePolicy
 
 
@@ -41,21 +48,19 @@ class FitOptions:
 
 def fit_tables(options: FitOptions) -> None:
     """Fit every target, write the T_step table directory options.out, track it in MLflow, print the errors."""
-    from pathlib import Path
 
-    from stepcal.core.errors import InputError
-    from stepcal.core.io import atomic_output_dir
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.core.model_spec import Parallelism
-    from stepcal.costmodel.axes import AXES_RULES, Axes
-    from stepcal.costmodel.build import build_tables, composed_ops
-    from stepcal.costmodel.compose_comm import Composition
-    from stepcal.costmodel.compose_elementwise import roofline_device
-    from stepcal.costmodel.devices import device_spec
-    from stepcal.costmodel.fitting import FitConfig, dtypes_for, fit_all, select_records
-    from stepcal.costmodel.importers import load_profiles
-    from stepcal.costmodel.profile_speed import profile_speed_probes
-    from stepcal.costmodel.records import normalise_dtype
+    from stepcal.costmodel.axes import AXES_RULES, Axes  # lazy: loads numpy, pandas
+    from stepcal.costmodel.build import build_tables, composed_ops  # lazy: loads numpy, pandas, sklearn
+    from stepcal.costmodel.compose_comm import Composition  # lazy: loads numpy, pandas, sklearn
+    from stepcal.costmodel.compose_elementwise import roofline_device  # lazy: loads numpy, pandas, sklearn
+    from stepcal.costmodel.fitting import (  # lazy: loads numpy, pandas, sklearn
+        FitConfig,
+        dtypes_for,
+        fit_all,
+        select_records,
+    )
+    from stepcal.costmodel.importers import load_profiles  # lazy: loads numpy, pandas
+    from stepcal.costmodel.records import normalise_dtype  # lazy: loads numpy, pandas
 
     if options.axes not in AXES_RULES:
         raise InputError(f"--axes must be one of {', '.join(AXES_RULES)}, got {options.axes!r}")
@@ -82,7 +87,7 @@ def fit_tables(options: FitOptions) -> None:
     profile_speed_probes(records)   # each profile's meta.json read now: one of a newer schema is refused before fitting
     records, slowed = without_slowed_servings(records, options.noise)
     if slowed:
-        from stepcal.profiler.slowed_servings import describe
+        from stepcal.profiler.slowed_servings import describe  # lazy: loads numpy, pandas
         print(describe(slowed), flush=True)
     roofline_device(records, options.device_spec)  # --device-spec against the profiles' own device, before fitting
     holdout = None
@@ -113,8 +118,13 @@ def without_slowed_servings(records, noise=None):
     twice; or a grid's [serve] rounds): a pooled row's time from its other passes, a row with none
     left out. Returns them and the slowed servings; the records as they are where the NoisePolicy
     `noise` (None: the profiles' device's) does not drop slowed servings."""
-    from stepcal.profiler.serve import SERVED
-    from stepcal.profiler.slowed_servings import find_slowed, kept_times, profiled_device, read_served
+    from stepcal.profiler.serve import SERVED  # lazy: loads numpy
+    from stepcal.profiler.slowed_servings import (  # lazy: loads numpy, pandas
+        find_slowed,
+        kept_times,
+        profiled_device,
+        read_served,
+    )
     served = records["source"].eq("profile") & records["name"].eq(SERVED)
     files = [f for f in records.loc[served, "file"].unique() if str(f).endswith(".parquet")]
     noise = noise if noise is not None else NoisePolicy.for_device(profiled_device(files))
@@ -142,14 +152,12 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
     pairs of repeats and those of `scatter_runs` (--scatter-runs: the device's history), which give
     cv and rho too where no step log among the inputs has a second repeat. What `--ranges` draws with
     these tables; None without any such run."""
-    from pathlib import Path
 
-    import numpy as np
+    import numpy as np  # lazy: loads numpy
 
-    from stepcal.core.errors import InputError
-    from stepcal.core.measured_run import STEPS, repeat_dirs
-    from stepcal.experiments.validation.measured import load_measured_run
-    from stepcal.experiments.validation.scatter import (
+    from stepcal.core.measured_run import STEPS, repeat_dirs  # lazy: loads numpy
+    from stepcal.experiments.validation.measured import load_measured_run  # lazy: loads numpy, tqdm
+    from stepcal.experiments.validation.scatter import (  # lazy: loads numpy, tqdm
         SOURCE,
         check_same_device,
         measured_scatter,
@@ -208,12 +216,12 @@ def logged_scatter(paths, scatter_runs=()) -> dict | None:
 
 
 def _plot(result, directory):
-    from stepcal.costmodel.plots import plot_held_out
+    from stepcal.costmodel.plots import plot_held_out  # lazy: loads numpy, pandas, sklearn
     return plot_held_out(result, directory / "held_out_random.png")
 
 
 def _track(options, result, out, meta, plot):
-    from stepcal.costmodel.tracking import default_tracking_uri, track_fit
+    from stepcal.costmodel.tracking import default_tracking_uri, track_fit  # lazy: loads numpy, pandas, sklearn
     uri = options.tracking_uri or default_tracking_uri(out)
     run_id = track_fit(result, out, meta, tracking_uri=uri, experiment=options.experiment,
                        register=options.register, plot_path=plot,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stepcal.core.errors import InputError
+from stepcal.core.readers import read_json
 
 if TYPE_CHECKING:    # imported where used: `--help` loads no numpy
     from stepcal.simulator.step_model import HostTerms
@@ -59,7 +60,6 @@ MAX_HOW_DERIVED_CHARS = 200   # `how_derived` is one line: the arithmetic, not t
 
 
 def read_serving_defaults(path: Path = DEFAULTS_PATH) -> dict:
-    from stepcal.core.readers import read_json
     data = read_json(path, "the serving-defaults data file")
     check_serving_defaults(data, path)
     return data
@@ -69,7 +69,7 @@ def check_serving_defaults(data: dict, path: Path = DEFAULTS_PATH) -> None:
     """Every default traceable: each source says what it is and where in it the figure is; each term
     of each engine has a number, a one-line derivation, and a source unless it is 0 for want of one.
     InputError naming the file and the entry otherwise."""
-    from stepcal.simulator.step_model import HostTerms
+    from stepcal.simulator.step_model import HostTerms  # lazy: loads numpy
     sources = data.get("sources")
     engines = data.get("engines")
     if not isinstance(sources, dict) or not isinstance(engines, dict) or not engines:
@@ -107,7 +107,7 @@ def _check_term(path: Path, where: str, term: dict, sources: dict) -> None:
 
 def host_defaults(engine: str, path: Path = DEFAULTS_PATH):
     """The HostTerms of `engine` in the data file."""
-    from stepcal.simulator.step_model import HostTerms
+    from stepcal.simulator.step_model import HostTerms  # lazy: loads numpy
     engines = read_serving_defaults(path).get("engines", {})
     if engine not in engines:
         raise InputError(f"--host-defaults {engine!r}: expected one of {sorted(engines)}")
@@ -119,7 +119,7 @@ def with_host_defaults(model, engine: str | None, step_model: str):
     """`model` with the engine's default host terms on top; unchanged without an engine."""
     if engine is None:
         return model
-    from stepcal.simulator.step_model import HostTermsModel
+    from stepcal.simulator.step_model import HostTermsModel  # lazy: loads numpy
     if isinstance(model, HostTermsModel):
         raise InputError(f"--host-defaults {engine}: --step-model {step_model} already has calibrated host terms; "
                          f"drop --host-defaults, or pass the uncalibrated tables")
@@ -178,8 +178,8 @@ def prices_kernels_only(model) -> bool:
     calibrated host terms, and no term that holds the engine's host time (a profiled `host` or
     `overhead` term, or a whole-step `step` term fitted to measured steps, which holds every part).
     const:/linear: models are not: they are synthetic what-if models, which auto leaves as given."""
-    from stepcal.costmodel.tables import TableStepModel
-    from stepcal.experiments.validation.split import PART_OF_TERM
+    from stepcal.costmodel.tables import TableStepModel  # lazy: loads numpy, pandas
+    from stepcal.experiments.validation.split import PART_OF_TERM  # lazy: loads numpy
     if not isinstance(model, TableStepModel):
         return False
     return not any(PART_OF_TERM.get(name) in ("host", "whole_step") for name in model.meta.t_step_terms)
@@ -191,7 +191,7 @@ def has_calibrated_terms(step_model: str) -> bool:
     meta = Path(step_model) / "meta.json"
     if not meta.is_file():
         return False
-    from stepcal.experiments.step_model_meta import read_step_model_meta
+    from stepcal.experiments.step_model_meta import read_step_model_meta  # lazy: loads numpy
     return bool(read_step_model_meta(meta.parent).host_terms)
 
 

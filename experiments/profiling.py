@@ -4,9 +4,13 @@ Imports only core.errors at load time: the command module reads OPS for its --he
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from stepcal.core.bounds import choices
 from stepcal.core.errors import InputError
+from stepcal.core.model_files import load_model_spec
+from stepcal.core.model_spec import DTYPE_BYTES
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
 
@@ -19,8 +23,7 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     `ops` None: every op the model has (moe for mixture-of-experts models only). `rounds`: passes
     over the grid instead of the grid's own number (the quickstart splits them over its run).
     `noise`: the sweep's profiler.noise_policy.NoisePolicy (None: the device's)."""
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.profiler.grid import load_grid, ops_for, parse_shard
+    from stepcal.profiler.grid import load_grid, ops_for, parse_shard  # lazy: loads numpy
 
     if not model_spec:
         raise InputError("profile: --model-spec is required")
@@ -39,10 +42,9 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     if not points.points:
         raise InputError(f"--grid {grid}: no points for ops {','.join(op_names)}")
     if rounds is not None:
-        from dataclasses import replace
         points = replace(points, timing={**points.timing, "rounds": rounds})
 
-    from stepcal.profiler.sweep import SweepConfig, run_sweep
+    from stepcal.profiler.sweep import SweepConfig, run_sweep  # lazy: loads numpy, pandas, tqdm
     config = SweepConfig(spec=spec, device=device, dtype=dtype, ops=op_names, grid=points,
                          num_threads=threads, shard=shard_part, seed=seed, noise=noise)
     return run_sweep(config, out, max_minutes=max_minutes, retry_failed=retry_failed, progress=progress)
@@ -64,7 +66,6 @@ def _reused(result) -> str:
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
-    from stepcal.core.bounds import choices
     try:
         return choices(text, OPS)
     except InputError as exc:
@@ -72,7 +73,6 @@ def parse_ops(text: str) -> tuple[str, ...]:
 
 
 def resolve_dtype(dtype: str | None, device: str) -> str:
-    from stepcal.core.model_spec import DTYPE_BYTES
     if dtype is None:
         return "bfloat16" if device.startswith("cuda") else "float32"
     canonical = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)

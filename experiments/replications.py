@@ -14,12 +14,16 @@ they run, the scatter given); `replicate_ranges` runs them and summarises them a
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from tqdm import tqdm
 
+from stepcal.core.workload import rescale_rate
+from stepcal.experiments.backends import open_runner, ordered
 from stepcal.experiments.step_models import stored_scatter
 from stepcal.simulator.ranges import INTERVAL, ranges_block, replication_seeds, run_replication, term_names
 from stepcal.simulator.scatter import Scatter
@@ -74,7 +78,6 @@ class Task:
 
 
 def run_task(task: Task, shared: Shared):
-    from stepcal.core.workload import rescale_rate
     trace = shared.trace if task.rate_rps is None else rescale_rate(shared.trace, task.rate_rps)
     return task.keep(run_replication(trace, shared.model, shared.config, task.seed))
 
@@ -87,7 +90,6 @@ class ReplicaPool:
 
     def __init__(self, trace, model, config, workers: int = 1, *, backend: str = "local",
                  address: str | None = None) -> None:
-        from stepcal.experiments.backends import open_runner
         self._runner = open_runner(run_task, Shared(trace, model, config), backend=backend, workers=workers,
                                    address=address)
         self.num_simulations = 0
@@ -103,7 +105,6 @@ class ReplicaPool:
             on_done: Callable[[], None] | None = None) -> list:
         """keep(replication) for each seed, at `rate_rps` (None: the trace as it is); `on_done()` as each
         replication finishes (a progress bar's step)."""
-        from stepcal.experiments.backends import ordered
         self.num_simulations += len(seeds)
         tasks = [Task(keep, seed, rate_rps) for seed in seeds]
         return ordered(self.runner.as_completed(tasks), len(tasks), on_done)
@@ -111,7 +112,7 @@ class ReplicaPool:
 
 def quantile_frame(seeds: Sequence[int], quantiles: Sequence[dict[str, list]]):
     """Long table of the replications' latency quantiles: replication, seed, metric, quantile, value_ms."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     rows = [(i, seed, metric, float(q), value)
             for i, (seed, by_metric) in enumerate(zip(seeds, quantiles))
             for metric, values in by_metric.items() for q, value in zip(CDF_QUANTILES, values)]
@@ -131,9 +132,7 @@ class progress_bar:
     def __enter__(self) -> Callable[[], None] | None:
         if self.quiet:
             return None
-        import sys
 
-        from tqdm import tqdm
         self.bar = tqdm(total=self.total, unit="sim", desc=self.desc, file=sys.stderr, mininterval=0.5, leave=False)
         return self.bar.update
 

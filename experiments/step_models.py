@@ -1,11 +1,13 @@
 """Resolve a --step-model argument: a built-in what-if model or a T_step table directory."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from stepcal.core.artifact import META_FILE
 from stepcal.core.errors import InputError
 from stepcal.costmodel.table_meta import TableMeta
+from stepcal.experiments.host_defaults import added_host_terms, with_host_defaults
 from stepcal.experiments.step_model_meta import BuiltinMeta, read_step_model_meta
 from stepcal.simulator.frontend import FrontEnd
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
@@ -17,7 +19,6 @@ def resolve_step_model(spec: str, host_defaults: str | None = None):
     Host terms in a directory's meta.json (`host_terms`) are added on top of its base model; with
     `host_defaults` (an engine of experiments/data/serving_defaults.json), that engine's published
     terms are added to a model that has none (experiments.host_defaults)."""
-    from stepcal.experiments.host_defaults import with_host_defaults
     return with_host_defaults(_resolve(spec), host_defaults, spec)
 
 
@@ -26,7 +27,6 @@ def resolve_step_models(specs: list[str], host_defaults: str | None, scheduler: 
     or an engine: the --host-defaults flag) adds under `scheduler` (None: no engine known to serve the
     run), decided once for them all (experiments.host_defaults.added_host_terms). Returns the models
     and the record of what was added (AddedHostTerms), None where nothing was."""
-    from stepcal.experiments.host_defaults import added_host_terms, with_host_defaults
     bases = [_resolve(spec) for spec in specs]
     added = added_host_terms(host_defaults, scheduler, bases)
     engine = None if added is None else added.engine
@@ -46,7 +46,7 @@ def _resolve(spec: str):
         if base is None:
             raise InputError(f"{path / 'meta.json'}: step_model must be const:MS or linear:A,B,C")
     else:
-        from stepcal.costmodel.tables import load_step_model  # sklearn-free, but only needed here
+        from stepcal.costmodel.tables import load_step_model  # lazy: loads pandas; sklearn-free, but only needed here
         base = load_step_model(path)
     terms = meta.host_terms
     if not terms:
@@ -71,7 +71,6 @@ def _uncertainty(meta_path: Path, calibration: dict | None) -> TermUncertainty |
 
 def _host_terms(meta_path: Path, terms) -> HostTerms:
     """Calibrated host terms as `stepcal calibrate` writes them: an object of finite numbers (ms)."""
-    import math
     numbers = isinstance(terms, dict) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in terms.values())
     if not numbers:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 
 from stepcal.core.errors import InputError
+from stepcal.profiler.engine.paged import held_batch
+from stepcal.profiler.model import step_inputs
 from stepcal.profiler.op_context import OpContext
 from stepcal.profiler.point import Point
 
@@ -50,7 +52,6 @@ def elementwise_run(point: Point, ctx: OpContext, block_size: int) -> Callable[[
     layer = _layer(model, point.name)
     x = randn(rows, spec.hidden_size)
     if point.name == "emb":
-        from stepcal.profiler.model import step_inputs
         inputs = step_inputs([torch.randint(0, spec.vocab_size, (rows,), generator=gen)], [0], [True], dev, None)
         return lambda i: model.embed_tokens(inputs)
     if point.name == "input_layernorm":
@@ -88,7 +89,6 @@ def _layer(model, name: str):
 
 def _kv_store_run(model, num_seqs: int, block_size: int, gen: torch.Generator) -> Callable[[int], None]:
     """One layer's store of num_seqs decode tokens, on a batch held as the engine holds it."""
-    from stepcal.profiler.engine.paged import held_batch
     spec = model.spec
     inputs, _ = held_batch(model, [1] * num_seqs, [KV_STORE_CONTEXT] * num_seqs, block_size, gen)
     k = torch.randn(num_seqs, spec.num_kv_heads, spec.head_dim, generator=gen).to(model.device, model.dtype)

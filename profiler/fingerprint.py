@@ -17,7 +17,7 @@ NVIDIA_SMI_FIELDS = ("driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem
 
 
 def hardware_fingerprint(device: str, num_threads: int) -> dict:
-    import torch
+    import torch  # lazy: loads torch
     info = {
         "device": device,
         "cpu_model": cpu_model(),
@@ -38,7 +38,7 @@ def hardware_fingerprint(device: str, num_threads: int) -> dict:
 
 
 def gpu_fingerprint(device: str) -> dict:
-    import torch
+    import torch  # lazy: loads torch
     index = torch.device(device).index or 0
     props = torch.cuda.get_device_properties(index)
     info = {
@@ -110,7 +110,7 @@ def fingerprint_id(info: dict) -> str:
 def available_bytes(device: str) -> int | None:
     """Memory a new point can still take: free device memory plus what torch caches, or MemAvailable."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: loads torch
         free, _total = torch.cuda.mem_get_info(torch.device(device))
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return _meminfo_bytes("MemAvailable")

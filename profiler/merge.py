@@ -8,7 +8,9 @@ import pandas as pd
 
 from stepcal.core.errors import InputError
 from stepcal.core.io import atomic_write_parquet
+from stepcal.core.model_spec import ModelSpec
 from stepcal.core.profile_meta import ProfileMeta
+from stepcal.profiler.grid import expand_grid
 from stepcal.profiler.serve import SERVED
 from stepcal.profiler.store import read_meta, read_rows
 
@@ -76,8 +78,6 @@ def _check_compatible(inputs, metas: list[ProfileMeta]) -> None:
 
 def _grid_order(meta: ProfileMeta) -> list[str]:
     """The grid's point order, rebuilt from the grid source stored in meta.json (best effort)."""
-    from stepcal.core.model_spec import ModelSpec
-    from stepcal.profiler.grid import expand_grid
     if not meta.grid_source or meta.model_spec is None:
         return []
     try:

@@ -34,11 +34,14 @@ import torch.nn.functional as F
 from stepcal.core.model_spec import ModelSpec
 from stepcal.profiler.batches import is_probe_batch
 from stepcal.profiler.elementwise import KV_STORE_CONTEXT, elementwise_run
+from stepcal.profiler.engine.paged import held_batch
+from stepcal.profiler.engine.probe import EngineProbe, probe_tokens
 from stepcal.profiler.model import KVCache, attend, prepare_step
 from stepcal.profiler.moe import routed_experts
 from stepcal.profiler.op_context import OpContext
 from stepcal.profiler.point import Point
 from stepcal.profiler.routing import routed_expert_ids
+from stepcal.profiler.serve import Workload
 
 MAX_BUFFER_SETS = 8
 STEP_BLOCK_SIZE = 16     # the engine's default KV block size (`stepcal measure`)
@@ -86,7 +89,6 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
         return sets * set_bytes + 2 * tokens * spec.q_size * nbytes + masks
     weights = 0 if ctx.model_built else spec.num_params * nbytes
     if point.op in ("host", "step") and is_probe_batch(point.q_lens, point.kv_lens):
-        from stepcal.profiler.engine.probe import probe_tokens
         kv_tokens, tokens = probe_tokens(point.q_lens, point.kv_lens)   # a whole engine: its pool, its largest step
     kv = kv_tokens * 2 * spec.num_layers * spec.kv_size * nbytes
     activations = activation_bytes(spec, tokens, nbytes)
@@ -97,7 +99,6 @@ def estimate_bytes(point: Point, ctx: OpContext) -> int:
 def _serve_bytes(point: Point, ctx: OpContext) -> int:
     """A served workload: the weights, its K/V twice (the engine's pool and, on the CPU, each request's
     read copy) and the activations of its largest step (every prompt in flight at once)."""
-    from stepcal.profiler.serve import Workload
     spec, nbytes, workload = ctx.spec, ctx.dtype_bytes, Workload.parse(point.name)
     weights = 0 if ctx.model_built else spec.num_params * nbytes
     kv = workload.max_tokens_in_flight() * 2 * spec.num_layers * spec.kv_size * nbytes
@@ -179,7 +180,6 @@ def _step(point: Point, ctx: OpContext) -> Kernel:
     """The engine's device work of one iteration (its device_ms): timed inside a real engine held at
     the batch where one can be (profiler.engine.probe), else on the engine's own KV pool."""
     if is_probe_batch(point.q_lens, point.kv_lens):
-        from stepcal.profiler.engine.probe import EngineProbe
         return Kernel(EngineProbe(ctx.model(), point.q_lens, point.kv_lens, part="device"), self_timed=True)
     return _paged_step(point, ctx)
 
@@ -189,7 +189,6 @@ def _paged_step(point: Point, ctx: OpContext) -> Kernel:
     the CPU into each sequence's read copy, which attention reads; a gather of the blocks on CUDA),
     the forward and greedy sampling, in a tight loop: 5-10% faster than inside the engine on the
     CPU (on contiguous caches, 11-22%: tiny, 1 to 16 decodes, interleaved in one process)."""
-    from stepcal.profiler.engine.paged import held_batch
     model, q_lens, kv_lens = ctx.model(), list(point.q_lens), list(point.kv_lens)
     # Inputs are built once: building them is host work, the `host` op's (as in the engine, whose
     # device_ms is the forward and the sampling only).
@@ -224,7 +223,6 @@ def _overhead(point: Point, ctx: OpContext) -> Kernel:
 
 def _host(point: Point, ctx: OpContext) -> Kernel:
     """One real engine iteration at the point's batch; the kernel returns its host ms itself."""
-    from stepcal.profiler.engine.probe import EngineProbe
     return Kernel(EngineProbe(ctx.model(), point.q_lens, point.kv_lens, part="host"), self_timed=True)
 
 

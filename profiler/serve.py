@@ -26,6 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepcal.core.trace import Trace
+from stepcal.simulator.schedulers import SchedulerConfig
+
 SCHEDULERS = ("continuous", "sarathi", "vllm")
 SERVED = "served"          # the name of the step and host rows a workload gives
 BLOCK_SIZE = 16            # `stepcal measure`'s default KV block size
@@ -74,9 +77,7 @@ def _log_uniform(rng: np.random.Generator, bounds: tuple[int, int], n: int) -> n
 
 def serve(model, workload: Workload, seed: int):
     """Serve the workload once on the engine; its step log (with host_ms and device_ms)."""
-    from stepcal.core.trace import Trace
-    from stepcal.profiler.engine.engine import Engine, EngineConfig
-    from stepcal.simulator.schedulers import SchedulerConfig
+    from stepcal.profiler.engine.engine import Engine, EngineConfig  # lazy: loads torch
     prompts, outputs = workload.lengths(seed)
     trace = Trace.from_arrays(np.zeros(len(prompts)), prompts, outputs)
     scheduler_config = SchedulerConfig(max_num_seqs=workload.concurrency,

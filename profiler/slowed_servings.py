@@ -171,7 +171,7 @@ def kept_times(frames: dict[str, pd.DataFrame], slowed: list[SlowedServing]) -> 
 
 def read_served(path: str) -> pd.DataFrame:
     """A profile table's columns that find_slowed reads (a table without served rows: none)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: loads pyarrow
     names = set(pq.read_schema(path).names)
     return pd.read_parquet(path, columns=[c for c in COLUMNS if c in names])
 
@@ -180,7 +180,7 @@ def profiled_device(paths) -> str:
     """"cuda" where every one of these profile tables was timed on a GPU (their `device` column, the
     sweep's cpu or cuda), else "cpu": the device whose NoisePolicy says whether the fit drops slowed
     servings (a table without the column counts as the CPU's, as every profile was before GPUs)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: loads pyarrow
     devices = set()
     for path in paths:
         if "device" not in pq.read_schema(path).names:

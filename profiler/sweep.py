@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
 from stepcal.core.batch import batch_row
 from stepcal.core.errors import InputError
@@ -22,12 +23,31 @@ from stepcal.core.model_spec import ModelSpec
 from stepcal.core.profile_meta import ProfileMeta
 from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.profiler.allocator import configure_allocator
+from stepcal.profiler.fingerprint import (
+    available_bytes,
+    cpu_l2_bytes,
+    device_name,
+    fingerprint_id,
+    hardware_fingerprint,
+)
 from stepcal.profiler.grid import Grid
 from stepcal.profiler.noise_policy import NoisePolicy
 from stepcal.profiler.point import Point
+from stepcal.profiler.serve import SERVED, Workload, serve
 from stepcal.profiler.speed_guard import SpeedGuard
 from stepcal.profiler.store import ProfileDir
-from stepcal.profiler.timing import Measurement, TimingPolicy, torch_threads
+from stepcal.profiler.timing import (
+    CpuTimer,
+    CudaTimer,
+    HostTimer,
+    Measurement,
+    SelfTimer,
+    TimingPolicy,
+    cuda_graph_run,
+    measure,
+    summarize,
+    torch_threads,
+)
 
 FLUSH_POINTS = 8        # rows per part file at most
 FLUSH_S = 2.0           # and at least this often
@@ -95,9 +115,8 @@ def run_sweep(config: SweepConfig, out: str | Path, *, max_minutes: float | None
 
 def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retry_failed, progress,
                timer_factory, clock, allocator: dict | None) -> SweepResult:
-    import torch
+    import torch  # lazy: loads torch
 
-    from stepcal.profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
 
     points = config.points()
     rounds = config.policy.rounds
@@ -158,7 +177,7 @@ def engine_speed_probe_ms(tasks, ctx, num_steps: int = NoisePolicy.speed_probe_s
     probes with them, telling the machine's drift between profile and run from the model's error."""
     if not any(p.op in ENGINE_OPS for p in tasks):
         return None
-    from stepcal.profiler.engine.measure import speed_probe_ms, warm_up
+    from stepcal.profiler.engine.measure import speed_probe_ms, warm_up  # lazy: loads torch
     model = ctx.model()
     warm_up(model)
     return speed_probe_ms(model, num_steps=num_steps)
@@ -169,7 +188,7 @@ def speed_guard(measurer, start_probe_ms: float | None, clock, noise: NoisePolic
     the policy runs one."""
     if start_probe_ms is None or not noise.speed_guard:
         return None
-    from stepcal.profiler.engine.measure import speed_probe_ms
+    from stepcal.profiler.engine.measure import speed_probe_ms  # lazy: loads torch
     return SpeedGuard.for_policy(noise, lambda: speed_probe_ms(measurer.ctx.model(), num_steps=noise.guard_probe_steps),
                                  clock, start_probe_ms)
 
@@ -206,7 +225,6 @@ def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, s
                  max_minutes, progress, clock, guard=None) -> tuple[int, list[str]]:
     """Every task, then the engine points `guard` (profiler.speed_guard) found a slow stretch in,
     once more each; returns the points measured and the keys measured again."""
-    from tqdm import tqdm
     budget_s = None if max_minutes is None else max_minutes * 60.0
     pending: list[dict] = []
     last_flush, measured, again, measured_again = clock(), 0, [], []
@@ -264,7 +282,7 @@ class PointMeasurer:
     """Builds and times one point at a time; failures become rows with a reason."""
 
     def __init__(self, config: SweepConfig, timer_factory=None) -> None:
-        from stepcal.profiler.op_context import OpContext
+        from stepcal.profiler.op_context import OpContext  # lazy: loads torch
         self.config = config
         self.policy = config.policy.for_round()
         self.ctx = OpContext(config.spec, config.device, config.dtype, seed=config.seed,
@@ -303,15 +321,13 @@ class PointMeasurer:
             return {**row, "status": "failed", "error": error[:MAX_ERROR_CHARS]}
         rounds = 1
         if earlier is not None and earlier.get("samples_ms") is not None:
-            from stepcal.profiler.timing import summarize
             samples = list(earlier["samples_ms"]) + list(measurement.samples_ms)
             measurement = summarize(samples, measurement.inner_repeats, measurement.stopped_by)
             rounds = _rounds_of(earlier) + 1
         return {**row, **timing_columns(measurement), "rounds": rounds, "status": "ok", "error": None}
 
     def _check_memory(self, point: Point) -> None:
-        from stepcal.profiler.fingerprint import available_bytes
-        from stepcal.profiler.ops import estimate_bytes
+        from stepcal.profiler.ops import estimate_bytes  # lazy: loads torch
         need, free = estimate_bytes(point, self.ctx), available_bytes(self.config.device)
         if free is not None and need > 0.9 * free:
             raise MemoryError(f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available")
@@ -319,16 +335,13 @@ class PointMeasurer:
     def _serve(self, point: Point, served: list) -> Measurement:
         """Serve the point's workload once; its step log goes into `served`, its mean step time is
         the point's sample."""
-        from stepcal.profiler.serve import SERVED, Workload, serve
-        from stepcal.profiler.timing import summarize
         self._check_memory(point)
         steps = serve(self.ctx.model(), Workload.parse(point.name), self.config.seed)
         served.append(steps)
         return summarize([float(steps["duration_ms"].mean())], 1, SERVED)
 
     def _measure(self, point: Point) -> Measurement:
-        from stepcal.profiler.ops import build_kernel
-        from stepcal.profiler.timing import measure
+        from stepcal.profiler.ops import build_kernel  # lazy: loads torch
         self._check_memory(point)
         kernel = build_kernel(point, self.ctx)
         timer = self.timer_factory(self.config.device, kernel)
@@ -337,24 +350,22 @@ class PointMeasurer:
 
 
 def default_timer(device: str, kernel):
-    from stepcal.profiler.timing import CpuTimer, CudaTimer, HostTimer, SelfTimer
     if kernel.self_timed:
         return SelfTimer()
     if not device.startswith("cuda"):
         return CpuTimer()
     if kernel.host_side:
-        import torch
+        import torch  # lazy: loads torch
         return HostTimer(torch.cuda.synchronize)
     return CudaTimer()
 
 
 def _graph_capture(run, num_calls: int):
     """A CUDA graph of num_calls calls, or the eager run when capture is not possible."""
-    from stepcal.profiler.timing import cuda_graph_run
     try:
         return cuda_graph_run(run, num_calls)
     except Exception:   # some kernels cannot be captured: time them eagerly
-        import torch
+        import torch  # lazy: loads torch
         torch.cuda.synchronize()
         return _Repeat(run, num_calls)
 
@@ -399,8 +410,6 @@ def served_rows(point_key: str, steps, previous: dict, head: dict) -> list[dict]
     """Two rows per served step (profiler.serve): its device part as op `step`, its host part as op
     `host`, each pooled with the row of the same key from earlier rounds where that row holds the
     same batch (a workload forms the same batches every round)."""
-    from stepcal.profiler.serve import SERVED
-    from stepcal.profiler.timing import summarize
     rows = []
     for i, step in enumerate(steps.itertuples(index=False)):
         q_lens, kv_lens = [int(q) for q in step.q_lens], [int(s) for s in step.kv_lens]
@@ -425,7 +434,7 @@ def timing_columns(m: Measurement) -> dict:
 
 
 def _check_device(device: str) -> None:
-    import torch
+    import torch  # lazy: loads torch
     if device == "cpu":
         return
     if not device.startswith("cuda"):
@@ -462,9 +471,8 @@ def _rotate_bytes(device: str) -> int:
     (2 MB L2 per core) a 768 x 256 fp32 GEMM at one row took 26 us from a warm L2, 46 us rotated
     past it, and 38 us inside the `tiny` model's step."""
     if not device.startswith("cuda"):
-        from stepcal.profiler.fingerprint import cpu_l2_bytes
         return 2 * (cpu_l2_bytes() or 0)
-    import torch
+    import torch  # lazy: loads torch
     props = torch.cuda.get_device_properties(torch.device(device))
     return 2 * int(getattr(props, "L2_cache_size", 50 * 2**20))
 
@@ -479,7 +487,7 @@ def _is_oom(exc: BaseException) -> bool:
 def _free_memory(device: str) -> None:
     gc.collect()
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: loads torch
         torch.cuda.empty_cache()
 
 

@@ -28,7 +28,7 @@ MIN_SAMPLES = 3
 def torch_threads(num_threads: int) -> Iterator[None]:
     """torch's intra-op thread count fixed for a measurement and restored after it (the count is
     process-wide: a sweep run inside a longer process must not leave it changed)."""
-    import torch
+    import torch  # lazy: loads torch
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
@@ -154,7 +154,7 @@ class CudaTimer:
     """CUDA events around each sample; one synchronisation per batch."""
 
     def samples(self, run: Run, num_samples: int, inner: int, first_call: int) -> list[float]:
-        import torch
+        import torch  # lazy: loads torch
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(num_samples)]
         call = first_call
@@ -170,7 +170,7 @@ class CudaTimer:
 
 def cuda_graph_run(run: Run, num_calls: int) -> Run:
     """Capture num_calls calls (rotating buffers) into one CUDA graph; returns a run that replays it."""
-    import torch
+    import torch  # lazy: loads torch
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):       # warm the kernels up outside the capture, as torch asks

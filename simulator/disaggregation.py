@@ -225,7 +225,7 @@ class DisaggSimulation:
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self, wall_s: float) -> SimResult:
-        import pandas as pd
+        import pandas as pd  # lazy: loads pandas
         handoffs = [self.handoffs[r.request_id] for r in self.originals]
         requests = request_log([h.final for h in handoffs])
         by_id = {h.final.request_id: h for h in handoffs}

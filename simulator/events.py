@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from tqdm import tqdm
+
 # Priorities at equal times: a request reaching a scheduler (a trace arrival, or a KV cache landing
 # at a decode pool), then a step finishing, then an idle replica waking up to schedule.
 ARRIVAL, STEP_DONE, WAKE = 0, 1, 2
@@ -78,6 +80,5 @@ def paused_gc() -> Iterator[None]:
 
 
 def _progress_bar(total: int):
-    from tqdm import tqdm
     return tqdm(total=total, unit="req", desc="simulate", leave=False, mininterval=0.5, file=sys.stderr,
                 disable=total < 20000)

@@ -9,7 +9,7 @@ from stepcal.simulator.request import Request
 
 def request_log(requests: list[Request]):
     """The request log (docs/design.md contract 4) of finished or unfinished requests, sorted by id."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
 
     def col(attr, dtype=np.float64):
         return np.array([getattr(r, attr) if getattr(r, attr) is not None else np.nan for r in requests], dtype=dtype)

@@ -28,6 +28,11 @@ replications and the 5th and 95th percentiles (a 90% interval).
 """
 from __future__ import annotations
 
+import copy
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from functools import partial
+
 import numpy as np
 
 from stepcal.simulator.simulation import Simulation
@@ -58,7 +63,6 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
     if not term_names(model) or spread_scale == 0.0 or not any(z_by_term.values()):
         return model
     # Each term moves its own grid (Term.biased): the copy keeps the tables' fast one-step path.
-    import copy
     drawn = copy.copy(model)
     drawn.terms = [term.biased(z_by_term.get(term.name, 0.0) * spread_scale) for term in model.terms]
     return drawn
@@ -67,7 +71,6 @@ def with_bias(model, z_by_term: dict[str, float], spread_scale: float = 1.0):
 def _drawn_host_terms(model: HostTermsModel, z_by_term: dict[str, float], spread_scale: float) -> HostTermsModel:
     """The model with its host terms drawn: the step terms as a shift of any sign (the step's total is
     held up; DrawnHostTermsModel), the request path's terms clipped at zero."""
-    from dataclasses import replace
     uncertainty = model.uncertainty
     if uncertainty is None or spread_scale == 0.0:
         return model
@@ -115,12 +118,10 @@ def replicate(trace, model, config, num_replications: int, seed: int = 0, spread
     """The summaries of num_replications simulations of `trace`, replication i drawing the model's
     error and the scatter (config.scatter) from seed + i; `workers` > 1 runs them in a process pool
     (the same summaries, in the same order)."""
-    from functools import partial
     run = partial(_summary, trace, model, config, spread_scale=spread_scale)
     seeds = replication_seeds(num_replications, seed)
     if workers <= 1 or num_replications <= 1:
         return [run(s) for s in seeds]
-    from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=min(workers, num_replications)) as pool:
         return list(pool.map(run, seeds))
 
@@ -132,7 +133,6 @@ def replication_seeds(num_replications: int, seed: int) -> list[int]:
 
 def run_replication(trace, model, config, seed: int, spread_scale: float = 1.0):
     """One replication (a SimResult): the model's error, the scatter and the front end drawn from `seed`."""
-    from dataclasses import replace
 
     drawn = with_bias(model, draw_bias(model, seed), spread_scale)
     config = replace(config, scatter_seed=seed, front_end_seed=seed, record_batches=False)

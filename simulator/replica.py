@@ -211,7 +211,7 @@ class Replica:
 
 def steps_frame(replicas: list[Replica], with_pool: bool = False):
     """Every replica's step log in one DataFrame (with a `pool` column for disaggregated runs)."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     frames = [r.log.to_frame().assign(pool=r.pool) if with_pool else r.log.to_frame() for r in replicas]
     return pd.concat(frames, ignore_index=True)
 

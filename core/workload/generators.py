@@ -11,6 +11,8 @@ import numpy as np
 
 from stepcal.core.errors import InputError
 from stepcal.core.trace import Trace
+from stepcal.core.workload.readers import read_trace
+from stepcal.core.workload.sessions import session_trace
 
 # ---- arrival processes ----
 
@@ -125,7 +127,6 @@ class Empirical:
     trace_format: str | None = None
 
     def load(self) -> Trace:
-        from stepcal.core.workload.readers import read_trace
         return read_trace(self.path, self.trace_format)
 
 
@@ -153,7 +154,6 @@ def generate(spec: WorkloadSpec) -> Trace:
     rng = np.random.default_rng(spec.seed)
     arrival = arrivals_s(spec.process, rng, num_requests=spec.num_requests, duration_s=spec.duration_s)
     if spec.system is not None or spec.sessions is not None:
-        from stepcal.core.workload.sessions import session_trace
         return session_trace(arrival, lambda n: _sample(spec.prompt, "num_prompt_tokens", rng, n),
                              lambda n: _sample(spec.output, "num_output_tokens", rng, n), rng,
                              system=spec.system, sessions=spec.sessions, source=spec.text)

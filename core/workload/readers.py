@@ -6,6 +6,7 @@ so that the first request arrives at 0 s; their clocks start at arbitrary epochs
 """
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def _check_text_head(path: Path) -> None:
 # ---- file kinds -> a DataFrame whose index is the 0-based row (or line) label ----
 
 def _read_csv(path: Path):
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     try:
         # Blank lines are kept (then dropped) so that index labels stay line numbers - 2.
         frame = pd.read_csv(path, skip_blank_lines=False)
@@ -119,7 +120,6 @@ def _read_csv(path: Path):
 
 def _check_header(path: Path) -> None:
     """pandas renames a repeated column to `name.1`: which of the two holds the data is a guess."""
-    import csv
     with open(path, newline="", encoding="utf-8") as f:
         header = [c.strip() for c in next(csv.reader(f), [])]
     repeated = [c for c in dict.fromkeys(header) if header.count(c) > 1]
@@ -132,7 +132,7 @@ def _read_parquet(path: Path):
 
 
 def _read_jsonl(path: Path):
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     records, labels = [], []
     with path.open("r", encoding="utf-8", errors="replace") as f:
         for label, line in enumerate(f):
@@ -214,7 +214,7 @@ _READERS = {"stepcal": _read_stepcal, "azure": _read_azure, "mooncake": _read_mo
 
 
 def _check_unique(where: Where, series, ids: np.ndarray) -> None:
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     duplicated = pd.Series(ids).duplicated().to_numpy()
     if duplicated.any():
         i = int(np.flatnonzero(duplicated)[0])
@@ -227,7 +227,7 @@ def _hash_lists(where: Where, series, column: str, prompt: np.ndarray, block_tok
     A missing value is an empty list: that request shares no prefix blocks. Ids are integers in
     [0, 2^63); a row has at most ceil(prompt / block_tokens) of them, one per block of its prompt.
     """
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     lists = []
     for (label, cell), num_prompt_tokens in zip(series.items(), prompt.tolist()):
         value = cell

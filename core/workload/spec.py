@@ -26,6 +26,7 @@ from stepcal.core.workload.generators import (
     Uniform,
     WorkloadSpec,
 )
+from stepcal.core.workload.sessions import SessionShape, SharedSystem
 
 PROCESSES = ("poisson", "gamma", "onoff")
 COMMON_KEYS = ("rate", "n", "duration", "seed", "prompt", "output", "lengths", "system", "turns", "think", "loop")
@@ -116,7 +117,6 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
     else:
         prompt = need("prompt", "e.g. prompt=lognormal:512:1.0")
         output = need("output", "e.g. output=uniform:16:256")
-    from stepcal.core.workload.sessions import SessionShape, SharedSystem
     sessions = None
     if "turns" in p:
         sessions = SessionShape(p["turns"], p.get("think", 0.0), p.get("loop", "closed") == "closed")

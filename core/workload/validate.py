@@ -47,7 +47,7 @@ def require_columns(where: Where, columns, required: tuple[str, ...], fmt: str) 
 
 def numbers(where: Where, series, column: str, *, allow_missing: bool = False) -> np.ndarray:
     """The column as float64; non-numeric (and, unless allowed, missing) values are errors."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     missing = series.isna().to_numpy()
     not_numeric = np.isnan(values) & ~missing
@@ -94,7 +94,7 @@ def non_negative(where: Where, series, column: str) -> np.ndarray:
 
 def seconds_since_first(where: Where, series, column: str) -> np.ndarray:
     """Date-time strings (ISO 8601, up to nanoseconds) as float seconds since the earliest one."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     where.reject(series, column, series.isna().to_numpy(), "is empty", show_value=False)
     # As text: pandas is to read bare numbers as epochs one day, which would accept them silently.
     stamps = pd.to_datetime(series.astype(str), format="ISO8601", errors="coerce")

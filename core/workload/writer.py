@@ -32,8 +32,8 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
 
 
 def _parquet_bytes(frame) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: loads pyarrow
+    import pyarrow.parquet as pq  # lazy: loads pyarrow
     table = pa.Table.from_pandas(frame, preserve_index=False)
     if "prefix_hash_ids" in frame.columns:
         # Typed explicitly: if every list were empty, Arrow would infer list<null>.

@@ -46,7 +46,7 @@ def _fit_shape(fit: _Fit, terms: HostTerms, budget: int) -> tuple[HostTerms, dic
     where they cut the loss over OBJECTIVE and FRONT_OBJECTIVE by a quarter against the best constant
     front end (the first search matched the summary statistics only, so its median is searched again
     on this loss before the comparison)."""
-    from scipy.optimize import minimize_scalar
+    from scipy.optimize import minimize_scalar  # lazy: loads scipy
     keys = OBJECTIVE + FRONT_OBJECTIVE
     scale = _shape_scale(fit)
 

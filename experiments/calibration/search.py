@@ -95,7 +95,7 @@ def _powell_best(loss, x0: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
     smooth: from a start of loss 5.8e-5 (0.52 ms per step, 0.10 per sequence: near a simulated H100
     deployment's truth) one step search saw 1.5e-5 and returned a point of 1.6e-3, and the shape
     search returned points 6-12% above its best on three of six simulated vLLM deployments."""
-    from scipy.optimize import minimize
+    from scipy.optimize import minimize  # lazy: loads scipy
     seen = {"loss": math.inf, "x": None}   # Powell evaluates x0 first, so x is always set
 
     def objective(z):

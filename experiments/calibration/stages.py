@@ -152,7 +152,7 @@ def _fit_base_scale(fit: _Fit, terms: HostTerms, loss: float, fitted: list[str])
     slow (their step totals), ten of them with every step term under 0.04 ms, and their held-out loads
     as slow. The step terms go to zero with it: at a calibration load a scale and a per-step term move
     the statistics alike, and a base too slow needs no step time added."""
-    from scipy.optimize import minimize_scalar
+    from scipy.optimize import minimize_scalar  # lazy: loads scipy
     bare = replace(terms, **dict.fromkeys(STEP_TERMS, 0.0))
     result = minimize_scalar(lambda x: fit.loss(replace(bare, base_scale=float(x))), bounds=BASE_SCALE_BOUNDS,
                              method="bounded", options={"xatol": 1e-3, "maxiter": SCALE_BUDGET})

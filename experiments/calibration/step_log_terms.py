@@ -55,7 +55,7 @@ class StepLogTerms:
 def step_log_terms(run: MeasuredRun, base_model, held: tuple[str, ...] = ()) -> StepLogTerms | None:
     """The step terms of `base_model` on `run`'s step log (every repeat's); `held`: terms left at zero.
     None where the run logged fewer than MIN_STEPS steps, or no batch shapes (a log of times alone)."""
-    from scipy.optimize import nnls
+    from scipy.optimize import nnls  # lazy: loads scipy
     steps = run.steps
     if len(steps) < MIN_STEPS or any(column not in steps for column in NEEDED):
         return None

@@ -25,6 +25,8 @@ slowed measured repeat is served again (profiler.slowed_servings).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import sys
@@ -36,11 +38,27 @@ from pathlib import Path
 from typing import TypeVar
 
 from stepcal.core.errors import InputError, print_warnings
+from stepcal.core.io import atomic_write_bytes
+from stepcal.core.measured_run import SAME_PLACE, STEPS, read_measured_run, repeat_dir, repeat_dirs
+from stepcal.core.model_files import load_model_spec
+from stepcal.core.workload import load_workload
+from stepcal.costmodel.table_meta import TableMeta
+from stepcal.experiments.backends import open_runner
+from stepcal.experiments.calibration import calibrate_step_model
 from stepcal.experiments.campaign.config import CALIBRATED, PROFILED_OPS, CampaignConfig, load_name
-from stepcal.experiments.campaign.headline import Headline, HeadlineRow
+from stepcal.experiments.campaign.headline import Headline, HeadlineRow, late_over_early, profile_reproducibility
+from stepcal.experiments.fitting import FitOptions, fit_tables
 from stepcal.experiments.output_paths import check_output
+from stepcal.experiments.profiling import describe_sweep, profile_kernels
 from stepcal.experiments.replications import RangesSettings, replicate_ranges
+from stepcal.experiments.report.build import build_report, describe_report
+from stepcal.experiments.validation.compare import read_record
+from stepcal.experiments.validation.device_history import read_history, record_runs
+from stepcal.experiments.validation.validate import validate_run
+from stepcal.profiler.fingerprint import hardware_fingerprint
+from stepcal.profiler.grid import load_grid
 from stepcal.profiler.noise_policy import NoisePolicy
+from stepcal.simulator.schedulers import checked_scheduler_config
 
 T = TypeVar("T")
 
@@ -71,10 +89,7 @@ def calibrate_captured(task: tuple, shared=None) -> tuple:
     """One calibration in a pool worker: calibrate_step_model(*args, **kwargs) with what it prints
     held back (printed by the campaign in the jobs' order, not interleaved with another's). Returns
     (stdout, stderr, wall seconds, an InputError's message or None)."""
-    import contextlib
-    import io
 
-    from stepcal.experiments.calibration import calibrate_step_model
     args, kwargs = task
     printed, warned, error = io.StringIO(), io.StringIO(), None
     started = time.perf_counter()
@@ -191,8 +206,6 @@ class Campaign:
     def read_history(self) -> list:
         """The ledger's entries of this device from earlier campaigns (not of runs under OUT, which this
         campaign replaces, or of --scatter-runs, already pooled), read once before the measurements."""
-        from stepcal.experiments.validation.device_history import read_history
-        from stepcal.profiler.fingerprint import hardware_fingerprint
         c = self.c
         if c.history_file is None or c.repeats < 2:
             return []
@@ -209,7 +222,6 @@ class Campaign:
 
     def record_history(self) -> None:
         """Every measured run of two or more repeats into the ledger: a later campaign pools its pairs."""
-        from stepcal.experiments.validation.device_history import record_runs
         c = self.c
         if c.history_file is not None and c.repeats >= 2:
             runs = [c.measured_dir(s, load) for s in c.schedulers for load in c.loads]
@@ -225,8 +237,6 @@ class Campaign:
         campaign (on this project's VMs its speed moves 10-30% over minutes, and a profile taken at
         the start alone put whole-step tables 15-25% off runs measured minutes later, one way or
         the other)."""
-        from stepcal.core.model_files import load_model_spec
-        from stepcal.profiler.grid import load_grid
         try:
             rounds = int(load_grid(self.c.grid, load_model_spec(self.c.model_spec)).timing.get("rounds", 1))
         except InputError:
@@ -239,7 +249,6 @@ class Campaign:
 
     def profile(self, name: str, rounds: int | None) -> None:
         """Profile into OUT/name, `rounds` passes over the grid (None: the grid's own number)."""
-        from stepcal.experiments.profiling import describe_sweep, profile_kernels
         c = self.c
         result = profile_kernels(c.model_spec, str(c.out / name), device=c.device, ops=c.profile_ops,
                                  grid=c.grid, progress=False, rounds=rounds, noise=c.noise)
@@ -250,11 +259,8 @@ class Campaign:
 
     def measure(self, scheduler: str, workload: str, out: Path) -> dict:
         """One repeat of a generated workload, served by the engine with measure's default flags."""
-        from stepcal.core.model_files import load_model_spec
-        from stepcal.core.workload import load_workload
-        from stepcal.profiler.engine.engine import EngineConfig
-        from stepcal.profiler.engine.measure import measure_trace
-        from stepcal.simulator.schedulers import checked_scheduler_config
+        from stepcal.profiler.engine.engine import EngineConfig  # lazy: loads torch
+        from stepcal.profiler.engine.measure import measure_trace  # lazy: loads torch
         c = self.c
         spec = load_model_spec(c.model_spec)
         trace = load_workload(workload, seed=c.seed)
@@ -269,7 +275,6 @@ class Campaign:
     def fit(self, logs: list[Path], ops: str | None, out: Path, profiles: list[str] | None = None,
             track: bool = True) -> None:
         """`stepcal fit` of every profile taken so far (or `profiles`) and `logs` into `out`."""
-        from stepcal.experiments.fitting import FitOptions, fit_tables
         c = self.c
         profiles = self.profile_files() if profiles is None else profiles
         fit_tables(FitOptions(profile=[*profiles, *map(str, logs)], out=str(out), ops=ops, model_spec=c.model_spec,
@@ -280,8 +285,6 @@ class Campaign:
         every run validated with both: how far the prediction of a user without step logs moves when
         the device is profiled again minutes later (experiments.campaign.headline.profile_reproducibility).
         Diagnostics, not tracked in MLflow."""
-        from stepcal.experiments.campaign.headline import late_over_early, profile_reproducibility
-        from stepcal.experiments.validation.compare import read_record
         c, where = self.c, self.c.out / "reproducibility"
         for name in self.profiled:
             self.fit([], ",".join(PROFILED_OPS), where / f"tables_{name}", [str(c.out / name / "profile.parquet")],
@@ -295,12 +298,11 @@ class Campaign:
                     self.validate(c.measured_dir(s, load), where / f"tables_{name}", target)
                     rows.append(HeadlineRow.of(s, load, f"profiled ({name})", True, read_record(target / "validation.json")))
                 pairs.append(tuple(rows))
-        import pandas as pd
+        import pandas as pd  # lazy: loads pandas
         early, late = (pd.read_parquet(c.out / name / "profile.parquet") for name in self.profiled)
         return {**profile_reproducibility(pairs), "late_over_early": late_over_early(early, late)}
 
     def validate(self, measured: Path, step_model: Path, out: Path, ranges: int = 0) -> None:
-        from stepcal.experiments.validation.validate import validate_run
         # what `stepcal validate --ranges N --ranges-seed SEED --workers W --quiet` runs: the scatter stored
         # with the tables
         settings = RangesSettings(num_replications=ranges, seed=self.c.seed, workers=self.c.workers)
@@ -309,7 +311,6 @@ class Campaign:
                      if ranges else None)
 
     def report(self, dirs: list[Path], out: Path) -> None:
-        from stepcal.experiments.report.build import build_report, describe_report
         files = build_report([str(d) for d in dirs], str(out))
         print(describe_report(str(out), files))
 
@@ -329,7 +330,6 @@ class Campaign:
         if self.c.workers > 1 and len(jobs) > 1:
             self.calibrate_in_pool(jobs)
         else:
-            from stepcal.experiments.calibration import calibrate_step_model
             for job in jobs:
                 self.stage(job.title, "calibrate", lambda j=job: calibrate_step_model(*j.args, **j.kwargs))
         for job in jobs:
@@ -356,7 +356,6 @@ class Campaign:
     def calibrate_in_pool(self, jobs: list[CalibrationJob]) -> None:
         """The jobs on config.workers spawned processes; each job's stage line and printed lines as
         soon as it and the jobs before it are done; each stage's time is its own calibration's."""
-        from stepcal.experiments.backends import open_runner
         workers = min(self.c.workers, len(jobs))
         print(f"[{time.perf_counter() - self.t0:6.1f} s] calibrate {len(jobs)} tables, {workers} at a time",
               file=sys.stderr, flush=True)
@@ -386,7 +385,7 @@ class Campaign:
         repeats (and the calibration logs the tables train on) span the whole measurement; every
         other pass is rotated by half its length (CampaignConfig.interleaved), so that each run's
         repeats lie at least half a pass apart."""
-        from stepcal.profiler.engine.measure import combine_repeats
+        from stepcal.profiler.engine.measure import combine_repeats  # lazy: loads torch
         c, parts = self.c, self.c.out / "measured" / ".repeats"
         for k, s, load in c.interleaved():
             workload, part = c.workload(load * capacity[s]), parts / s / load_name(load) / str(k)
@@ -409,9 +408,8 @@ class Campaign:
         miss no model can avoid and a noise floor that excuses every other. The served-again repeats
         are named. Returns the repeats kept because their slow stretch came back in the same place
         (said on stderr): the engine's own, flagged so when the repeats are combined."""
-        from stepcal.core.measured_run import SAME_PLACE, read_measured_run
-        from stepcal.profiler.engine.measure import serve_slowed_again
-        from stepcal.profiler.engine.slowdown import SlowestWindow
+        from stepcal.profiler.engine.measure import serve_slowed_again  # lazy: loads torch
+        from stepcal.profiler.engine.slowdown import SlowestWindow  # lazy: loads torch
         c = self.c
         if not c.noise.mark_slowed_windows:    # the rule is a shared CPU's (profiler.noise_policy)
             return ()
@@ -438,8 +436,6 @@ class Campaign:
 
     def headline(self, capacity: dict, validations: list, reproducibility: dict | None = None) -> Headline:
         """Every validation's row, read back from its validation.json; writes OUT/headline.json."""
-        from stepcal.core.io import atomic_write_bytes
-        from stepcal.experiments.validation.compare import read_record
         # The profiled tables saw no run: every load is held out for them.
         rows = [HeadlineRow.of(scheduler, load, model_name, load != self.c.loads[0] or model_name == "profiled",
                                read_record(path / "validation.json"))
@@ -453,8 +449,7 @@ class Campaign:
         """The profile's servings with stretches the profiled tables' fit left out (their meta.json), the
         most slowed first, named for the headline as the repeats served again are: workload, profile
         half, how much slower, how many of its steps."""
-        from stepcal.costmodel.table_meta import TableMeta
-        from stepcal.profiler.slowed_servings import labels
+        from stepcal.profiler.slowed_servings import labels  # lazy: loads pandas
         tables = self.c.out / "tables_profiled"
         if not (tables / "meta.json").exists():
             return []
@@ -465,6 +460,5 @@ def training_logs(measured: Path, schedulers: tuple[str, ...], calibration_load:
     """Training data beyond the kernel profile: the step logs of every scheduler's runs that are
     never validated: the calibration load (every repeat: the machine's speed drifts, and more of
     it averages out) and the saturation run (it covers the largest batches)."""
-    from stepcal.core.measured_run import STEPS, repeat_dir, repeat_dirs
     logs = [d / STEPS for s in schedulers for d in repeat_dirs(measured / s / load_name(calibration_load))]
     return logs + [repeat_dir(measured / s / "saturation", 0) / STEPS for s in schedulers]

@@ -3,6 +3,9 @@ cells meet the targets, and the table the quickstart prints. headline.json is ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
+
+import numpy as np
 
 HEADLINE_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 HEADLINE_STATS = ("p50", "p90", "p99")
@@ -107,7 +110,6 @@ def profile_reproducibility(pairs: list[tuple[HeadlineRow, HeadlineRow]]) -> dic
     P50/P90 cell of TTFT, TPOT and E2E, move = |simulated late / simulated early - 1|. Returns the
     median and largest move, how many moves exceed the cell's own target (cell_target: a cell can
     meet it only to within the profile's reproducibility), and the cells each half alone meets."""
-    import numpy as np
     moves, beyond, met = [], 0, {"early": 0, "late": 0}
     for early, late in pairs:
         for m in HEADLINE_METRICS:
@@ -141,7 +143,6 @@ def late_over_early(early, late) -> dict | None:
     """The profile halves' whole steps (step and served-step rows, `serve`'s steps) matched point by point:
     the median of late / early time, and over how many points. The machine's drift between the halves,
     read off the profile itself; None where no point is in both."""
-    import numpy as np
     keys = ["point_key", "name"]
     pick = [frame[frame["op"].isin(("step", "serve")) & frame["status"].eq("ok")][[*keys, "time_ms"]]
             for frame in (early, late)]
@@ -208,9 +209,7 @@ def speed_line(rows: list[HeadlineRow]) -> str | None:
     """The machine's speed during the held-out runs against the profile the tables were fitted on
     (validate's speed_vs_profile), where both were probed: a step-time miss of about that size is the
     machine's drift, not the model's."""
-    from statistics import median
 
-    import numpy as np
     drifts = sorted(r.speed_vs_profile for r in rows if r.speed_vs_profile is not None)
     if not drifts:
         return None
@@ -229,7 +228,6 @@ def speed_line(rows: list[HeadlineRow]) -> str | None:
 def coverage_line(covered: list[dict]) -> str:
     """How often the measured values (each repeat on its own) fell inside the 90% intervals of the
     held-out runs, with the median of the runs' median relative widths."""
-    import numpy as np
     inside, cells = sum(c["num_inside"] for c in covered), sum(c["num_cells"] for c in covered)
     widths = [c["median_relative_width"] for c in covered if c.get("median_relative_width") is not None]
     width = f"; median width {100 * float(np.median(widths)):.0f}% of the measured value" if widths else ""

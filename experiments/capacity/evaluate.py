@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, replace
 
 from stepcal.core.trace import Trace
 from stepcal.core.workload import rescale_rate
+from stepcal.simulator.disaggregation import DisaggSimulation
+from stepcal.simulator.simulation import Simulation
 
 
 @dataclass
@@ -27,7 +29,6 @@ class RateEvaluator:
 
 def aggregated(step_model, config) -> Callable[[Trace], dict]:
     """Simulate with simulator.simulation (every replica does prefill and decode)."""
-    from stepcal.simulator.simulation import Simulation
     config = replace(config, record_batches=False)
 
     def simulate_trace(trace: Trace) -> dict:
@@ -37,7 +38,6 @@ def aggregated(step_model, config) -> Callable[[Trace], dict]:
 
 def disaggregated(prefill_model, decode_model, config) -> Callable[[Trace], dict]:
     """Simulate with simulator.disaggregation (separate prefill and decode pools)."""
-    from stepcal.simulator.disaggregation import DisaggSimulation
     config = replace(config, record_batches=False)
 
     def simulate_trace(trace: Trace) -> dict:

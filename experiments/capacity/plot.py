@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stepcal.experiments.capacity.ranges import rate_text
+
 COLORS = {"aggregated": "tab:blue", "disaggregated": "tab:orange"}
 
 
 def plot_capacity(records: dict[str, dict], slo_ttft_ms: float | None, slo_tpot_ms: float | None,
                   path: str | Path) -> None:
     """`records` maps a deployment label to its capacity record (report.capacity_record)."""
-    import matplotlib
+    import matplotlib  # lazy: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: loads matplotlib
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True, constrained_layout=True)
     target = next(iter(records.values()))["target_attainment"]
@@ -69,7 +71,6 @@ def plot_attainment_band(ax, ranges: dict, color) -> None:
     curves = ranges["curves"]
     low, high = (curves[k]["max_rate_rps"] or curves[k]["limit_rps"] for k in ("low", "high"))
     if low is not None and high is not None:
-        from stepcal.experiments.capacity.ranges import rate_text
         ax.axvspan(low, high, color=color, alpha=0.08,
                    label=f"capacity, 90% interval {rate_text(curves['low'])} to {rate_text(curves['high'])}")
 
@@ -90,7 +91,7 @@ def _title(slo_ttft_ms, slo_tpot_ms) -> str:
 
 def plain_log_ticks(axis) -> None:
     """Ticks at 1, 2, 5 × 10^k written as plain numbers (6, 20, 500), not 6×10^0."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # lazy: loads matplotlib
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepcal.core.measured_run import RunStats
+from stepcal.core.metrics import clean_json
 from stepcal.experiments.capacity.search import MAX_BRACKET_STEPS, CapacityResult, search_capacity
 from stepcal.experiments.replications import scatter_text
 from stepcal.simulator.ranges import INTERVAL, ranges_block
@@ -103,7 +105,6 @@ def search_capacity_ranges(replicated: ReplicatedRates, *, start_rps: float, tar
 
 
 def probe_figures(summary: dict) -> dict:
-    from stepcal.core.measured_run import RunStats
     stats = RunStats.from_summary(summary)
     return {"slo_attainment": summary.get("slo_attainment"), "goodput_rps": summary.get("goodput_rps"),
             "throughput_rps": stats.throughput_rps, "ttft_p99_ms": stats.stat("ttft_ms", "p99"),
@@ -115,7 +116,6 @@ def ranges_record(curves: dict[str, CurveCapacity], replicated: ReplicatedRates,
     `max_rate_rps` as {median, low, high} (None where a curve is beyond
     the searched range; `curves` says which side), each curve's search, and every rate probed with
     the median and 90% interval of its figures over the replications."""
-    from stepcal.core.metrics import clean_json
     probes = [{"rate_rps": rate, **ranges_block([probe_figures(s) for s in summaries])}
               for rate, summaries in sorted(replicated.cache.items())]
     return clean_json({**settings, "num_replications": len(replicated.seeds),

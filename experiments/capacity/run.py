@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from stepcal.core.errors import InputError, print_warnings
 from stepcal.core.io import atomic_output_dir, atomic_write_json
 from stepcal.core.metrics import clean_json
+from stepcal.core.model_files import load_model_spec
 from stepcal.core.workload import load_workload, mean_rate_rps
 from stepcal.experiments.capacity.evaluate import RateEvaluator, aggregated, disaggregated
 from stepcal.experiments.capacity.plot import plot_capacity
@@ -29,6 +30,7 @@ from stepcal.experiments.replications import (
     replication_settings,
 )
 from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models
+from stepcal.simulator.disaggregation import DisaggConfig, PoolConfig
 from stepcal.simulator.kv_cache import KvCacheSizing
 from stepcal.simulator.ranges import replication_seeds
 from stepcal.simulator.schedulers import SchedulerConfig
@@ -229,8 +231,6 @@ def pools_front_end(o: CapacityOptions, pools: Pools):
 def disaggregated_config(o: CapacityOptions, config: SimConfig, pools: Pools, front_end=None):
     """The disaggregated deployment's settings: the aggregated one's scheduler, KV cache and SLOs per
     pool, and the KV transfer between the pools (its bytes per token from the model spec)."""
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.simulator.disaggregation import DisaggConfig, PoolConfig
     if not o.model_spec:
         raise InputError("--disaggregated needs --model-spec: the KV transfer's bytes come from its "
                          "KV bytes per token")

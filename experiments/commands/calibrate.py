@@ -4,6 +4,7 @@ from __future__ import annotations
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import add_command, add_measured_run_flags
 from stepcal.experiments.host_defaults import ENGINE_NAMES
+from stepcal.experiments.output_paths import check_output
 
 HELP = """Tables composed from kernel profiles miss what the serving engine adds on the host (scheduling,
 input preparation, sampling, the request path). Calibration fits four such terms — per step, per
@@ -96,10 +97,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.experiments.calibration import calibrate_step_model
-    from stepcal.experiments.validation.table import format_pct
+    from stepcal.experiments.calibration import calibrate_step_model  # lazy: loads numpy, tqdm
+    from stepcal.experiments.validation.table import format_pct  # lazy: loads numpy, tqdm
     result = calibrate_step_model(args.measured, args.step_model, args.out, max_simulations=args.max_simulations,
                                   host_defaults=args.host_defaults, scatter_runs=args.scatter_runs,
                                   scatter_profiles=args.scatter_profiles, step_log=args.step_log)
@@ -133,7 +133,7 @@ UNITS = {"per_step_ms": "ms per step", "per_seq_ms": "ms per sequence", "per_tok
 
 def format_terms(result) -> str:
     """One line per term: its value, with ± its standard error where it was fitted."""
-    from stepcal.simulator.step_model import STEP_TERMS
+    from stepcal.simulator.step_model import STEP_TERMS  # lazy: loads numpy
     lines = []
     for name, value in result.terms.to_dict().items():
         if name in result.held:

@@ -3,8 +3,18 @@ from __future__ import annotations
 
 from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
-from stepcal.experiments.commands.flags import STEP_MODEL_HELP, add_command, add_ranges_flags, add_scheduler_flags
+from stepcal.experiments.commands.flags import (
+    STEP_MODEL_HELP,
+    add_command,
+    add_ranges_flags,
+    add_scheduler_flags,
+    kv_cache_from_args,
+    prefix_caching_from_args,
+    ranges_settings_from_args,
+    scheduler_config_from_args,
+)
 from stepcal.experiments.host_defaults import add_host_defaults_flag
+from stepcal.experiments.output_paths import check_output
 
 HELP = """Find the highest request rate (the trace's arrivals rescaled to that mean rate) at which the
 share of requests meeting the SLOs (TTFT ≤ --slo-ttft-ms and TPOT ≤ --slo-tpot-ms) is at least
@@ -101,13 +111,7 @@ def register(subparsers) -> None:
 
 def options_from_args(args):
     """The library's CapacityOptions from the parsed flags."""
-    from stepcal.experiments.capacity.run import CapacityOptions
-    from stepcal.experiments.commands.flags import (
-        kv_cache_from_args,
-        prefix_caching_from_args,
-        ranges_settings_from_args,
-        scheduler_config_from_args,
-    )
+    from stepcal.experiments.capacity.run import CapacityOptions  # lazy: loads concurrent, multiprocessing, numpy, tqdm
     return CapacityOptions(
         trace=args.trace, step_model=args.step_model, out=args.out, trace_format=args.trace_format,
         num_requests=args.num_requests, duration_s=args.duration, seed=args.seed, host_defaults=args.host_defaults,
@@ -124,9 +128,8 @@ def options_from_args(args):
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.experiments.capacity.run import run_capacity
+    from stepcal.experiments.capacity.run import run_capacity  # lazy: loads concurrent, multiprocessing, numpy, tqdm
     run_capacity(options_from_args(args))
     if not args.quiet:
         print(f"wrote {args.out}/capacity.json, capacity.png")

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
 from stepcal.costmodel.devices import known_devices
 from stepcal.experiments.commands import argtypes
+from stepcal.experiments.fitting import FitOptions, fit_tables
+from stepcal.experiments.output_paths import check_output, check_store_uri
 
 HELP = "fit step-time regressors to profiles and write T_step tables"
 
@@ -117,20 +120,16 @@ def _add_output_flags(p) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output, check_store_uri
     check_output(args.out)
     check_store_uri(args.storage, flag="--storage", bare_kind="file")             # an Optuna journal file
     if not args.no_mlflow:
         check_store_uri(args.tracking_uri, flag="--tracking-uri", bare_kind="dir")  # an MLflow file store
 
-    from stepcal.experiments.fitting import fit_tables
     fit_tables(options_from_args(args))
     return 0
 
 
 def options_from_args(args):
     """The library's FitOptions from the parsed flags, whose names its fields share."""
-    from dataclasses import fields
 
-    from stepcal.experiments.fitting import FitOptions
     return FitOptions(**{f.name: getattr(args, f.name) for f in fields(FitOptions)})

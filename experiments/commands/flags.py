@@ -77,7 +77,7 @@ def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def scheduler_config_from_args(args):
     """The SchedulerConfig of the scheduler flags; every size must be positive (InputError naming the flag)."""
-    from stepcal.simulator.schedulers import checked_scheduler_config
+    from stepcal.simulator.schedulers import checked_scheduler_config  # lazy: loads numpy
     return checked_scheduler_config(args.max_num_seqs, args.max_batched_tokens, args.chunk_size,
                                     block_size=args.block_size, kv_blocks=getattr(args, "kv_blocks", None))
 
@@ -85,7 +85,7 @@ def scheduler_config_from_args(args):
 def kv_cache_from_args(args):
     """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
     --tp and --ep (argtypes refused values below 1 when parsing); measure has no --tp / --ep."""
-    from stepcal.simulator.kv_cache import KvCacheSizing
+    from stepcal.simulator.kv_cache import KvCacheSizing  # lazy: loads numpy
     return KvCacheSizing(block_size=args.block_size, kv_blocks=args.kv_blocks, device_memory_gb=args.device_memory_gb,
                          gpu_memory_utilization=args.gpu_memory_utilization, tp=getattr(args, "tp", 1),
                          ep=getattr(args, "ep", 1))
@@ -155,7 +155,10 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
 
 def ranges_settings_from_args(args):
     """The library's RangesSettings from the flags of add_ranges_flags."""
-    from stepcal.experiments.replications import RangesSettings, ScatterOverrides
+    from stepcal.experiments.replications import (  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+        RangesSettings,
+        ScatterOverrides,
+    )
     scatter = ScatterOverrides(cv=args.scatter_cv, rho=args.scatter_rho, run_cv=args.scatter_run_cv,
                                run_cv_pairs=args.scatter_run_cv_pairs, model_level_repeats=args.scatter_model_repeats)
     return RangesSettings(num_replications=args.ranges, seed=args.ranges_seed, workers=args.workers,

@@ -4,7 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stepcal.experiments.commands.flags import add_command, add_scheduler_flags
+from stepcal.core.errors import print_warnings
+from stepcal.core.model_files import load_model_spec
+from stepcal.experiments.commands.flags import (
+    add_command,
+    add_scheduler_flags,
+    kv_blocks_from_args,
+    scheduler_config_from_args,
+)
+from stepcal.experiments.commands.output import format_summary
+from stepcal.experiments.output_paths import check_output
 
 HELP = """Turn measurements from another tool into a measured-run directory laid out like the
 output of `stepcal measure`, so that `stepcal validate` and `stepcal calibrate` can replay them."""
@@ -49,13 +58,8 @@ def _usage(parser):
 
 
 def run_vllm_bench(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.core.errors import print_warnings
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.experiments.commands.flags import kv_blocks_from_args, scheduler_config_from_args
-    from stepcal.experiments.commands.output import format_summary
-    from stepcal.experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run
+    from stepcal.experiments.validation.vllm_bench import read_vllm_bench, write_vllm_bench_run  # lazy: loads numpy
     spec = load_model_spec(args.model_spec)
     config = scheduler_config_from_args(args)
     kv_blocks = kv_blocks_from_args(args)

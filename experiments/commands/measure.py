@@ -2,9 +2,21 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 
+from stepcal.core.errors import InputError, print_warnings
+from stepcal.core.model_files import load_model_spec
 from stepcal.experiments.commands import argtypes
-from stepcal.experiments.commands.flags import add_command, add_scheduler_flags
+from stepcal.experiments.commands.flags import (
+    add_command,
+    add_scheduler_flags,
+    kv_blocks_from_args,
+    prefix_caching_from_args,
+    scheduler_config_from_args,
+)
+from stepcal.experiments.commands.output import format_summary
+from stepcal.experiments.output_paths import check_output
+from stepcal.profiler.noise_policy import NoisePolicy
 
 HELP = """Serve a trace for real: the simulator's scheduler drives the torch Llama-style model (random
 weights) on the device, one real forward pass per step, greedy sampling, output lengths from the
@@ -54,15 +66,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from functools import partial
 
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.core.errors import InputError, print_warnings
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.core.workload import load_workload
-    from stepcal.experiments.commands.output import format_summary
-    from stepcal.profiler.engine.measure import measure_trace
+    from stepcal.core.workload import load_workload  # lazy: loads numpy
+    from stepcal.profiler.engine.measure import measure_trace  # lazy: loads numpy, torch
     if args.repeats < 1 or args.threads < 1:
         raise InputError("--repeats and --threads must be at least 1")
     spec = load_model_spec(args.model_spec)
@@ -85,13 +92,12 @@ def run(args) -> int:
 
 def noise_policy(args):
     """The measured run's noise handling: the device's (profiler.noise_policy), with --retry-slowed."""
-    from stepcal.profiler.noise_policy import NoisePolicy
     return NoisePolicy.for_device(args.device).with_retry_slowed(args.retry_slowed)
 
 
 def _print_slowed(k: int, window: dict, action: str, hint: bool) -> None:
     """measure_trace's on_slowed: `action` is "again", "kept" or "same place"."""
-    from stepcal.profiler.engine.slowdown import SlowestWindow
+    from stepcal.profiler.engine.slowdown import SlowestWindow  # lazy: loads numpy, torch
     why = SlowestWindow.from_dict(window).describe()
     if action == "same place":
         said = f"slow again in the same place when served again ({why}): kept, as the engine's own"
@@ -109,12 +115,7 @@ def _print_repeat(k: int, result) -> None:
 
 
 def _engine_config(args):
-    from stepcal.experiments.commands.flags import (
-        kv_blocks_from_args,
-        prefix_caching_from_args,
-        scheduler_config_from_args,
-    )
-    from stepcal.profiler.engine.engine import EngineConfig
+    from stepcal.profiler.engine.engine import EngineConfig  # lazy: loads numpy, torch
     return EngineConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
                         block_size=args.block_size, kv_blocks=kv_blocks_from_args(args), clock=args.clock,
                         seed=args.seed, skip_oversize=args.skip_oversize,

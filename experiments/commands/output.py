@@ -4,7 +4,7 @@ from __future__ import annotations
 
 def format_summary(summary: dict) -> str:
     """The table `simulate`, `measure` and `import` print: counts, throughput, each metric's statistics."""
-    from stepcal.core.measured_run import METRICS, RunStats
+    from stepcal.core.measured_run import METRICS, RunStats  # lazy: loads numpy
     stats = RunStats.from_summary(summary)
     lines = [f"{summary['num_finished']}/{summary['num_requests']} requests finished in "
              f"{summary['duration_s']:.1f} s: {_num(summary['throughput_rps'])} req/s, "

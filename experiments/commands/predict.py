@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from stepcal.core.io import atomic_write_bytes, atomic_write_parquet
+from stepcal.experiments.output_paths import check_output
 
 HELP = "predict times of a profile file's rows from T_step tables"
 
@@ -22,14 +26,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     out = check_output(args.out, kind="file", suffixes=(".parquet", ".csv"))
 
-    from pathlib import Path
 
-    from stepcal.core.io import atomic_write_bytes, atomic_write_parquet
-    from stepcal.costmodel.importers import load_file
-    from stepcal.costmodel.predict import predict_records
+    from stepcal.costmodel.importers import load_file  # lazy: loads numpy, pandas
+    from stepcal.costmodel.predict import predict_records  # lazy: loads numpy, pandas, sklearn
 
     table = predict_records(args.tables, load_file(Path(args.input), args.format))
     if out.suffix.lower() == ".parquet":

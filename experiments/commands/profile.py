@@ -5,7 +5,9 @@ import argparse
 import sys
 
 from stepcal.experiments.commands import argtypes
-from stepcal.experiments.profiling import OPS
+from stepcal.experiments.output_paths import check_output
+from stepcal.experiments.profiling import OPS, describe_sweep, profile_kernels
+from stepcal.profiler.noise_policy import NoisePolicy
 
 EXIT_INCOMPLETE = 3
 
@@ -95,10 +97,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     if args.out:    # a missing --out is refused by profile_kernels
         check_output(args.out, staged=False)   # filled point by point, to resume
-    from stepcal.experiments.profiling import describe_sweep, profile_kernels
     result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
                              dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
                              seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress,
@@ -109,14 +109,12 @@ def run(args) -> int:
 
 def noise_policy(args):
     """The sweep's noise handling: the device's (profiler.noise_policy); no flag changes it."""
-    from stepcal.profiler.noise_policy import NoisePolicy
     return NoisePolicy.for_device(args.device)
 
 
 def run_merge(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out, staged=False)
-    from stepcal.profiler.merge import merge_profiles
+    from stepcal.profiler.merge import merge_profiles  # lazy: loads numpy, pandas
     result = merge_profiles(args.inputs, args.out)
     print(f"{args.out}/profile.parquet: {result.num_rows} points from {len(args.inputs)} "
           f"director{'y' if len(args.inputs) == 1 else 'ies'} "

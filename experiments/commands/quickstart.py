@@ -1,12 +1,19 @@
 """`stepcal quickstart`: the whole pipeline on the CPU with the tiny model, in a few minutes."""
 from __future__ import annotations
 
+import argparse
+import math
 import os
+from pathlib import Path
 
 from stepcal.core import bounds
+from stepcal.core.errors import InputError
+from stepcal.core.model_files import load_model_spec
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import SCHEDULER_NAMES, add_command
-from stepcal.profiler.noise_policy import NOISE_FLOOR_REPEATS
+from stepcal.experiments.output_paths import check_output
+from stepcal.profiler.fingerprint import hardware_fingerprint
+from stepcal.profiler.noise_policy import NOISE_FLOOR_REPEATS, NoisePolicy
 
 # processes for the calibrations and replications: two, where the machine has two cores
 DEFAULT_WORKERS = min(2, os.cpu_count() or 1)
@@ -87,14 +94,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
 
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out, staged=False)   # the stages fill OUT as they go
 
-    from stepcal.core.errors import InputError
-    from stepcal.experiments.campaign import Campaign, CampaignConfig, format_headline
-    from stepcal.experiments.validation.device_history import history_file
+    from stepcal.experiments.campaign import (  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+        Campaign,
+        CampaignConfig,
+        format_headline,
+    )
+    from stepcal.experiments.validation.device_history import history_file  # lazy: loads numpy, tqdm
     # --schedulers, --repeats, --trials and --chunk-size were refused when parsed (argtypes)
     if args.num_requests < 20:
         raise InputError(f"quickstart: needs --num-requests >= 20 (for P99 of every run), got {args.num_requests}")
@@ -119,13 +127,12 @@ def run(args) -> int:
 
 def noise_policy(args):
     """The campaign's noise handling: the device's (profiler.noise_policy); no flag changes it."""
-    from stepcal.profiler.noise_policy import NoisePolicy
     return NoisePolicy.for_device(args.device)
 
 
 def history_text(config, used: list, added: list) -> str | None:
     """What the device's history gave run_cv and what this campaign added to it, or how to keep one."""
-    from stepcal.experiments.validation.device_history import describe
+    from stepcal.experiments.validation.device_history import describe  # lazy: loads numpy, tqdm
     if config.repeats < 2:
         return None
     if config.history_file is None:
@@ -141,8 +148,6 @@ def history_text(config, used: list, added: list) -> str | None:
 
 def _arrivals(text: str) -> str:
     """poisson or gamma:CV with CV a positive number."""
-    import argparse
-    import math
     process, _, cv = text.partition(":")
     if process == "poisson" and not cv:
         return text
@@ -158,19 +163,16 @@ def _arrivals(text: str) -> str:
 
 def _check_setup(args) -> None:
     """Bad flags fail here, in one line, before minutes of profiling."""
-    from stepcal.core.errors import InputError
-    from stepcal.core.model_files import load_model_spec
-    from stepcal.core.workload.spec import parse_spec
-    from stepcal.experiments.validation.device_history import history_file
+    from stepcal.core.workload.spec import parse_spec  # lazy: loads numpy
+    from stepcal.experiments.validation.device_history import history_file  # lazy: loads numpy, tqdm
     load_model_spec(args.model_spec)
     parse_spec(f"poisson:rate=1,n=1,prompt={args.prompt},output={args.output}", "--prompt / --output")
     if args.scatter_runs:
         _check_scatter_runs(args)
     if args.history is not None and history_file(args.history) is not None:
-        from stepcal.experiments.output_paths import check_output
         check_output(args.history, kind="file", flag="--history")   # written at the end, minutes later
     if args.device.startswith("cuda"):
-        import torch
+        import torch  # lazy: loads torch
         if not torch.cuda.is_available():
             raise InputError(f"--device {args.device}: CUDA is not available on this machine")
     elif args.device != "cpu":
@@ -179,9 +181,7 @@ def _check_setup(args) -> None:
 
 def _check_scatter_runs(args) -> None:
     """--scatter-runs: runs of two or more repeats, measured on this machine (its fingerprint now)."""
-    from stepcal.core.errors import InputError
-    from stepcal.experiments.validation.scatter import check_scatter_runs
-    from stepcal.profiler.fingerprint import hardware_fingerprint
+    from stepcal.experiments.validation.scatter import check_scatter_runs  # lazy: loads numpy, tqdm
     if args.repeats < 2:
         raise InputError("--scatter-runs needs --repeats of two or more: the step-to-step scatter comes from "
                          "this campaign's own repeats")

@@ -2,7 +2,9 @@
 HTML page."""
 from __future__ import annotations
 
+from stepcal.core.errors import InputError
 from stepcal.experiments.commands.flags import add_command
+from stepcal.experiments.output_paths import check_output, check_store_uri
 
 HELP = """Write OUT/report.md and a self-contained OUT/report.html (plots embedded) with the PNG plots
 beside them, from one or more directories:
@@ -37,11 +39,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output, check_store_uri
     check_output(args.out)
     check_store_uri(args.tracking_uri, flag="--tracking-uri", bare_kind="dir")   # the artifacts go there
-    from stepcal.core.errors import InputError
-    from stepcal.experiments.report.build import build_report, describe_report, log_report_to_mlflow, mlflow_client
+    from stepcal.experiments.report.build import (  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+        build_report,
+        describe_report,
+        log_report_to_mlflow,
+        mlflow_client,
+    )
     if args.tracking_uri and not args.mlflow_run_id:
         raise InputError("--tracking-uri needs --mlflow-run-id")
     client = mlflow_client(args.mlflow_run_id, args.tracking_uri) if args.mlflow_run_id else None

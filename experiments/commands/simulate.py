@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 
 from stepcal.core import bounds
+from stepcal.core.errors import print_warnings
+from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
 from stepcal.experiments.commands import argtypes
-from stepcal.experiments.commands.flags import add_command, add_ranges_flags, add_scheduler_flags
+from stepcal.experiments.commands.flags import (
+    add_command,
+    add_ranges_flags,
+    add_scheduler_flags,
+    kv_blocks_from_args,
+    prefix_caching_from_args,
+    ranges_settings_from_args,
+    scheduler_config_from_args,
+)
+from stepcal.experiments.commands.output import format_summary
 from stepcal.experiments.host_defaults import add_host_defaults_flag
+from stepcal.experiments.output_paths import check_output
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
@@ -69,21 +82,11 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from stepcal.core.errors import print_warnings
-    from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
-    from stepcal.core.metrics import clean_json
-    from stepcal.core.workload import load_workload
-    from stepcal.experiments.commands.flags import (
-        kv_blocks_from_args,
-        prefix_caching_from_args,
-        ranges_settings_from_args,
-        scheduler_config_from_args,
-    )
-    from stepcal.experiments.commands.output import format_summary
-    from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models
-    from stepcal.simulator.simulation import SimConfig, Simulation
+    from stepcal.core.metrics import clean_json  # lazy: loads numpy
+    from stepcal.core.workload import load_workload  # lazy: loads numpy
+    from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models  # lazy: loads numpy
+    from stepcal.simulator.simulation import SimConfig, Simulation  # lazy: loads numpy, tqdm
 
     (model,), added = resolve_step_models([args.step_model], args.host_defaults, args.scheduler)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
@@ -103,7 +106,10 @@ def run(args) -> int:
     if args.ranges:
         # The replications run before the plain run: their workers never live beside its logs, so the
         # whole process tree stays within about twice one run's memory.
-        from stepcal.experiments.replications import RANGES_PERCENTILES, replicate_ranges
+        from stepcal.experiments.replications import (  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+            RANGES_PERCENTILES,
+            replicate_ranges,
+        )
         ranges = replicate_ranges(ranges_settings_from_args(args), args.step_model, trace, model, config,
                                   quantiles=True, quiet=args.quiet)
         # a table, stored beside summary.json and named in it (stepcal report draws the CDF bands from it)
@@ -151,6 +157,5 @@ def format_ranges(ranges: dict) -> str:
 
 def run_config(args, config) -> dict:
     """Everything needed to replay this simulation (validate and calibrate read it)."""
-    from dataclasses import asdict
     return {"command": "simulate", "args": {k: v for k, v in vars(args).items() if k != "func"},
             "sim_config": asdict(config)}

@@ -5,6 +5,7 @@ import sys
 
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import add_command
+from stepcal.experiments.output_paths import check_output
 
 HELP = """Run a grid of simulations (schedulers × their settings × rates × replicas × step models × host
 defaults) from a TOML config, on a local process pool or as Ray tasks. Each simulation is seeded, so
@@ -66,10 +67,12 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out, staged=False)   # filled point by point, to resume
-    from stepcal.experiments.sweep import load_sweep_config, run_sweep
-    from stepcal.experiments.sweep.pareto import point_label
+    from stepcal.experiments.sweep import (  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+        load_sweep_config,
+        run_sweep,
+    )
+    from stepcal.experiments.sweep.pareto import point_label  # lazy: loads concurrent, multiprocessing, numpy, tqdm
 
     config = load_sweep_config(args.config)
     bar = None if args.quiet else _progress_bar(len(config.points))
@@ -89,7 +92,7 @@ def run(args) -> int:
 
 
 def _progress_bar(total: int):
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: loads tqdm
     return tqdm(total=total, unit="sim", desc="sweep", file=sys.stderr, mininterval=0.5)
 
 

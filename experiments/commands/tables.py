@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from stepcal.core.io import atomic_output_dir
 from stepcal.experiments.commands import argtypes
+from stepcal.experiments.output_paths import check_output
 
 HELP = "work with T_step table directories"
 # costmodel.export.DEFAULT_HBM_GBPS (not imported here: `stepcal --help` stays instant).
@@ -45,12 +48,9 @@ def _usage(parser) -> int:
 
 
 def run_export(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     check_output(args.out)
-    from pathlib import Path
 
-    from stepcal.core.io import atomic_output_dir
-    from stepcal.costmodel.export import export_tables
+    from stepcal.costmodel.export import export_tables  # lazy: loads numpy, pandas
 
     with atomic_output_dir(Path(args.out)) as staging:
         export = export_tables(args.tables, args.format, staging, vidur_model=args.vidur_model,

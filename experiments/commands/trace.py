@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 
+from stepcal.core.errors import print_warnings
 from stepcal.experiments.commands import argtypes
+from stepcal.experiments.output_paths import check_output
 
 FORMATS = ("stepcal", "azure", "mooncake", "vidur")   # core.workload.TRACE_FORMATS, kept
                                                       # here so --help loads no numpy
@@ -111,11 +114,9 @@ def _add_workload_flags(parser) -> None:
 
 
 def run(args) -> int:
-    from stepcal.experiments.output_paths import check_output
     if args.trace_command == "generate":
         check_output(args.out, kind="file", suffixes=SUFFIXES)
-    from stepcal.core.errors import print_warnings
-    from stepcal.core.workload import load_workload, trace_stats, write_trace
+    from stepcal.core.workload import load_workload, trace_stats, write_trace  # lazy: loads numpy
 
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed,
@@ -127,7 +128,6 @@ def run(args) -> int:
         print(f"wrote {stats['num_requests']} requests over {stats['duration_s']:.1f} s "
               f"({_number(stats['rate_rps'])} req/s) to {path}")
     elif args.json:
-        import json
         print(json.dumps(stats, indent=2))
     else:
         print(format_stats(stats))

@@ -1,9 +1,18 @@
 """`stepcal validate`: how far is the simulator from a measured run of the same workload?"""
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
+
 from stepcal.experiments.commands import argtypes
-from stepcal.experiments.commands.flags import add_command, add_measured_run_flags, add_ranges_flags
+from stepcal.experiments.commands.flags import (
+    add_command,
+    add_measured_run_flags,
+    add_ranges_flags,
+    ranges_settings_from_args,
+)
 from stepcal.experiments.host_defaults import VALIDATE_AUTO_HELP, add_host_defaults_flag
+from stepcal.experiments.output_paths import check_output
 
 HELP = """Replay a measured run (from `stepcal measure`) in the simulator with the same trace, scheduler
 settings and KV capacity, timing each step with --step-model, and report for TTFT, TPOT, ITL and
@@ -32,18 +41,18 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
 
-    from stepcal.experiments.output_paths import check_output
     if args.out:
         check_output(args.out)
     elif Path(args.measured).is_dir():    # otherwise the measured-run reader says what is wrong with it
         check_output(Path(args.measured) / "validation", flag="--out (default MEASURED/validation)")
-    from functools import partial
 
-    from stepcal.experiments.commands.flags import ranges_settings_from_args
-    from stepcal.experiments.replications import replicate_ranges
-    from stepcal.experiments.validation.validate import validate_run
+    from stepcal.experiments.replications import (
+        replicate_ranges,  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+    )
+    from stepcal.experiments.validation.validate import (
+        validate_run,  # lazy: loads concurrent, multiprocessing, numpy, tqdm
+    )
     # ranges(trace, model, config); the replications' quantiles go to ranges_percentiles.parquet
     ranges = (partial(replicate_ranges, ranges_settings_from_args(args), args.step_model, quantiles=True,
                       quiet=args.quiet) if args.ranges else None)

@@ -8,8 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_output_dir, atomic_write_bytes
 from stepcal.experiments.report.document import Document, Image
 from stepcal.experiments.report.inputs import SimulationInput, TablesInput, ValidationInput, load_input
+from stepcal.experiments.report.plots import decode_grid_ms, decode_heatmap, latency_cdfs, step_scatter
+from stepcal.experiments.report.ranges import cdf_bands, interval_cells, ranges_text, simulation_rows
+from stepcal.experiments.step_models import resolve_step_model
 from stepcal.experiments.validation.compare import ValidationRecord
 from stepcal.experiments.validation.extrapolated import describe_beyond
 from stepcal.experiments.validation.machine_speed import describe_speed
@@ -23,7 +27,6 @@ MAX_META_ROWS = 80
 
 def build_report(dirs: list[str], out: str | Path, step_model_specs: list[str] = ()) -> list[str]:
     """Write OUT/report.md, OUT/report.html and the PNGs; returns the names of the files written."""
-    from stepcal.core.io import atomic_output_dir, atomic_write_bytes
     inputs = [load_input(d) for d in dirs]
     models = [(spec, _resolve(spec)) for spec in step_model_specs]
     doc = make_document(inputs, models)
@@ -41,7 +44,6 @@ def describe_report(out: str | Path, files: list[str]) -> str:
 
 
 def _resolve(spec: str):
-    from stepcal.experiments.step_models import resolve_step_model
     return resolve_step_model(spec)
 
 
@@ -82,7 +84,6 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
     for note in v.notes:
         doc.text(f"note: {note}")
     if r.ranges:
-        from stepcal.experiments.report.ranges import ranges_text
         doc.text(ranges_text(r.ranges))
     header = ["metric", "stat", "measured", "simulated", "error", "noise floor"]
     doc.table(header + (["90% interval", "measured inside"] if r.ranges else []), error_rows(r))
@@ -102,7 +103,6 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
         add_latency_cdfs(doc, name, runs, v.replica_quantiles, "measured vs simulated")
     steps = v.step_predictions
     if steps is not None and len(steps) and {"measured_ms", "predicted_ms"} <= set(steps.columns):
-        from stepcal.experiments.report.plots import step_scatter
         title = f"{name}: step time ({len(steps)} steps, MAPE {_pct(r.step_level.mape, signed=False)})"
         doc.image(Image(f"{name}_step_time.png", step_scatter(steps["measured_ms"], steps["predicted_ms"], title),
                         f"{name}: predicted vs measured step time"))
@@ -110,11 +110,9 @@ def add_validation(doc: Document, v: ValidationInput, name: str) -> None:
 
 def add_latency_cdfs(doc: Document, name: str, runs: dict, replica_quantiles, what: str) -> None:
     """The CDFs of TTFT, TPOT and E2E of `runs`, with the replications' 90% band where their quantiles exist."""
-    from stepcal.experiments.report.plots import latency_cdfs
     bands = None
     caption = f"{name}: CDFs of TTFT, TPOT and E2E, {what}"
     if replica_quantiles is not None:
-        from stepcal.experiments.report.ranges import cdf_bands
         bands = cdf_bands(replica_quantiles)
         if bands:
             count = next(iter(bands.values())).num_replications
@@ -133,7 +131,6 @@ def add_simulation(doc: Document, s: SimulationInput, name: str) -> None:
     for note in s.notes:
         doc.text(f"note: {note}")
     if ranges:
-        from stepcal.experiments.report.ranges import ranges_text, simulation_rows
         doc.text(ranges_text(ranges))
         doc.table(["metric", "stat", "plain run", "median of the replications", "90% interval"],
                   simulation_rows(summary, ranges, HEADLINE))
@@ -156,7 +153,6 @@ def split_rows(split: dict) -> list[list[str]]:
 def error_rows(record: ValidationRecord) -> list[list[str]]:
     """One row per metric and statistic, and throughput; with ranges, each cell's interval and whether the
     measured value lies inside it."""
-    from stepcal.experiments.report.ranges import interval_cells
     cells = [(metric, stat, cell) for metric, stats in record.metrics.items() for stat, cell in stats.items()]
     cells.append(("throughput_rps", "", record.throughput_rps))
     return [[metric, stat, _num(cell.measured), _num(cell.simulated), _pct(cell.error),
@@ -223,7 +219,6 @@ def _flatten(prefix: str, value):
 
 
 def heatmap_png(model, title: str) -> bytes:
-    from stepcal.experiments.report.plots import decode_grid_ms, decode_heatmap
     return decode_heatmap(decode_grid_ms(model), title)
 
 
@@ -231,8 +226,8 @@ def mlflow_client(run_id: str, tracking_uri: str | None = None):
     """A client for an existing MLflow run (checked first, so a wrong id fails before any work)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     _require_existing_store(tracking_uri)
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from mlflow.exceptions import MlflowException  # lazy: loads mlflow
+    from mlflow.tracking import MlflowClient  # lazy: loads mlflow
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         client.get_run(run_id)

@@ -11,6 +11,7 @@ from stepcal.core.readers import read_json, read_parquet
 from stepcal.costmodel.table_meta import TABLE_KIND, TableMeta
 from stepcal.experiments.replications import RANGES_PERCENTILES
 from stepcal.experiments.step_model_meta import BUILTIN_KIND, BuiltinMeta, read_step_model_meta
+from stepcal.experiments.step_models import resolve_step_model
 from stepcal.experiments.validation.compare import ValidationRecord, read_record
 
 
@@ -89,7 +90,7 @@ def load_validation(path: Path) -> ValidationInput:
     if measured_dir is None:     # the run may have been moved or deleted since: the report goes on without it
         notes.append(f"measured run {record.measured_run!r} not found: CDFs show the simulated run only")
     else:
-        import pandas as pd
+        import pandas as pd  # lazy: loads pandas
         # every repeat's requests pooled: validation compares with the repeats' mean statistics
         repeats = [read_parquet(d / REQUESTS, "a measured run's request log", LATENCY_COLUMNS)
                    for d in repeat_dirs(measured_dir)]
@@ -141,7 +142,6 @@ def _measured_dir(validation_dir: Path, measured_run: str | None) -> Path | None
 def load_tables(path: Path) -> TablesInput:
     """A step-model directory; its kind is checked here so that another directory with a meta.json
     (a measured run, a profile) is refused by name rather than reported as tables without a heatmap."""
-    from stepcal.experiments.step_models import resolve_step_model
     kind = read_json(path / "meta.json", "the meta.json of a T_step table directory").get("kind")
     if kind not in STEP_MODEL_KINDS:
         raise InputError(f"{path}: neither a validation directory (no validation.json) nor a T_step table "

@@ -5,6 +5,8 @@ import io
 
 import numpy as np
 
+from stepcal.core.batch import StepBatch
+
 LATENCY_METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E latency"))
 HEATMAP_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 HEATMAP_KV_LENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -14,8 +16,8 @@ COLORS = {"measured": "#1f77b4", "simulated": "#d62728"}
 
 def _figure(width_in: float, height_in: float):
     # The object API on an Agg canvas: no pyplot, no global backend state, no display needed.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: loads matplotlib
+    from matplotlib.figure import Figure  # lazy: loads matplotlib
     fig = Figure(figsize=(width_in, height_in), dpi=110)
     FigureCanvasAgg(fig)
     return fig
@@ -115,7 +117,6 @@ def step_scatter(measured_ms, predicted_ms, title: str) -> bytes:
 def decode_grid_ms(model, batch_sizes=HEATMAP_BATCH_SIZES, kv_lens=HEATMAP_KV_LENS) -> np.ndarray:
     """T_step in ms of pure-decode batches: row j is kv_lens[j] tokens cached per sequence, column i
     is batch_sizes[i] sequences. NaN where the model cannot answer (outside a table's range)."""
-    from stepcal.core.batch import StepBatch
     grid = np.full((len(kv_lens), len(batch_sizes)), np.nan)
     for j, kv in enumerate(kv_lens):
         for i, b in enumerate(batch_sizes):
@@ -130,7 +131,7 @@ def decode_grid_ms(model, batch_sizes=HEATMAP_BATCH_SIZES, kv_lens=HEATMAP_KV_LE
 def decode_heatmap(grid_ms: np.ndarray, title: str, batch_sizes=HEATMAP_BATCH_SIZES,
                    kv_lens=HEATMAP_KV_LENS) -> bytes:
     """The decode_grid_ms grid as a heatmap with each cell's value written in it."""
-    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.colors import LogNorm, Normalize  # lazy: loads matplotlib
     fig = _figure(7.6, 5.4)
     ax = fig.subplots()
     finite = grid_ms[np.isfinite(grid_ms)]

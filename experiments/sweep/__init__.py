@@ -10,8 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepcal.core.errors import InputError
+from stepcal.core.io import atomic_write_json, atomic_write_parquet
+from stepcal.core.metrics import clean_json
 from stepcal.experiments.sweep.backends import BACKENDS, run_points
 from stepcal.experiments.sweep.config import Slo, SweepConfig, SweepPoint, load_sweep_config
+from stepcal.experiments.sweep.pareto import best_per_slo, plot_pareto
 from stepcal.experiments.sweep.runner import WALL_COLUMN, build_context, point_key, run_point
 from stepcal.experiments.sweep.store import PointStore
 
@@ -27,12 +31,8 @@ class SweepReport:
 
 def run_sweep(config: SweepConfig, out: str | Path, *, backend: str = "local", workers: int = 1,
               ray_address: str | None = None, on_progress: Callable[[int, int], None] | None = None) -> SweepReport:
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
 
-    from stepcal.core.errors import InputError
-    from stepcal.core.io import atomic_write_json, atomic_write_parquet
-    from stepcal.core.metrics import clean_json
-    from stepcal.experiments.sweep.pareto import best_per_slo, plot_pareto
 
     if backend not in BACKENDS:
         raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")

@@ -55,6 +55,8 @@ from pathlib import Path
 
 from stepcal.core.errors import InputError
 from stepcal.core.readers import read_toml
+from stepcal.experiments.host_defaults import ENGINE_NAMES, has_calibrated_terms
+from stepcal.simulator.schedulers import SCHEDULERS
 
 TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
             "host_defaults", "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
@@ -167,7 +169,6 @@ def load_sweep_config(path: str | Path) -> SweepConfig:
 def _host_defaults(path: Path, data: dict, step_models: list[str]) -> list[str | None]:
     """The engines of `host_defaults` (a name or a list), None for "none"; [None] without the key.
     Calibrated terms win over an engine's defaults, as with --host-defaults: such tables are refused."""
-    from stepcal.experiments.host_defaults import ENGINE_NAMES, has_calibrated_terms
     if "host_defaults" not in data:
         return [None]
     names = _list(path, "host_defaults", data["host_defaults"], str)
@@ -211,7 +212,6 @@ def _ranges(path: Path, data: dict) -> SweepRanges | None:
 
 
 def _scheduler_settings(path: Path, i: int, entry: dict) -> list[tuple]:
-    from stepcal.simulator.schedulers import SCHEDULERS
     where = f"{path}: schedulers[{i}]"
     name = entry.get("name")
     if name not in SCHEDULERS:

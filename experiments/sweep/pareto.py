@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stepcal.experiments.capacity.plot import plain_log_ticks
+
 SLO_COLORS = ("tab:red", "tab:purple", "tab:green", "tab:brown", "tab:pink")
 
 
@@ -37,7 +39,7 @@ def best_per_slo(frame, slos) -> dict:
 
 
 def point_label(row) -> str:
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     settings = [f"{k}={int(row[k])}" for k in ("max_num_seqs", "max_batched_tokens", "chunk_size") if pd.notna(row[k])]
     engine = row.get("host_defaults")
     host = f" +{engine}" if isinstance(engine, str) else ""   # absent, None or NaN: no engine's terms
@@ -60,9 +62,9 @@ def plot_error_bars(ax, frame, latency: str) -> None:
 
 
 def plot_pareto(frame, latency: str, slos, best: dict, path: str | Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: loads matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: loads matplotlib
 
     x = frame[f"{latency}_p99"].to_numpy(dtype=float)
     y = frame["throughput_rps"].to_numpy(dtype=float)
@@ -87,7 +89,6 @@ def plot_pareto(frame, latency: str, slos, best: dict, path: str | Path) -> None
             ax.scatter([x[n]], [y[n]], marker="*", s=max(320 - 90 * k, 80), color=color, edgecolor="black", zorder=5,
                        label=f"best for {slo.name}: {point_label(frame.iloc[n])}")
     ax.set_xscale("log")
-    from stepcal.experiments.capacity.plot import plain_log_ticks
     plain_log_ticks(ax.xaxis)
     ax.set_xlabel(f"P99 {latency.removesuffix('_ms').upper()} (ms, log scale)")
     ax.set_ylabel("throughput (finished requests/s)")

@@ -4,10 +4,19 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
 
 from stepcal.core.measured_run import METRICS, STATS, RunStats
+from stepcal.core.metrics import slo_summary
+from stepcal.core.workload import load_workload, mean_rate_rps, rescale_rate
+from stepcal.experiments.step_models import front_end, resolve_step_model
 from stepcal.experiments.sweep.config import Slo, SweepConfig, SweepPoint, SweepRanges
+from stepcal.simulator.ranges import ranges_block, replication_seeds, run_replication
+from stepcal.simulator.scatter import Scatter
+from stepcal.simulator.schedulers import SchedulerConfig
+from stepcal.simulator.simulation import SimConfig, Simulation
 
 SUMMARY_SCALARS = ("num_requests", "num_finished", "duration_s", "throughput_rps", "output_tokens_per_s",
                    "num_preemptions", "num_steps")
@@ -29,8 +38,6 @@ class SweepContext:
 
 
 def build_context(config: SweepConfig) -> SweepContext:
-    from stepcal.core.workload import load_workload
-    from stepcal.experiments.step_models import resolve_step_model
     trace = load_workload(config.trace, trace_format=config.trace_format, num_requests=config.num_requests,
                           duration_s=config.duration_s, seed=config.seed, arg_name=f"{config.path}: trace")
     # each step model with each engine's published host terms (experiments.host_defaults), once
@@ -53,12 +60,7 @@ def point_key(point: SweepPoint, config: SweepConfig) -> str:
 def run_point(point: SweepPoint, context: SweepContext) -> dict:
     """Simulate one point; the row holds the point's settings, the summary and each SLO's attainment, and
     with ranges each of those figures' median and 90% interval over the replications."""
-    import numpy as np
 
-    from stepcal.core.workload import mean_rate_rps, rescale_rate
-    from stepcal.experiments.step_models import front_end
-    from stepcal.simulator.schedulers import SchedulerConfig
-    from stepcal.simulator.simulation import SimConfig, Simulation
 
     trace = context.trace if point.rate_rps is None else rescale_rate(context.trace, point.rate_rps)
     defaults = SchedulerConfig()
@@ -82,7 +84,6 @@ def run_point(point: SweepPoint, context: SweepContext) -> dict:
 
 def figure_columns(result, slos: tuple[Slo, ...]) -> dict:
     """A run's figure columns: the summary's scalars, each latency statistic, each SLO's attainment and goodput."""
-    from stepcal.core.metrics import slo_summary
     summary = result.summary
     row = {name: summary[name] for name in SUMMARY_SCALARS}
     stats = RunStats.from_summary(summary)
@@ -99,10 +100,7 @@ def figure_columns(result, slos: tuple[Slo, ...]) -> dict:
 def range_columns(trace, model, config, ranges: SweepRanges, slos: tuple[Slo, ...]) -> dict:
     """<figure>.median / .low / .high over the point's replications, run one after the other here:
     the sweep's backend already spreads the points over its workers."""
-    from dataclasses import replace
 
-    from stepcal.simulator.ranges import ranges_block, replication_seeds, run_replication
-    from stepcal.simulator.scatter import Scatter
     config = replace(config, scatter=Scatter(ranges.scatter_cv, ranges.scatter_rho, ranges.scatter_run_cv))
     rows = [figure_columns(run_replication(trace, model, config, seed), slos)
             for seed in replication_seeds(ranges.num_replications, ranges.seed)]

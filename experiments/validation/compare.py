@@ -12,9 +12,13 @@ from pathlib import Path
 from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta
 from stepcal.core.errors import InputError
 from stepcal.core.measured_run import METRICS, STATS, MetricStats, RunStats
+from stepcal.core.metrics import clean_json
 from stepcal.experiments.validation.errors import ErrorCell, relative_error, stat_error
+from stepcal.experiments.validation.machine_speed import speed_vs_profile
 from stepcal.experiments.validation.measured import MeasuredRun
 from stepcal.experiments.validation.steps import StepLevelError
+from stepcal.simulator.simulation import simulate
+from stepcal.simulator.step_model import FeatureStepModel, ScaledStepModel
 
 VALIDATION_SCHEMA_VERSION = 1
 VALIDATION_KIND = ArtifactKind(kind="stepcal.validation", schema_version=VALIDATION_SCHEMA_VERSION,
@@ -111,7 +115,6 @@ class ValidationRecord:
     @property
     def speed_vs_profile(self) -> float | None:
         """The machine's slowdown during the run against the profile (experiments.validation.machine_speed)."""
-        from stepcal.experiments.validation.machine_speed import speed_vs_profile
         return speed_vs_profile(self.speed_probe_ms, self.profile_speed_probe_ms)
 
     def cell(self, metric: str, stat: str) -> ErrorCell:
@@ -135,7 +138,6 @@ class ValidationRecord:
 
     def to_dict(self) -> dict:
         """validation.json's content: the header (kind, schema_version, tool_version), then the record."""
-        from stepcal.core.metrics import clean_json
         return clean_json({
             **artifact_header(VALIDATION_KIND), "measured_run": self.measured_run, "num_requests": self.num_requests, "num_repeats": self.num_repeats,
             "num_finished_both": self.num_finished_both,
@@ -229,9 +231,6 @@ def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, con
     over the measured step log, the same workload simulated again. What remains is queueing,
     scheduling and KV capacity; the difference to the plain errors is step time's share.
     None without a step log, or for a model that is not a FeatureStepModel."""
-    from stepcal.core.metrics import clean_json
-    from stepcal.simulator.simulation import simulate
-    from stepcal.simulator.step_model import FeatureStepModel
     if step_level.total_error is None or not isinstance(model, FeatureStepModel):
         return None
     scaled = rescaled_to_total(model, step_level.total_error)
@@ -244,5 +243,4 @@ def step_matched_errors(run: MeasuredRun, model, step_level: StepLevelError, con
 def rescaled_to_total(model, total_error: float):
     """The model scaled so that its total over the measured step log equals the measured total
     (total_error: predicted / measured - 1, as step_level_error reports it)."""
-    from stepcal.simulator.step_model import ScaledStepModel
     return ScaledStepModel(model, 1.0 / (1.0 + total_error))

@@ -12,13 +12,18 @@ an interrupted campaign leaves it as it was. Lines this version cannot read are 
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-from stepcal.experiments.validation.scatter import DEVICE_FIELDS, RunPairs, differing_field
+from stepcal.core.io import atomic_write_bytes
+from stepcal.core.measured_run import repeat_dirs
+from stepcal.core.run_meta import RunMeta
+from stepcal.experiments.validation.scatter import DEVICE_FIELDS, RunPairs, differing_field, run_pairs
 
 ENV = "STEPCAL_HISTORY"      # the ledger's path, or "off"
 MAX_ENTRIES = 2000           # the oldest are dropped past this: a machine's noise changes over months
@@ -59,7 +64,6 @@ class HistoryEntry:
 
     def pairs(self) -> RunPairs:
         """As measured_scatter takes the runs of --scatter-runs."""
-        from stepcal.core.run_meta import RunMeta
         return RunPairs(Path(self.run), RunMeta(fingerprint=self.device), self.ratios)
 
 
@@ -105,10 +109,7 @@ def device_fields(fingerprint: dict | None) -> dict:
 def record_runs(path: str | Path, runs: Iterable[str | Path], campaign: str | Path) -> list[HistoryEntry]:
     """Add the pairs of `runs` (measured runs of two or more repeats; others are passed over) to the
     ledger at `path`, replacing earlier entries of the same run directories. -> the entries added."""
-    from datetime import datetime, timezone
 
-    from stepcal.core.measured_run import repeat_dirs
-    from stepcal.experiments.validation.scatter import run_pairs
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     added = []
     for run in runs:
@@ -124,9 +125,7 @@ def record_runs(path: str | Path, runs: Iterable[str | Path], campaign: str | Pa
 
 def _rewrite(path: Path, added: Sequence[HistoryEntry]) -> None:
     """Under an exclusive lock: the ledger's entries minus those of the added runs, plus them."""
-    import fcntl
 
-    from stepcal.core.io import atomic_write_bytes
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # two campaigns ending together both keep their runs

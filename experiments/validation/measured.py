@@ -3,6 +3,7 @@ repeats' for calibration), every repeat's step log, and each statistic averaged 
 (files: core.measured_run)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from stepcal.core.errors import InputError, shown
 from stepcal.core.measured_run import METRICS, SAME_PLACE, STATS, MetricStats, Needs, RunStats, read_measured_run
 from stepcal.core.run_meta import RunMeta
 from stepcal.core.schemas import REQUEST_LOG_COLUMNS, STEP_LOG_COLUMNS
+from stepcal.simulator.frontend import FrontEnd
 from stepcal.simulator.schedulers import SCHEDULERS, SchedulerConfig
+from stepcal.simulator.simulation import SimConfig
 
 
 def check_replay_meta(where: Path, meta: RunMeta) -> None:
@@ -67,7 +70,7 @@ class MeasuredRun:
 
 
 def load_measured_run(path: str | Path) -> MeasuredRun:
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     files = read_measured_run(path, arg_name="--measured", needs=REPLAY)
     top = RunStats.from_summary(files.summary)
     summaries = [r.summary for r in files.repeats if r.summary is not None]
@@ -99,9 +102,6 @@ def mean_over_repeats(runs: list[RunStats]) -> RunStats:
 def sim_config_for(run: MeasuredRun, step_overhead_ms: float = 0.0, front_end=None):
     """The simulator settings that replay the measured run: same scheduler, budget, KV capacity; the
     request path `front_end` (simulator.frontend.FrontEnd, none by default)."""
-    from stepcal.simulator.frontend import FrontEnd
-    from stepcal.simulator.schedulers import SchedulerConfig
-    from stepcal.simulator.simulation import SimConfig
     meta = run.meta
     return SimConfig(scheduler=meta.scheduler, scheduler_config=SchedulerConfig(**meta.scheduler_config),
                      block_size=meta.block_size, kv_blocks=meta.kv_blocks, step_overhead_ms=step_overhead_ms,
@@ -114,7 +114,7 @@ def slowed_repeats(run: MeasuredRun) -> list[dict]:
     """The measured repeats the machine slowed (profiler.engine.slowdown), found on their step logs
     whenever they were measured: {repeat, ratio, start_s, end_s, others} each, and `same_place`: true
     for one kept because it was slow again in the same place when served again (the engine's own)."""
-    from stepcal.profiler.engine.slowdown import slowest_windows
+    from stepcal.profiler.engine.slowdown import slowest_windows  # lazy: loads torch
     logs = [steps for _, steps in run.steps.groupby("repeat", sort=True)]
     return [{"repeat": k, **w.to_dict(), **({"same_place": True} if k in run.same_place else {})}
             for k, w in enumerate(slowest_windows(logs)) if w is not None and w.slowed]
@@ -123,7 +123,7 @@ def slowed_repeats(run: MeasuredRun) -> list[dict]:
 def describe_slowed(slowed: dict, where: str = "", repeat: str = "repeat") -> str:
     """One slowed_repeats entry in words: a warning for the machine's, a note for the engine's own.
     `where` goes before the sentence (a run's path and ": "); `repeat` names the repeat."""
-    from stepcal.profiler.engine.slowdown import SlowestWindow
+    from stepcal.profiler.engine.slowdown import SlowestWindow  # lazy: loads torch
     window = SlowestWindow.from_dict(slowed).describe()
     if slowed.get("same_place"):
         return (f"note: {where}{repeat} {slowed['repeat']} was slow in the same place each time it was served "
@@ -138,7 +138,6 @@ def warn_slowed(run: MeasuredRun, what: str, retry_hint: str | None = None) -> l
     """slowed_repeats, each named on stderr: `what` (the fit, the comparison) holds its statistics;
     `retry_hint` follows a slowed repeat's line (default RETRY_HINT; the quickstart's says its retries
     are spent)."""
-    import sys
     slowed = slowed_repeats(run)
     for s in slowed:
         again = "" if s.get("same_place") else f" ({retry_hint or RETRY_HINT})"

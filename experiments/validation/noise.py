@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepcal.experiments.validation.steps import matched_steps
+
 ACF_LAG = 10        # steps: rho from the autocorrelation at this lag (lag 1 overstates slow wander)
 
 
@@ -34,7 +36,6 @@ def estimate_noise(ms_0: np.ndarray, ms_1: np.ndarray, lag: int = ACF_LAG) -> St
 
 def run_noise(run) -> StepNoise | None:
     """The scatter of step time in a measured run, from the batches both its repeats ran."""
-    from stepcal.experiments.validation.steps import matched_steps
     pairs = matched_steps(run)
     return None if pairs is None else estimate_noise(pairs["ms_0"].to_numpy(), pairs["ms_1"].to_numpy())
 

@@ -27,7 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.core.run_meta import RunMeta
+from stepcal.core.errors import InputError
+from stepcal.core.measured_run import META, STEPS, repeat_dirs
+from stepcal.core.readers import read_parquet
+from stepcal.core.run_meta import RunMeta, is_measured_run
+from stepcal.experiments.validation.measured import load_measured_run
+from stepcal.experiments.validation.noise import run_noise
+from stepcal.experiments.validation.steps import matched_steps
 
 # The fingerprint fields (profiler.fingerprint) that make two runs the same device for run_cv; the
 # hostname, clocks and library versions may differ.
@@ -41,7 +47,6 @@ SOURCE = ("two repeats of the measured run: the log ratio of the batches both ra
 def speed_log_ratios(run) -> list[float]:
     """Every independent pair of `run`'s repeats: log(T_1 / T_0), log(T_3 / T_2), ... over the batches
     each pair both ran (a run of four repeats is two pairs; a fifth repeat pairs with nothing)."""
-    from stepcal.experiments.validation.steps import matched_steps
     ratios = []
     for first in range(0, run.num_repeats - 1, 2):
         both = matched_steps(run, first, first + 1)
@@ -63,9 +68,7 @@ def pooled_run_cv(log_ratios: Sequence[float]) -> float:
 def profile_log_ratio(early: str | Path, late: str | Path) -> float:
     """The device's speed between two profiles of the same points: the median over the points both
     timed (status ok) of log(t_late / t_early), over the whole-step points where both have some."""
-    from stepcal.core.errors import InputError
-    from stepcal.core.readers import read_parquet
-    from stepcal.costmodel.importers import profile_table
+    from stepcal.costmodel.importers import profile_table  # lazy: loads pandas
     columns = ("point_key", "op", "time_ms", "status")
     early, late = (profile_table(p) or p for p in (early, late))   # a profile directory, or its table
     frames = [read_parquet(path, "--scatter-profiles", columns) for path in (early, late)]
@@ -83,7 +86,6 @@ def measured_scatter(run, more_runs: Sequence[RunPairs] = (), more_ratios: Seque
     """cv and rho from `run` (a MeasuredRun of two or more repeats), run_cv pooled over its pair of
     repeats, those of `more_runs` (run_pairs of runs of the same device) and `more_ratios` (other
     pairs' log ratios, e.g. profile_log_ratio). None when `run` has one repeat."""
-    from stepcal.experiments.validation.noise import run_noise
     noise, own = run_noise(run), speed_log_ratios(run)
     if noise is None or not own:
         return None
@@ -107,9 +109,6 @@ def scatter_run_dirs(paths: Sequence[str | Path], own: str | Path | None = None)
     directory that is not stands for every measured run of two or more repeats under it (an earlier
     campaign's, whose saturation runs have one), hidden directories (a campaign's staging) left out.
     `own`, the run being calibrated, and repeats of a run are dropped: a pair counts once."""
-    from stepcal.core.errors import InputError
-    from stepcal.core.measured_run import META, repeat_dirs
-    from stepcal.core.run_meta import is_measured_run
     skip = {Path(own).resolve()} if own is not None else set()
     found: list[Path] = []
     for given in map(Path, paths):
@@ -133,7 +132,6 @@ def check_same_device(reference: dict | None, other_meta: RunMeta, where: str) -
     """InputError when the run `where` (its meta.json `other_meta`) was measured on another device than
     `reference` (a fingerprint): its speed pairs say nothing of this one. Runs without a fingerprint
     (imported ones) are taken as they are."""
-    from stepcal.core.errors import InputError
     other = other_meta.fingerprint
     if not isinstance(reference, dict) or not isinstance(other, dict):
         return
@@ -152,7 +150,6 @@ def check_scatter_runs(paths: Sequence[str | Path], reference: dict) -> None:
     """What `--scatter-runs` names, checked from each run's meta.json and repeat directories alone
     (before minutes of work, without reading its logs): runs of two or more repeats, measured on the
     device of the fingerprint `reference`."""
-    from stepcal.core.measured_run import repeat_dirs
     for path in scatter_run_dirs(paths):
         meta = RunMeta.read(path)
         if len(repeat_dirs(path)) < 2:
@@ -180,14 +177,12 @@ class RunPairs:
 def run_pairs(path: str | Path) -> RunPairs:
     """RunPairs of the measured run at `path`, kept for the process while its step logs are unchanged:
     a quickstart calibrates four models on the same history, and loading a run whole takes ~0.5 s."""
-    from stepcal.core.measured_run import STEPS, repeat_dirs
     stamps = tuple((d / STEPS).stat().st_mtime_ns for d in repeat_dirs(path))
     return _run_pairs(Path(path), stamps)
 
 
 @lru_cache(maxsize=256)
 def _run_pairs(path: Path, stamps: tuple) -> RunPairs:
-    from stepcal.experiments.validation.measured import load_measured_run
     return pairs_of(load_measured_run(path))
 
 
@@ -197,6 +192,5 @@ def pairs_of(run) -> RunPairs:
 
 
 def one_repeat_error(path):
-    from stepcal.core.errors import InputError
     return InputError(f"--scatter-runs {path}: needs a measured run of two or more repeats "
                       "(its repeats' total step times give the run-to-run spread); it has one")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepcal.core.batch import StepFeatures
+from stepcal.simulator.step_model import HostTermsModel, ScaledStepModel
+
 PARTS = ("kernels", "elementwise", "host", "whole_step")
 PART_OF_TERM = {"elementwise": "elementwise", "sampling": "elementwise", "kv_store": "elementwise",
                 "host": "host", "overhead": "host",
@@ -17,7 +20,6 @@ PART_OF_TERM = {"elementwise": "elementwise", "sampling": "elementwise", "kv_sto
 
 def term_parts_ms(model, features) -> dict[str, np.ndarray] | None:
     """The model's time per part for each batch, or None for a model without terms (const:, linear:)."""
-    from stepcal.simulator.step_model import HostTermsModel, ScaledStepModel
     if isinstance(model, ScaledStepModel):
         parts = term_parts_ms(model.base, features)
         return None if parts is None else {k: v * model.factor for k, v in parts.items()}
@@ -40,7 +42,6 @@ def term_parts_ms(model, features) -> dict[str, np.ndarray] | None:
 def step_split(model, steps, front_end_ms: float | None) -> dict | None:
     """Predicted ms per part summed over the measured steps' batches, their shares, and the front end's
     mean delay per request (TTFT and E2E only: not step time). None without a step log or terms."""
-    from stepcal.core.batch import StepFeatures
     if steps is None or not len(steps):
         return None
     parts = term_parts_ms(model, StepFeatures.from_columns(steps))
@@ -56,7 +57,6 @@ def step_split(model, steps, front_end_ms: float | None) -> dict | None:
 
 def _base_scale(model) -> float:
     """The calibrated scale on the model's base (HostTerms.base_scale; 1 without one)."""
-    from stepcal.simulator.step_model import HostTermsModel
     while not isinstance(model, HostTermsModel) and hasattr(model, "base"):
         model = model.base
     return model.terms.base_scale if isinstance(model, HostTermsModel) else 1.0

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepcal.core.batch import StepBatch
 from stepcal.experiments.validation.measured import MeasuredRun
 
 
@@ -56,7 +57,6 @@ class StepLevelError:
 
 def predict_steps(model, steps) -> np.ndarray:
     """The model's time for each measured step's batch, in ms."""
-    from stepcal.core.batch import StepBatch
     return np.array([model.step_ms(StepBatch.of(ids, q, kv)) for ids, q, kv in
                      zip(steps["request_ids"], steps["q_lens"], steps["kv_lens"])], dtype=np.float64)
 
@@ -79,7 +79,7 @@ def matched_steps(run: MeasuredRun, first: int = 0, second: int = 1):
     """The batches (same requests, q_lens, kv_lens) that repeats `first` and `second` both ran: a
     DataFrame with `ms_0`, `ms_1` (first, second) and each batch's position `index_0`, `index_1` in
     its repeat's step log, in the first's order. None without those repeats or a batch in common."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     a, b = run.steps[run.steps["repeat"] == first], run.steps[run.steps["repeat"] == second]
     if not len(a) or not len(b):
         return None

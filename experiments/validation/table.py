@@ -1,6 +1,7 @@
 """validation.md: the validation record as a markdown table, as `stepcal validate` prints it."""
 from __future__ import annotations
 
+from stepcal.experiments.host_defaults import describe_host_defaults
 from stepcal.experiments.validation.compare import StepMatched, ValidationRecord
 from stepcal.experiments.validation.extrapolated import describe_beyond
 from stepcal.experiments.validation.machine_speed import describe_speed
@@ -34,7 +35,6 @@ def format_table(record: ValidationRecord) -> str:
     lines.append(f"| throughput_rps | | {_fmt(t.measured)} | {_fmt(t.simulated)} | {format_pct(t.error)} | "
                  f"{format_pct(t.noise_floor)} |")
     if record.host_defaults:
-        from stepcal.experiments.host_defaults import describe_host_defaults
         lines += ["", describe_host_defaults(record.host_defaults)]
     if record.ranges is not None:
         lines += ["", _ranges_line(record.ranges)]

@@ -4,15 +4,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from stepcal.core.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
+from stepcal.core.measured_run import RunStats
+from stepcal.core.metrics import clean_json
 from stepcal.core.run_meta import VLLM_BENCH
 from stepcal.experiments.replications import RANGES_PERCENTILES
+from stepcal.experiments.step_models import front_end, resolve_step_models
 from stepcal.experiments.validation.compare import ValidationRecord, compare, step_matched_errors
+from stepcal.experiments.validation.coverage import coverage_block
 from stepcal.experiments.validation.extrapolated import beyond_fitted
 from stepcal.experiments.validation.machine_speed import profile_probes
 from stepcal.experiments.validation.measured import load_measured_run, sim_config_for, slowed_repeats
 from stepcal.experiments.validation.split import mean_front_end_ms, step_split
 from stepcal.experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
 from stepcal.experiments.validation.table import format_table
+from stepcal.simulator.simulation import simulate
 
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
 # The measured runs served by the engine their scheduler names: imported from `vllm bench`, a vLLM
@@ -39,11 +45,6 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     engine's published host terms to the step model (experiments.host_defaults); auto adds the
     engine of the run's scheduler for a run that engine served (ENGINE_SERVED_SOURCES), and the
     record's `host_defaults` says what was added."""
-    from stepcal.core.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
-    from stepcal.core.measured_run import RunStats
-    from stepcal.core.metrics import clean_json
-    from stepcal.experiments.step_models import front_end, resolve_step_models
-    from stepcal.simulator.simulation import simulate
 
     run = load_measured_run(measured)
     served_by = run.meta.scheduler if run.meta.source in ENGINE_SERVED_SOURCES else None
@@ -62,7 +63,6 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
                      host_defaults=None if added is None else added.to_dict())
     quantiles = None
     if block is not None:
-        from stepcal.experiments.validation.coverage import coverage_block
         block["coverage"] = coverage_block(run.stats, block["stats"], run.repeat_stats)
         quantiles = block.pop("replica_quantiles", None)   # a table: stored beside validation.json, named in it
         if quantiles is not None:

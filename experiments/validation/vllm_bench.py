@@ -21,6 +21,11 @@ import numpy as np
 
 from stepcal.core.bounds import MAX_TOKENS_PER_REQUEST
 from stepcal.core.errors import InputError
+from stepcal.core.measured_run import Repeat, write_measured_run
+from stepcal.core.metrics import clean_json, request_metrics, summarize
+from stepcal.core.run_meta import VLLM_BENCH, RunMeta
+from stepcal.core.schemas import STEP_LOG_COLUMNS
+from stepcal.core.trace import Trace
 
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
 EXPECTED = "expected a `vllm bench serve --save-result --save-detailed` JSON"
@@ -163,9 +168,8 @@ def _rate(value) -> float | None:
 
 def request_frame(bench: VllmBench):
     """The request log (docs/design.md contract 4); failed requests keep NaN first_token_s / finish_s."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
 
-    from stepcal.core.metrics import request_metrics
     first_token = bench.arrival_s + bench.ttft_s
     finish = first_token + np.array([itl.sum() for itl in bench.itl_s])
     frame = pd.DataFrame({
@@ -180,9 +184,8 @@ def request_frame(bench: VllmBench):
 
 def empty_step_frame():
     """The step-log columns with no rows: a vLLM bench does not see the engine's steps."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
 
-    from stepcal.core.schemas import STEP_LOG_COLUMNS
     float_columns = ("start_s", "duration_ms", "prefill_attn_work")
     list_columns = ("request_ids", "q_lens", "kv_lens")
     return pd.DataFrame({c: pd.Series([], dtype=object if c in list_columns else
@@ -193,7 +196,6 @@ def empty_step_frame():
 def bench_trace(bench: VllmBench):
     """The workload to replay. A failed request keeps its prompt; its output length is the one the
     bench recorded, or 1 when it recorded none, so that the simulator can still serve it."""
-    from stepcal.core.trace import Trace
     return Trace.from_arrays(bench.arrival_s, bench.num_prompt_tokens, np.maximum(bench.num_output_tokens, 1),
                              request_id=np.arange(len(bench), dtype=np.int64), source=str(bench.path))
 
@@ -214,9 +216,6 @@ def write_vllm_bench_run(bench: VllmBench, out: str | Path, *, model_spec, sched
     """The bench as a one-repeat measured run (core.measured_run's layout, with an empty step log);
     returns its summary."""
     _check_kv_capacity(bench, block_size, kv_blocks)
-    from stepcal.core.measured_run import Repeat, write_measured_run
-    from stepcal.core.metrics import clean_json, summarize
-    from stepcal.core.run_meta import VLLM_BENCH, RunMeta
     trace = bench_trace(bench)
     requests = request_frame(bench)
     itls = [itl for itl in bench.itl_s if len(itl)]

@@ -1,22 +1,30 @@
 """Measured runs: serve a trace R times on the engine and write them (core.measured_run's layout)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
+from stepcal.core.errors import InputError
 from stepcal.core.measured_run import SAME_PLACE, read_measured_run, write_measured_run
 from stepcal.core.run_meta import RunMeta
+from stepcal.profiler.allocator import configure_allocator
+from stepcal.profiler.engine import Engine
+from stepcal.profiler.engine.paged import PagedKVCache, default_read_copies
+from stepcal.profiler.engine.slowdown import SlowestWindow, slowest_windows
+from stepcal.profiler.fingerprint import hardware_fingerprint
+from stepcal.profiler.model import build_model, default_dtype, step_inputs
 from stepcal.profiler.noise_policy import NoisePolicy
+from stepcal.profiler.timing import torch_threads
 
 
 def warm_up(model, num_steps: int = 3) -> None:
     """A few untimed steps so the first measured step pays no allocator or kernel-selection cost:
     over a contiguous cache (the speed probe's path) and over a paged pool (the engine's)."""
-    import torch
 
-    from stepcal.profiler.engine.paged import PagedKVCache, default_read_copies
-    from stepcal.profiler.model import step_inputs
     cache = model.new_cache()
     prompt = torch.arange(64) % model.spec.vocab_size
     model.forward_step([prompt], [cache], [True])
@@ -34,9 +42,7 @@ def speed_probe_ms(model, num_steps: int = NoisePolicy.speed_probe_steps, num_se
     """Median time of one fixed decode step, timed back to back: the machine's speed at this
     moment, recorded before and after each repeat. On a shared CPU the same batch can cost 30%
     more a few minutes later; the probe lets validation tell that drift from model error."""
-    import time
 
-    import torch
     caches = [model.new_cache() for _ in range(num_seqs)]
     with torch.inference_mode():
         for cache in caches:
@@ -67,13 +73,7 @@ def measure_trace(trace, spec, config, out: str | Path, *, device: str = "cpu", 
     on_slowed(k, window, "again") before each, and for each one kept on_slowed(k, window, "same place")
     where it was slow again in the same place, else "kept".
     Returns OUT/summary.json's content. The work of `stepcal measure` and the campaign's runs."""
-    import torch
 
-    from stepcal.core.errors import InputError
-    from stepcal.profiler.allocator import configure_allocator
-    from stepcal.profiler.fingerprint import hardware_fingerprint
-    from stepcal.profiler.model import build_model, default_dtype
-    from stepcal.profiler.timing import torch_threads
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(f"--device {device}: CUDA is not available on this machine")
     dtype = dtype or default_dtype(device)
@@ -108,7 +108,6 @@ class _Server:
         self.last_probe_ms = speed_probe_ms(model, num_steps=probe_steps)
 
     def repeat(self, k: int, on_repeat: Callable[[int, object], None] | None):
-        from stepcal.profiler.engine import Engine
         result = Engine(self.model, self.trace, self.config).run()
         probe_ms = speed_probe_ms(self.model, num_steps=self.probe_steps)
         # the machine's speed during this repeat: the probes just before and just after it
@@ -148,7 +147,6 @@ def serve_slowed_again(current: Callable[[], list], serve_again: Callable[[int, 
 
 def same_place(window: dict, other: dict) -> bool:
     """Whether two slowest windows (SlowestWindow.to_dict records) share some of the run's time."""
-    from stepcal.profiler.engine.slowdown import SlowestWindow
     return SlowestWindow.from_dict(window).overlaps(SlowestWindow.from_dict(other))
 
 
@@ -157,7 +155,6 @@ def mark_slowest_windows(results: list) -> list[int]:
     `slowest_window`; returns the repeats the machine slowed, the most slowed first: by excess over the
     other repeats at the same stretch, the rule that judged them slowed (a window slow in every repeat
     is the engine's, whatever its ratio)."""
-    from stepcal.profiler.engine.slowdown import slowest_windows
     windows = slowest_windows([r.steps for r in results])
     for result, window in zip(results, windows):
         if result.summary is not None:
@@ -189,7 +186,6 @@ def combine_repeats(parts: list[str | Path], out: str | Path, kept_same_place: t
     writes; raises InputError when the parts differ in trace or settings. `kept_same_place`: the parts
     serve_slowed_again kept, slow again in the same place, flagged so in their summary. The repeats'
     slowest windows are marked where `noise` (default: the parts' device's) marks them."""
-    from stepcal.core.errors import InputError
     runs = [read_measured_run(p) for p in parts]
     first_trace = runs[0].trace.to_frame()
     for run in runs[1:]:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from stepcal.profiler.model import ContiguousKV, KVCache
+from stepcal.profiler.model import ContiguousKV, KVCache, step_inputs
 
 MIN_POOL_BLOCKS = 64   # first allocation; growth doubles from there
 
@@ -275,7 +275,6 @@ def held_batch(model, q_lens: list[int], kv_lens: list[int], block_size: int,
     points): a fresh pool with each sequence on consecutive blocks of its own, the cached K/V
     noise, on the CPU each sequence's read copy filled with its s_i tokens, and the step's inputs
     built once. -> (inputs, read copies); a timing loop rewinds the copies (copy.length = s_i)."""
-    from stepcal.profiler.model import step_inputs
     tables, start = [], 0
     for q, s in zip(q_lens, kv_lens):
         count = -(-(s + q) // block_size)

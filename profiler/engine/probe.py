@@ -24,6 +24,7 @@ import numpy as np
 
 from stepcal.core.trace import Trace
 from stepcal.profiler.batches import check_host_batch
+from stepcal.profiler.engine.engine import Engine, EngineConfig
 from stepcal.simulator.kv_cache import blocks_for
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers import SchedulerConfig
@@ -92,7 +93,6 @@ class EngineProbe:
 
     def _build(self) -> None:
         """A fresh engine whose decodes have all been prefilled (their prefill steps are not timed)."""
-        from stepcal.profiler.engine.engine import Engine, EngineConfig
         decode_kv = np.asarray(self.decode_kv, dtype=np.int64)
         budget = probe_budget(self.decode_kv, self.prefill_q)
         num_output = probe_output_tokens(self.decode_kv, budget)

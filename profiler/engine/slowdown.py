@@ -94,7 +94,7 @@ def _per_shape(ratios: list[np.ndarray], keys: list[np.ndarray]) -> list[np.ndar
     """Each ratio over the median ratio of its shape over every repeat, where MIN_SHAPE_STEPS or more
     steps have it: the fit is a line, and a run's steps of one shape (a stretch of one- and two-sequence
     decodes, priced 30% low by a line through bigger batches) must not read as a slowed stretch."""
-    import pandas as pd
+    import pandas as pd  # lazy: loads pandas
     pooled = pd.DataFrame({"ratio": np.concatenate(ratios), "key": np.concatenate(keys)})
     by_shape = pooled.groupby("key")["ratio"]
     median, count = by_shape.transform("median").to_numpy(), by_shape.transform("size").to_numpy()

@@ -1,29 +1,25 @@
 """The shared meta.json header: kind and schema version checked on read, one line for each fault."""
-import json
 
 import pytest
 
 from stepcal import __version__
 from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta, split_known
 from stepcal.core.errors import InputError
+from tests.core.meta_files import write_meta_json
 
 KIND = ArtifactKind("stepcal.example", 2, "an example directory", "`stepcal example`", aliases=("old_example", None))
 
-
-def _write(tmp_path, meta):
-    (tmp_path / "meta.json").write_text(json.dumps(meta))
-    return tmp_path
 
 
 def test_header_round_trips(tmp_path):
     meta = {**artifact_header(KIND), "x": 1}
     assert meta["tool_version"] == __version__
-    assert read_artifact_meta(_write(tmp_path, meta), KIND, ("x",)) == meta
+    assert read_artifact_meta(write_meta_json(tmp_path, meta), KIND, ("x",)) == meta
 
 
 def test_older_files_read_as_first_version_and_aliases_accepted(tmp_path):
-    assert read_artifact_meta(_write(tmp_path, {"kind": "old_example"}), KIND) == {"kind": "old_example"}
-    assert read_artifact_meta(_write(tmp_path, {"y": 2}), KIND) == {"y": 2}     # None: a file with no kind
+    assert read_artifact_meta(write_meta_json(tmp_path, {"kind": "old_example"}), KIND) == {"kind": "old_example"}
+    assert read_artifact_meta(write_meta_json(tmp_path, {"y": 2}), KIND) == {"y": 2}     # None: a file with no kind
 
 
 @pytest.mark.parametrize("meta, words", [
@@ -35,7 +31,7 @@ def test_older_files_read_as_first_version_and_aliases_accepted(tmp_path):
 ])
 def test_refused_in_one_line_naming_the_file(tmp_path, meta, words):
     with pytest.raises(InputError) as info:
-        read_artifact_meta(_write(tmp_path, meta), KIND, ("x",))
+        read_artifact_meta(write_meta_json(tmp_path, meta), KIND, ("x",))
     message = str(info.value)
     assert words in message and str(tmp_path / "meta.json") in message and "\n" not in message
 

@@ -6,6 +6,7 @@ import pytest
 from stepcal import __version__
 from stepcal.core.errors import InputError
 from stepcal.core.profile_meta import PROFILE_KIND, ProfileMeta, is_profile_dir
+from tests.core.meta_files import write_meta_json
 
 IDENTITY = {"model_spec": {"name": "tiny"}, "device": "cpu", "dtype": "float32", "ops": ["gemm", "step"],
             "grid_fingerprint": "abc", "num_threads": 1, "seed": 0}
@@ -23,21 +24,17 @@ MERGE = {"kind": "stepcal profile merge", "identity": IDENTITY, "grid": "quick",
 HEADER = {"kind": "stepcal.profile", "schema_version": PROFILE_KIND.schema_version, "tool_version": __version__}
 
 
-def _write(tmp_path, meta: dict):
-    (tmp_path / "meta.json").write_text(json.dumps(meta))
-    return tmp_path
-
 
 @pytest.mark.parametrize("written", [SWEEP, MERGE], ids=["sweep", "merge"])
 def test_round_trip_keeps_every_key_and_only_the_header_changes(tmp_path, written):
-    meta = ProfileMeta.read(_write(tmp_path, written))
+    meta = ProfileMeta.read(write_meta_json(tmp_path, written))
     assert meta.to_dict() == {**written, **HEADER}
     meta.write(tmp_path)
     assert ProfileMeta.read(tmp_path) == meta and json.loads((tmp_path / "meta.json").read_text())["kind"] == HEADER["kind"]
 
 
 def test_an_older_file_with_no_kind_reads_with_defaults(tmp_path):
-    meta = ProfileMeta.read(_write(tmp_path, {"grid": "quick", "points_done": 96}))
+    meta = ProfileMeta.read(write_meta_json(tmp_path, {"grid": "quick", "points_done": 96}))
     assert meta.grid == "quick" and meta.extra == {"points_done": 96} and meta.identity == {}
     assert meta.speed_probe_ms == [] and meta.probes_ms() == [] and meta.model_spec is None and meta.ops == []
     assert meta.to_dict() == {**HEADER, "identity": {}, "grid": "quick", "points_done": 96}
@@ -61,10 +58,10 @@ def test_probes_are_the_positive_numbers():
 
 def test_a_newer_schema_and_another_kind_are_refused_in_one_line(tmp_path):
     with pytest.raises(InputError) as newer:
-        ProfileMeta.read(_write(tmp_path, {**SWEEP, "kind": "stepcal.profile", "schema_version": 2}))
+        ProfileMeta.read(write_meta_json(tmp_path, {**SWEEP, "kind": "stepcal.profile", "schema_version": 2}))
     assert "schema_version 2 is newer" in str(newer.value) and "\n" not in str(newer.value)
     with pytest.raises(InputError, match="kind is 'measured_run'"):
-        ProfileMeta.read(_write(tmp_path, {"kind": "measured_run"}))
+        ProfileMeta.read(write_meta_json(tmp_path, {"kind": "measured_run"}))
 
 
 def test_is_profile_dir_is_a_probe(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 from stepcal import __version__
 from stepcal.core.errors import InputError
 from stepcal.core.run_meta import RUN_KIND, RunMeta, is_measured_run
+from tests.core.meta_files import write_meta_json
 
 # What `stepcal measure` wrote before RunMeta (profiler.engine.measure.engine_meta), plus a key it does not model.
 ENGINE = {"kind": "measured_run", "schema_version": 1, "tool_version": "0.0.1", "model_spec": {"name": "tiny"},
@@ -21,14 +22,10 @@ BENCH = {"kind": "measured_run", "source": "vllm-bench", "schema_version": 1, "t
          "warnings": []}
 
 
-def _write(tmp_path, meta: dict):
-    (tmp_path / "meta.json").write_text(json.dumps(meta))
-    return tmp_path
-
 
 @pytest.mark.parametrize("written", [ENGINE, BENCH], ids=["engine", "vllm-bench"])
 def test_round_trip_keeps_every_key_and_only_the_header_changes(tmp_path, written):
-    meta = RunMeta.read(_write(tmp_path, written))
+    meta = RunMeta.read(write_meta_json(tmp_path, written))
     again = meta.to_dict()
     assert again == {**written, "tool_version": __version__}     # the header is this stepcal's
     assert RunMeta.from_dict(again) == meta
@@ -46,19 +43,19 @@ def test_an_older_run_reads_with_defaults(tmp_path):
     """Written before schema_version, prefix caching, the timeout and the allocator were recorded."""
     old = {key: value for key, value in ENGINE.items()
            if key not in ("schema_version", "tool_version", "prefix_caching", "timeout_s", "allocator")}
-    meta = RunMeta.read(_write(tmp_path, old))
+    meta = RunMeta.read(write_meta_json(tmp_path, old))
     assert meta.prefix_caching is None and not meta.prefix_caching_on and meta.timeout_s is None
     assert meta.scheduler == "vllm" and meta.to_dict()["schema_version"] == RUN_KIND.schema_version
 
 
 def test_a_newer_schema_and_another_kind_are_refused_in_one_line(tmp_path):
     with pytest.raises(InputError) as newer:
-        RunMeta.read(_write(tmp_path, {**ENGINE, "schema_version": RUN_KIND.schema_version + 1}))
+        RunMeta.read(write_meta_json(tmp_path, {**ENGINE, "schema_version": RUN_KIND.schema_version + 1}))
     assert "is newer than this stepcal" in str(newer.value) and "\n" not in str(newer.value)
     with pytest.raises(InputError, match="kind is 'stepcal.profile', expected 'measured_run'"):
-        RunMeta.read(_write(tmp_path, {**ENGINE, "kind": "stepcal.profile"}))
+        RunMeta.read(write_meta_json(tmp_path, {**ENGINE, "kind": "stepcal.profile"}))
     with pytest.raises(InputError, match="missing key 'scheduler'"):
-        RunMeta.read(_write(tmp_path, {"kind": "measured_run"}), ("scheduler",))
+        RunMeta.read(write_meta_json(tmp_path, {"kind": "measured_run"}), ("scheduler",))
 
 
 def test_is_measured_run_is_a_probe(tmp_path):

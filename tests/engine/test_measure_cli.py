@@ -94,7 +94,7 @@ def test_single_repeat_runs_combine_into_one_run_with_its_noise_floor(tmp_path, 
     assert SAME_PLACE not in first
     # the campaign's repeats kept as the engine's own are flagged, where the combined run still finds them slowed
     windows = [slowdown.SlowestWindow(1.0, 0.0, 0.1, 1.0), slowdown.SlowestWindow(1.6, 0.0, 0.1, 1.0)]
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: windows)
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: windows)
     combine_repeats([tmp_path / "a", tmp_path / "b"], tmp_path / "kept", kept_same_place=(0, 1))
     flags = [json.loads((tmp_path / "kept" / f"repeat_{k}" / "summary.json").read_text()).get(SAME_PLACE) for k in (0, 1)]
     assert flags == [None, True]

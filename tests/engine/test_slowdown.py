@@ -72,7 +72,7 @@ def test_the_repeat_most_slowed_beyond_the_others_is_served_again_first(monkeypa
     windows = [slowdown.SlowestWindow(1.9, 0.0, 1.0, others=1.45),   # excess 1.31
                slowdown.SlowestWindow(1.6, 2.0, 3.0, others=1.0),    # excess 1.6
                slowdown.SlowestWindow(1.1, 0.0, 1.0, others=1.0)]    # not slowed
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: windows)
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: windows)
     results = [SimpleNamespace(steps=None, summary={}) for _ in windows]
     assert mark_slowest_windows(results) == [1, 0]
     assert [r.summary["slowest_window"]["ratio"] for r in results] == [1.9, 1.6, 1.1]
@@ -96,7 +96,7 @@ def _slow_first_call(monkeypatch, repeat: int):
         if len(calls) == 1:
             windows[repeat] = slowdown.SlowestWindow(1.6, 0.01, 0.02)
         return windows
-    monkeypatch.setattr(slowdown, "slowest_windows", fake)
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", fake)
     return calls
 
 
@@ -131,7 +131,7 @@ def test_measure_keeps_a_repeat_slowed_again_in_the_same_place(tmp_path, capsys,
         calls.append(len(logs))
         windows[1] = slowdown.SlowestWindow(1.6, 0.01, 0.02)
         return windows
-    monkeypatch.setattr(slowdown, "slowest_windows", fake)
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", fake)
     out = tmp_path / "m"
     assert main(["measure", "--model-spec", "tiny", "--trace", _TRACE, "--scheduler", "continuous",
                  "--repeats", "2", "--retry-slowed", "2", "--out", str(out)]) == 0
@@ -154,7 +154,7 @@ def test_serve_slowed_again_keeps_a_stretch_in_the_same_place_and_moves_on_to_th
     W = slowdown.SlowestWindow
     clean, early, late = W(1.0, 0.0, 0.1, 1.0), W(1.8, 1.0, 1.5, 1.0), W(1.5, 3.0, 3.5, 1.0)
     answers = [[early, clean, late], [early, clean, late], [early, clean, clean]]
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: answers.pop(0))
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: answers.pop(0))
     results = [SimpleNamespace(steps=None, summary={}) for _ in range(3)]
     served = []
     slowed = serve_slowed_again(lambda: results, lambda k, window: served.append((k, window["start_s"])), retries=5)

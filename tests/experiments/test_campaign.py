@@ -309,8 +309,6 @@ class _StopAfterFit(Exception):
 
 
 def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, monkeypatch):
-    import stepcal.experiments.fitting as fit
-    import stepcal.experiments.profiling as profiling
     import stepcal.profiler.engine.measure as measure
     calls = {}
 
@@ -327,10 +325,10 @@ def test_campaign_passes_device_model_and_profile_ops_to_the_stages(tmp_path, mo
     def fit_tables(options):
         calls["fit"] = options
         raise _StopAfterFit
-    monkeypatch.setattr(profiling, "profile_kernels", profile_kernels)
-    monkeypatch.setattr(profiling, "describe_sweep", lambda result: "profiled")
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.profile_kernels", profile_kernels)
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.describe_sweep", lambda result: "profiled")
     monkeypatch.setattr(measure, "measure_trace", measure_trace)
-    monkeypatch.setattr(fit, "fit_tables", fit_tables)
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.fit_tables", fit_tables)
     monkeypatch.setattr(Campaign, "measure_interleaved", lambda self, capacity: None)
     config = CampaignConfig(out=tmp_path, device="cuda", model_spec="llama-3-8b", profile_ops="step,overhead",
                             schedulers=("sarathi",), chunk_size=512, num_requests=200, trials=3, seed=7)
@@ -379,18 +377,17 @@ def test_fit_options_default_to_the_fit_flags():
 
 
 def test_a_failing_stage_says_which_stage_and_command(tmp_path, monkeypatch, capsys):
-    import stepcal.experiments.profiling as profiling
 
     def bad_grid(*args, **kwargs):
         raise InputError("--grid nope: no such grid")
-    monkeypatch.setattr(profiling, "profile_kernels", bad_grid)
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.profile_kernels", bad_grid)
     with pytest.raises(InputError) as failed:
         Campaign(CampaignConfig(out=tmp_path, grid="nope")).run()
     assert str(failed.value) == ("quickstart: stage 'profile kernels (nope grid)' failed (stepcal profile): "
                                  "--grid nope: no such grid")
     assert capsys.readouterr().err.splitlines()[1:] == []     # the stage's line only: the error is said once
-    monkeypatch.setattr(profiling, "profile_kernels", lambda *args, **kwargs: SimpleNamespace(complete=False))
-    monkeypatch.setattr(profiling, "describe_sweep", lambda result: "incomplete")
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.profile_kernels", lambda *args, **kwargs: SimpleNamespace(complete=False))
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.describe_sweep", lambda result: "incomplete")
     with pytest.raises(InputError, match=r"\(stepcal profile exited 3\)$"):
         Campaign(CampaignConfig(out=tmp_path)).run()
 
@@ -428,19 +425,17 @@ def test_every_runs_repeats_lie_half_a_pass_apart_and_centred(tmp_path, schedule
 
 
 def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp_path, monkeypatch, capsys):
-    import stepcal.core.measured_run as measured_run
-    import stepcal.profiler.engine.slowdown as slowdown
     from stepcal.profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append((scheduler, workload, out)))
-    monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
     clean, slowed = SlowestWindow(1.05, 0.0, 0.1), SlowestWindow(1.6, 1.25, 2.5)
     later = SlowestWindow(1.5, 3.0, 3.5)
     # run a: repeat 2 slowed, then clean once served again; run b: repeat 1 slowed each time somewhere
     # else; run c: repeat 1 slowed in the same place when served again
     answers = {"a": [[clean, slowed], [clean, clean]], "b": [[slowed, clean], [later, clean], [slowed, clean]],
                "c": [[slowed, clean]] * 3}
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: answers[logs[0].parts[-3]].pop(0))
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: answers[logs[0].parts[-3]].pop(0))
     campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a", "b", "c"), loads=(0.6,), repeats=2))
     parts = tmp_path / "parts"
     kept = [campaign.serve_slowed_again(scheduler, 0.6, 10.0, parts) for scheduler in "abc"]
@@ -461,13 +456,11 @@ def test_a_repeat_the_machine_slowed_is_served_again_at_most_twice_and_named(tmp
 
 def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, monkeypatch):
     # gpu/gpu_campaign.py: a device lent for minutes has no time for repeats served again
-    import stepcal.core.measured_run as measured_run
-    import stepcal.profiler.engine.slowdown as slowdown
     from stepcal.profiler.engine.slowdown import SlowestWindow
     served = []
     monkeypatch.setattr(Campaign, "measure", lambda self, scheduler, workload, out: served.append(out))
-    monkeypatch.setattr(measured_run, "read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: [SlowestWindow(1.6, 1.25, 2.5), SlowestWindow(1.05, 0.0, 0.1)])
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.read_measured_run", lambda d: SimpleNamespace(repeats=[SimpleNamespace(steps=d, summary={})]))
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: [SlowestWindow(1.6, 1.25, 2.5), SlowestWindow(1.05, 0.0, 0.1)])
     no_retry = NoisePolicy.for_device("cpu").with_retry_slowed(0)
     campaign = Campaign(CampaignConfig(out=tmp_path, schedulers=("a",), loads=(0.6,), repeats=2, noise=no_retry))
     assert campaign.serve_slowed_again("a", 0.6, 10.0, tmp_path / "parts") == () and served == []
@@ -475,10 +468,9 @@ def test_a_campaign_told_not_to_retry_serves_no_slowed_repeat_again(tmp_path, mo
 
 
 def test_each_calibration_pools_run_cv_with_the_other_calibration_runs_and_the_profile_halves(tmp_path, monkeypatch):
-    import stepcal.experiments.calibration as calibration
     calls = []
     hints = []
-    monkeypatch.setattr(calibration, "calibrate_step_model",
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.calibrate_step_model",
                         lambda measured, tables, out, scatter_runs=(), scatter_profiles=(), history=(), step_log=True,
                         retry_hint=None: calls.append((measured, tables, out, scatter_runs, scatter_profiles, step_log))
                         or hints.append(retry_hint))

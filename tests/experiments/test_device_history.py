@@ -90,7 +90,6 @@ def test_calibrate_pools_history_pairs_whose_runs_are_gone(paired_runs, tmp_path
 
 
 def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(tmp_path, monkeypatch):
-    import stepcal.experiments.calibration as calibration
     from stepcal.profiler.fingerprint import hardware_fingerprint
     here = hardware_fingerprint("cpu", num_threads=1)
     device = {k: here[k] for k in device_history.DEVICE_FIELDS if k in here}
@@ -100,7 +99,7 @@ def test_a_campaign_pools_earlier_campaigns_pairs_and_not_its_own_or_named_runs(
     elsewhere = HistoryEntry(str(tmp_path / "gpu"), "c", "t", {**device, "device": "cuda:0"}, (0.2,))
     write_ledger(ledger, [earlier, own, named, elsewhere])
     calls = []
-    monkeypatch.setattr(calibration, "calibrate_step_model", lambda measured, tables, out, scatter_runs=(),
+    monkeypatch.setattr("stepcal.experiments.campaign.campaign.calibrate_step_model", lambda measured, tables, out, scatter_runs=(),
                         scatter_profiles=(), history=(), step_log=True, retry_hint=None: calls.append(list(history)))
     config = CampaignConfig(out=tmp_path / "qs", schedulers=("a",), repeats=2, history_file=ledger,
                             scatter_runs=(str(tmp_path / "named"),))

@@ -73,7 +73,7 @@ def test_a_history_runs_pairs_are_loaded_once_until_its_step_logs_change(runs, t
     shutil.copytree(runs["b"], run)
     loads = []
     real = measured.load_measured_run
-    monkeypatch.setattr(measured, "load_measured_run", lambda path: loads.append(path) or real(path))
+    monkeypatch.setattr("stepcal.experiments.validation.scatter.load_measured_run", lambda path: loads.append(path) or real(path))
     first = run_pairs(run)
     assert run_pairs(run) is first and len(loads) == 1
     assert first.ratios == tuple(speed_log_ratios(real(run))) and first.meta == real(run).meta and first.meta.fingerprint

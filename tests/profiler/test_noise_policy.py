@@ -136,7 +136,7 @@ def test_a_measured_run_under_the_cuda_policy_marks_no_slowed_window(tmp_path, m
     from stepcal.core.workload import load_workload
     from stepcal.profiler.engine.engine import EngineConfig
     judged = []
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: judged.append(len(logs)) or [None] * len(logs))
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: judged.append(len(logs)) or [None] * len(logs))
     trace = load_workload("poisson:rate=50,n=6,prompt=uniform:4:20,output=uniform:4:8", seed=0)
     for name, noise in (("cpu", NoisePolicy.for_device("cpu").with_retry_slowed(0)),
                         ("cuda", NoisePolicy.for_device("cuda"))):
@@ -171,7 +171,7 @@ def test_the_quickstart_hands_the_devices_policy_to_the_campaign(tmp_path, monke
 
 def test_a_campaign_under_the_cuda_policy_serves_no_slowed_repeat_again(tmp_path, monkeypatch):
     from stepcal.experiments.campaign import Campaign, CampaignConfig
-    monkeypatch.setattr(slowdown, "slowest_windows", lambda logs: pytest.fail("no window is judged on cuda"))
+    monkeypatch.setattr("stepcal.profiler.engine.measure.slowest_windows", lambda logs: pytest.fail("no window is judged on cuda"))
     monkeypatch.setattr(Campaign, "measure", lambda *args: pytest.fail("nothing is served again on cuda"))
     config = CampaignConfig(out=tmp_path, device="cuda", schedulers=("a",), loads=(0.6,))
     assert config.noise == NoisePolicy.for_device("cuda") and config.repeats == 2

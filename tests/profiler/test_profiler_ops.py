@@ -127,7 +127,7 @@ def test_cpu_kernels_rotate_past_one_cores_l2(tmp_path, monkeypatch):
             (tmp_path / name / field).write_text(value + "\n")
     assert fingerprint.cpu_l2_bytes(tmp_path) == 2 * 2**20
     assert fingerprint.cpu_l2_bytes(tmp_path / "absent") is None
-    monkeypatch.setattr(fingerprint, "cpu_l2_bytes", lambda: 2 * 2**20)
+    monkeypatch.setattr("stepcal.profiler.sweep.cpu_l2_bytes", lambda: 2 * 2**20)
     assert _rotate_bytes("cpu") == 4 * 2**20
-    monkeypatch.setattr(fingerprint, "cpu_l2_bytes", lambda: None)
+    monkeypatch.setattr("stepcal.profiler.sweep.cpu_l2_bytes", lambda: None)
     assert _rotate_bytes("cpu") == 0
