@@ -9,6 +9,7 @@ follows. Keys a class does not know are kept as they were (`extra`) and written 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,17 @@ def read_artifact_meta(directory: str | Path, kind: ArtifactKind, required_keys:
     return meta
 
 
+def names_kind(directory: str | Path, kind: ArtifactKind) -> bool:
+    """Whether DIR's file names itself this kind (or an alias): a probe for a search through
+    directories, which passes over anything else, unreadable files included. Reading the artifact
+    (read_artifact_meta) is what checks its schema version."""
+    try:
+        found = json.loads((Path(directory) / kind.file).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and (found.get("kind") == kind.kind or found.get("kind") in kind.aliases)
+
+
 def split_known(meta: dict, known: tuple[str, ...]) -> tuple[dict, dict]:
     """meta's keys that a data class has fields for, and the rest (kept unchanged as `extra`)."""
     fields = {key: meta[key] for key in known if key in meta}
@@ -83,4 +95,4 @@ def split_known(meta: dict, known: tuple[str, ...]) -> tuple[dict, dict]:
 
 
 __all__ = ["FIRST_SCHEMA_VERSION", "HEADER_KEYS", "META_FILE", "ArtifactKind", "artifact_header",
-           "read_artifact_meta", "schema_version_of", "split_known"]
+           "names_kind", "read_artifact_meta", "schema_version_of", "split_known"]

@@ -11,11 +11,10 @@ allocator, which a sweep records when it starts, null included (null: none confi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta, split_known
+from stepcal.core.artifact import ArtifactKind, artifact_header, names_kind, read_artifact_meta, split_known
 from stepcal.core.io import atomic_write_json
 
 PROFILE_SCHEMA_VERSION = 1
@@ -107,13 +106,9 @@ class ProfileMeta:
 
 
 def is_profile_dir(directory: str | Path) -> bool:
-    """Whether DIR/meta.json names itself a profile's (or names no kind, as older ones did): a probe
-    that passes over anything else. Reading it, ProfileMeta.read checks its schema version."""
-    try:
-        kind = json.loads((Path(directory) / PROFILE_KIND.file).read_text()).get("kind")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return kind == PROFILE_KIND.kind or kind in PROFILE_KIND.aliases
+    """Whether DIR/meta.json names itself a profile's, or names no kind as older ones did
+    (core.artifact.names_kind)."""
+    return names_kind(directory, PROFILE_KIND)
 
 
 __all__ = ["PROFILE_KIND", "PROFILE_SCHEMA_VERSION", "ProfileMeta", "is_profile_dir"]

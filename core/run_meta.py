@@ -10,11 +10,10 @@ their writer has always written, null included: so a run read and written again 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta, split_known
+from stepcal.core.artifact import ArtifactKind, artifact_header, names_kind, read_artifact_meta, split_known
 from stepcal.core.schemas import SCHEMA_VERSION
 
 RUN_KIND = ArtifactKind(kind="measured_run", schema_version=SCHEMA_VERSION, what="a measured run",
@@ -96,12 +95,8 @@ class RunMeta:
 
 
 def is_measured_run(directory: str | Path) -> bool:
-    """Whether DIR/meta.json names itself a measured run: a probe for a search through directories,
-    which passes over anything else (reading the run, RunMeta.read checks its schema version)."""
-    try:
-        return json.loads((Path(directory) / RUN_KIND.file).read_text()).get("kind") == RUN_KIND.kind
-    except (OSError, ValueError, AttributeError):
-        return False
+    """Whether DIR/meta.json names itself a measured run (core.artifact.names_kind)."""
+    return names_kind(directory, RUN_KIND)
 
 
 __all__ = ["RUN_KIND", "VLLM_BENCH", "RunMeta", "is_measured_run"]

@@ -104,7 +104,7 @@ class TableMeta:
     def to_dict(self) -> dict:
         """meta.json's content: the header, the fields (those of WRITTEN_WHEN_SET only when set), then
         `extra`."""
-        body = {"kind": TABLE_KIND, "schema_version": SCHEMA_VERSION, "tool_version": self.tool_version}
+        body = {**artifact_header(TABLE_ARTIFACT), "tool_version": self.tool_version}
         for key in FIELD_KEYS:
             value = getattr(self, key)
             if value is not None or key not in WRITTEN_WHEN_SET:
@@ -115,7 +115,7 @@ class TableMeta:
         """Write DIR/meta.json atomically, headed by this stepcal's artifact header; returns the meta
         as written (its tool_version this stepcal's)."""
         written = dataclasses.replace(self, tool_version=TOOL_VERSION)
-        atomic_write_json(Path(directory) / META_FILE, {**written.to_dict(), **artifact_header(TABLE_ARTIFACT)})
+        atomic_write_json(Path(directory) / META_FILE, written.to_dict())
         return written
 
     # ------------------------------------------------------------------ terms

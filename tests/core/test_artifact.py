@@ -3,7 +3,7 @@
 import pytest
 
 from stepcal import __version__
-from stepcal.core.artifact import ArtifactKind, artifact_header, read_artifact_meta, split_known
+from stepcal.core.artifact import ArtifactKind, artifact_header, names_kind, read_artifact_meta, split_known
 from stepcal.core.errors import InputError
 from tests.core.meta_files import write_meta_json
 
@@ -44,3 +44,13 @@ def test_missing_file_names_the_writer(tmp_path):
 def test_split_known_keeps_the_rest():
     fields, extra = split_known({"kind": "k", "schema_version": 1, "a": 1, "b": 2}, ("a",))
     assert fields == {"a": 1} and extra == {"b": 2}
+
+
+def test_names_kind_passes_over_anything_else(tmp_path):
+    for name, text in (("ours", '{"kind": "stepcal.example"}'), ("old", '{"kind": "old_example"}'),
+                       ("none", "{}"), ("other", '{"kind": "measured_run"}'), ("list", "[1]"), ("broken", "{")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(text)
+    (tmp_path / "empty").mkdir()
+    found = sorted(d.name for d in tmp_path.iterdir() if names_kind(d, KIND))
+    assert found == ["none", "old", "ours"]
