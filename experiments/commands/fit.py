@@ -1,11 +1,10 @@
 """`stepcal fit`: profiles in, a T_step table directory out (with held-out errors and an MLflow run)."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import fields
 
 from stepcal.costmodel.devices import known_devices
-from stepcal.experiments.commands import argtypes
+from stepcal.experiments.commands import argtypes, flags
 from stepcal.experiments.fitting import FitOptions, fit_tables
 from stepcal.experiments.output_paths import check_output, check_store_uri
 
@@ -26,7 +25,7 @@ def register(subparsers) -> None:
         "keeps its other passes), as a measured run's slowed repeat is served again; meta.json lists the "
         "servings and their steps (slowed_servings). That rule is for a shared CPU's cores: on for profiles "
         "timed on the cpu, off for those timed on cuda (the profiles' device column).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=flags.DefaultsHelpFormatter)
     _add_input_flags(p)
     _add_parallelism_flags(p)
     _add_regressor_flags(p)

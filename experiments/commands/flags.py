@@ -17,6 +17,17 @@ DEFAULT_BLOCK_SIZE = 16
 STEP_MODEL_HELP = "const:MS, linear:A,B,C or a T_step table directory"
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where it tells the reader something: not for a default of None
+    (the flag is simply optional) and not where the help text already states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is argparse.SUPPRESS or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = True,
                         prefix_caching: bool = True) -> None:
     """Scheduler and KV-cache flags, shared by simulate, measure, capacity and import; --tp and --ep

@@ -1,10 +1,10 @@
 """`stepcal predict`: T_step tables applied to every timed row of a profile file."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from stepcal.core.io import atomic_write_bytes, atomic_write_parquet
+from stepcal.experiments.commands import flags
 from stepcal.experiments.output_paths import check_output
 
 HELP = "predict times of a profile file's rows from T_step tables"
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "predict", help=HELP, description=HELP + ": one output row per input row and timed target "
         "(row, op, shape columns, measured_ms when the input has times, predicted_ms, spread_ms).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=flags.DefaultsHelpFormatter)
     p.add_argument("--tables", required=True, metavar="DIR", help="a directory written by `stepcal fit`")
     p.add_argument("--input", required=True, metavar="FILE",
                    help="profile table, step log, Vidur mlp.csv, AIConfigurator or Splitwise file")

@@ -1,11 +1,10 @@
 """`stepcal tables export`: a T_step table directory in Vidur's layout, plain CSV or JSON."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from stepcal.core.io import atomic_output_dir
-from stepcal.experiments.commands import argtypes
+from stepcal.experiments.commands import argtypes, flags
 from stepcal.experiments.output_paths import check_output
 
 HELP = "work with T_step table directories"
@@ -26,7 +25,7 @@ def register(subparsers) -> None:
                     "`stepcal calibrate` directory, vidur's times are scaled by the calibration's "
                     "base_scale, and its other host terms (not operator times) are left out, as the "
                     "printed line says; csv and json carry them in meta.json.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=flags.DefaultsHelpFormatter)
     e.add_argument("tables", metavar="DIR", help="a directory written by `stepcal fit` or `stepcal calibrate`")
     e.add_argument("--format", required=True, choices=["vidur", "csv", "json"])
     e.add_argument("--out", required=True, metavar="DIR2", help="output directory")
