@@ -22,9 +22,9 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     (the flag is simply optional) and not where the help text already states its default."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is None or action.default is argparse.SUPPRESS or "default" in text:
-            return text
+        # the base class already leaves SUPPRESS and positional defaults out
+        if action.default is None or "default" in (action.help or ""):
+            return action.help or ""
         return super()._get_help_string(action)
 
 
