@@ -42,6 +42,12 @@ def atomic_write_parquet(frame, path: str | Path) -> None:
     _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
+def atomic_write_table(table, path: str | Path) -> None:
+    """Write a pyarrow Table to Parquet as it is (no pandas conversion)."""
+    import pyarrow.parquet as pq  # lazy: loads pyarrow
+    _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
 @contextmanager
 def atomic_output_dir(out: str | Path):
     """Yield a fresh staging directory; on success its files move into `out`.

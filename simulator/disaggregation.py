@@ -46,7 +46,7 @@ from stepcal.simulator.events import ARRIVAL, EventLoop, paused_gc
 from stepcal.simulator.frontend import FrontEnd, entry_order, path_of
 from stepcal.simulator.kv_cache import blocks_for
 from stepcal.simulator.logs import request_log
-from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
+from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_table
 from stepcal.simulator.request import Request, make_requests
 from stepcal.simulator.router import make_router
 from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig
@@ -237,11 +237,11 @@ class DisaggSimulation:
         requests["prefill_end_s"] = _floats(h.prefill_end_s for h in ordered)
         requests["kv_ready_s"] = _floats(h.kv_ready_s for h in ordered)
         requests["kv_transfer_ms"] = _floats(h.transfer_ms for h in ordered)
-        steps = steps_frame(self.prefill + self.decode, with_pool=True)
+        steps = steps_table(self.prefill + self.decode, with_pool=True)
         itl_s, itl_w = itl_arrays(self.decode)
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
         summary.update({
-            "num_skipped": self.num_skipped, "num_steps": len(steps), "block_size": self.config.block_size,
+            "num_skipped": self.num_skipped, "num_steps": steps.num_rows, "block_size": self.config.block_size,
             "num_replicas": self.config.num_replicas, "num_prefill_replicas": self.config.prefill.num_replicas,
             "num_decode_replicas": self.config.decode.num_replicas,
             "scheduler": f"{self.config.prefill.scheduler}/{self.config.decode.scheduler}",

@@ -209,11 +209,14 @@ class Replica:
         return [r for r in finished if id(r) not in late] if late else finished
 
 
-def steps_frame(replicas: list[Replica], with_pool: bool = False):
-    """Every replica's step log in one DataFrame (with a `pool` column for disaggregated runs)."""
-    import pandas as pd  # lazy: loads pandas
-    frames = [r.log.to_frame().assign(pool=r.pool) if with_pool else r.log.to_frame() for r in replicas]
-    return pd.concat(frames, ignore_index=True)
+def steps_table(replicas: list[Replica], with_pool: bool = False):
+    """Every replica's step log in one Arrow table (with a `pool` column for disaggregated runs)."""
+    import pyarrow as pa  # lazy: loads pyarrow
+    tables = [r.log.to_table() for r in replicas]
+    if with_pool:
+        tables = [t.append_column("pool", pa.array([r.pool] * len(t), pa.string()))
+                  for t, r in zip(tables, replicas)]
+    return pa.concat_tables(tables)
 
 
 def itl_arrays(replicas: list[Replica]) -> tuple[np.ndarray, np.ndarray]:

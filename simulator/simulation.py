@@ -12,6 +12,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from stepcal.simulator.frontend import FrontEnd, entry_order, path_of
 from stepcal.simulator.kv_cache import blocks_for, uses_prefix_caching
 from stepcal.simulator.logs import request_log
 from stepcal.simulator.prefix_cache import key_answers
-from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_frame
+from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, steps_table
 from stepcal.simulator.request import make_requests
 from stepcal.simulator.router import make_router
 from stepcal.simulator.schedulers import SchedulerConfig
@@ -59,12 +60,17 @@ class SimConfig:
 @dataclass
 class SimResult:
     requests: object          # DataFrame, the request log
-    steps: object             # DataFrame, the step log
+    steps_table: object       # pyarrow Table, the step log (written to Parquet as it is)
     summary: dict
     itl_s: np.ndarray
     itl_weights: np.ndarray
     num_skipped: int
     wall_s: float
+
+    @cached_property
+    def steps(self):
+        """The step log as a DataFrame, built on first use (writing it needs only the table)."""
+        return self.steps_table.to_pandas()
 
 
 class Simulation:
@@ -175,13 +181,13 @@ class Simulation:
 
     def _result(self, wall_s: float) -> SimResult:
         requests = request_log(self.requests)
-        steps = steps_frame(self.replicas)
+        steps = steps_table(self.replicas)
         itl_s, itl_w = itl_arrays(self.replicas)
         summary = summarize(requests, itl_s, itl_w, self.config.slo_ttft_ms, self.config.slo_tpot_ms)
         summary.update(prefix_cache_summary(requests, [r.kv for r in self.replicas], self.prefix_caching,
                                             self.reuses_prefixes))
         summary["num_timeouts"] = count_timeouts(self.requests)
-        summary.update({"num_skipped": self.num_skipped, "num_steps": len(steps),
+        summary.update({"num_skipped": self.num_skipped, "num_steps": steps.num_rows,
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})
         return SimResult(requests, steps, summary, itl_s, itl_w, self.num_skipped, wall_s)

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from stepcal.core import bounds
 from stepcal.core.errors import print_warnings
-from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet, atomic_write_table
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import (
     add_command,
@@ -124,7 +124,7 @@ def run(args) -> int:
     summary = clean_json(summary)
     with atomic_output_dir(args.out) as staging:
         atomic_write_parquet(result.requests, staging / "requests.parquet")
-        atomic_write_parquet(result.steps, staging / "steps.parquet")
+        atomic_write_table(result.steps_table, staging / "steps.parquet")
         if quantiles is not None:
             atomic_write_parquet(quantiles, staging / RANGES_PERCENTILES)
         atomic_write_json(staging / "summary.json", summary)

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -190,3 +191,12 @@ def test_bad_range_flags_are_one_line_exit_2(tmp_path, capsys, flag, value):
     code, _, err = run_cli(["simulate", "--trace", "poisson:rate=1,n=2,prompt=fixed:5,output=fixed:5",
                             "--step-model", "const:1", flag, value, "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and err.count("\n") == 1 and f"argument {flag}" in err
+
+
+def test_the_cli_keeps_numpy_and_arrow_off_huge_pages_unless_told(monkeypatch):
+    from stepcal.experiments.cli import avoid_huge_page_stalls
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
+    avoid_huge_page_stalls()
+    assert os.environ["NUMPY_MADVISE_HUGEPAGE"] == "0"
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "mimalloc"   # the user's choice stands
