@@ -80,12 +80,8 @@ class TableMeta:
     def read(cls, directory: str | Path) -> TableMeta:
         """DIR/meta.json, its kind and schema version checked (InputError naming the file otherwise),
         with `t_step_terms` a list and `terms` an object."""
-        directory = Path(directory)
-        path = directory / META_FILE
-        if not path.exists():
-            raise InputError(f"{directory}: not {TABLE_ARTIFACT.what} (no {META_FILE})")
-        meta = read_artifact_meta(directory, TABLE_ARTIFACT)
-        require_keys(path, meta, REQUIRED_KEYS, META_WHAT)
+        path = Path(directory) / META_FILE
+        meta = read_artifact_meta(directory, TABLE_ARTIFACT, REQUIRED_KEYS)
         if not isinstance(meta["t_step_terms"], list) or not isinstance(meta["terms"], dict):
             raise InputError(f"{path}: t_step_terms must be a list and terms an object ({META_WHAT})")
         return cls.from_dict(meta)

@@ -50,12 +50,14 @@ PILOT_MARGIN = 1.25     # its pace, padded: its model build is shared by fewer r
 OPS = "gemm,attn_prefill,attn_decode,elementwise,overhead,step,host,serve"
 
 
-def config_of(args):
+def config_of(args, device: str | None = None):
+    """The campaign the flags describe, on `device` (default: --device)."""
     from stepcal.experiments.campaign import CampaignConfig
     from stepcal.profiler.noise_policy import NOISE_FLOOR_REPEATS, NoisePolicy
+    device = device or args.device
     # a device lent for minutes has no time for repeats served again, on a CPU dry run too
-    noise = NoisePolicy.for_device(args.device).with_retry_slowed(0)
-    return CampaignConfig(out=Path(args.work), model_spec=args.model_spec, device=args.device,
+    noise = NoisePolicy.for_device(device).with_retry_slowed(0)
+    return CampaignConfig(out=Path(args.work), model_spec=args.model_spec, device=device,
                           schedulers=tuple(args.schedulers.split(",")), num_requests=args.num_requests,
                           prompt=args.prompt, output=args.output, chunk_size=args.chunk_size,
                           repeats=NOISE_FLOOR_REPEATS, trials=args.trials, profile_ops=OPS, history_file=None,
@@ -85,8 +87,8 @@ def measure(args) -> None:
     c = campaign.c
     check_output(c.out, staged=False)
     c.out.mkdir(parents=True, exist_ok=True)
-    record = {"model_spec": c.model_spec, "schedulers": list(c.schedulers), "profiled": campaign.profiled,
-              "timings_s": c.timings}
+    record = {"model_spec": c.model_spec, "device": c.device, "schedulers": list(c.schedulers),
+              "profiled": campaign.profiled, "timings_s": c.timings}
     try:
         campaign.stage("warm up (throwaway runs)", "measure", lambda: warm_up(campaign, args.warm_up_s))
         campaign.stage("profile, one pass", "profile", lambda: profile_pass(campaign, "profile", args.profile_minutes))
@@ -186,7 +188,9 @@ def model(args) -> None:
         print(f"error: {work}: `measure` measured no {', '.join(missing) or 'load runs'} (its timings: "
               f"{record.get('timings_s')}); nothing to model", file=sys.stderr)
         sys.exit(2)
-    config = config_of(args)   # the model and schedulers are the measured ones, whatever the flags say
+    # the model, device and schedulers are the measured ones, whatever the flags say: the device
+    # decides the noise policy (a CPU dry run drops slowed servings, a GPU run keeps them)
+    config = config_of(args, record.get("device"))   # None: an archive from before the device was recorded
     config.model_spec, config.schedulers = record["model_spec"], tuple(record["schedulers"])
     config.num_requests = record["num_requests"]
     campaign = Campaign(config)

@@ -104,7 +104,8 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys, profile_file):
     assert not (tmp_path / "o").exists()
     assert main(["predict", "--tables", str(tmp_path), "--input", str(profile_file),
                  "--out", str(tmp_path / "p.csv")]) == 2
-    assert capsys.readouterr().err == f"stepcal: {tmp_path}: not a T_step table directory (no meta.json)\n"
+    assert capsys.readouterr().err == (f"stepcal: {tmp_path}: not a T_step table directory (no meta.json; "
+                                         "expected the output of `stepcal fit`)\n")
     assert main(["fit", "--profile", str(profile_file), "--ops", "gemmm", "--model-spec", "tiny", "--no-mlflow",
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

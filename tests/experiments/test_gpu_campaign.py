@@ -73,3 +73,24 @@ def test_pack_leaves_out_the_sweeps_parts_and_locks(script, tmp_path):
     script.pack(work, tmp_path / "out" / "campaign.tar.gz")
     with tarfile.open(tmp_path / "out" / "campaign.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["capacity.json", "profile/profile.parquet"]
+
+
+def test_model_takes_the_device_and_its_noise_policy_from_what_measure_recorded(script, monkeypatch, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    record = {"model_spec": "tiny", "device": "cpu", "schedulers": ["sarathi"], "profiled": [], "timings_s": {},
+              "capacity_rps": {"sarathi": 4.0}, "runs": {"sarathi/load_30": [0]}, "num_requests": 12}
+    (work / "capacity.json").write_text(json.dumps(record))
+    seen = {}
+
+    def model(self, capacity_rps):
+        seen.update(device=self.c.device, drop=self.c.noise.drop_slowed_servings, capacity=capacity_rps)
+        return {}
+    monkeypatch.setattr(Campaign, "model", model)
+    import stepcal.experiments.campaign as campaign_module
+    monkeypatch.setattr(campaign_module, "format_headline", lambda headline: "")
+    args = script.argparse.Namespace(work=str(work), archive=None, device="cuda", model_spec="llama-3-8b",
+                                     schedulers="continuous", prompt="lognormal:512:0.8", output="lognormal:64:0.8",
+                                     chunk_size=512, num_requests=200, trials=1, seed=0)
+    script.model(args)   # --device left at its default, cuda
+    assert seen == {"device": "cpu", "drop": True, "capacity": {"sarathi": 4.0}}
