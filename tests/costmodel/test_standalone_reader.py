@@ -15,7 +15,7 @@ from stepcal.core.batch import StepBatch
 from stepcal.costmodel.table_meta import TableMeta
 from stepcal.experiments.cli import main
 from stepcal.experiments.step_models import resolve_step_model
-from tests.costmodel.conftest import make_step_log
+from tests.costmodel.conftest import PROFILES, make_step_log, require_shared
 
 READERS = Path(__file__).resolve().parents[2] / "readers"
 READER = READERS / "stepcal_tables.py"
@@ -98,6 +98,20 @@ def test_whole_step_tables_read_alike(tmp_path):
     out = tmp_path / "step_tables"
     assert main(["fit", "--profile", str(log), "--model-spec", "tiny", "--no-mlflow", "--out", str(out)]) == 0
     assert TableMeta.read(out).mode == "step"
+    assert_same(out, tmp_path)
+
+
+@pytest.mark.slow
+def test_tables_of_measured_h100_kernels_read_alike(tmp_path):
+    """AIConfigurator's H100 GEMM and attention kernels composed for Llama-3-8B (about 30 s): the data's
+    axes of hundreds of knots, and element-wise and sampling terms from the H100's memory roofline."""
+    h100 = require_shared(PROFILES / "aiconfigurator" / "h100_sxm")
+    out = tmp_path / "h100"
+    assert main(["fit", "--profile", str(h100 / "gemm"), str(h100 / "attention"), "--model-spec", "llama-3-8b",
+                 "--regressor", "rf", "--no-mlflow", "--out", str(out)]) == 0
+    meta = TableMeta.read(out)
+    assert {"linear", "elementwise", "sampling", "decode_attn", "prefill_attn"} <= set(meta.t_step_terms)
+    assert meta.term_sources["elementwise"]["source"] == "roofline"
     assert_same(out, tmp_path)
 
 
