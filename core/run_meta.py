@@ -19,6 +19,7 @@ from stepcal.core.schemas import SCHEMA_VERSION
 RUN_KIND = ArtifactKind(kind="measured_run", schema_version=SCHEMA_VERSION, what="a measured run",
                         written_by="`stepcal measure` or `stepcal import vllm-bench`")
 VLLM_BENCH = "vllm-bench"      # `source` of a run imported from `vllm bench serve`
+LLMSERVINGSIM = "llmservingsim"  # `source` of a vLLM run imported from LLMServingSim's bench
 # Field -> its key in meta.json, where the two differ.
 KEYS = {"trace_source": "trace"}
 # Keys written even when null: kv_blocks (no limit) by both writers; the engine's timeout (none) and
@@ -99,4 +100,4 @@ def is_measured_run(directory: str | Path) -> bool:
     return names_kind(directory, RUN_KIND)
 
 
-__all__ = ["RUN_KIND", "VLLM_BENCH", "RunMeta", "is_measured_run"]
+__all__ = ["LLMSERVINGSIM", "RUN_KIND", "VLLM_BENCH", "RunMeta", "is_measured_run"]
