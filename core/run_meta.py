@@ -1,8 +1,10 @@
 """A measured run's meta.json (core.measured_run's layout): its settings and provenance, as fields.
 
-Two writers fill it: `stepcal measure` (profiler.engine.measure.engine_meta: the torch engine's
-settings, the device and its fingerprint; no `source`) and `stepcal import vllm-bench`
-(experiments.validation.vllm_bench: `source: "vllm-bench"`, the bench file and what it recorded).
+Three writers fill it: `stepcal measure` (profiler.engine.measure.engine_meta: the torch engine's
+settings, the device and its fingerprint; no `source`), `stepcal import vllm-bench`
+(experiments.validation.vllm_bench: `source: "vllm-bench"`, the bench file and what it recorded) and
+`stepcal import llmservingsim` (experiments.validation.llmservingsim_run: `source: "llmservingsim"`,
+the engine's settings, the latencies' definitions and the clocks' alignment, in `extra`).
 Every reader takes a RunMeta from `read_measured_run` (or `RunMeta.read`); keys this class does not
 model are kept in `extra` and written back unchanged. A key a writer leaves out is read as None (or
 the default below), and to_dict leaves out what is None, except the keys NULL_WRITTEN names, which

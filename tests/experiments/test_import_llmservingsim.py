@@ -112,6 +112,21 @@ def test_validate_replays_the_import(imported, tmp_path):
     assert report["metrics"]["ttft_ms"]["mean"]["simulated"] > 0
 
 
+def test_older_layout_without_a_vllm_folder(tmp_path):
+    """The bench's older runs hold requests.jsonl and meta.json in RUN_DIR itself (no cluster config)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in REQUESTS))
+    (tmp_path / "run" / "meta.json").write_text(json.dumps(META))
+    out = tmp_path / "out"
+    assert main(["import", "llmservingsim", str(tmp_path / "run"), "--kv-blocks", "64", "--quiet",
+                 "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["kv_blocks"] == 64 and meta["cluster_config"] is None and meta["timeseries"] is None
+    assert not (out / "timeseries.csv").exists()
+    requests = pd.read_parquet(out / "repeat_0" / "requests.parquet")
+    assert requests.ttft_ms.tolist() == pytest.approx([200.0, 300.0, 500.0])
+
+
 def test_kv_blocks_too_small_for_a_request(tmp_path, capsys):
     root = write_run(tmp_path / "run")
     assert main(["import", "llmservingsim", str(root), "--kv-blocks", "2", "--quiet",
