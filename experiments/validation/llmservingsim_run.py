@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +72,6 @@ class LlmServingSimRun:
     timeseries_path: Path | None     # timeseries.csv, where the bench wrote one
     cluster_config_path: Path | None  # RUN_DIR/config.json, where present
     cluster_config: dict | None
-    warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.queued_s)
@@ -242,9 +241,9 @@ def _check_kv_capacity(run: LlmServingSimRun, block_size: int, kv_blocks: int | 
 def import_warnings(run: LlmServingSimRun, kv_blocks: int | None) -> list[str]:
     """What the import could not take from the bench, for stderr and meta.json."""
     if kv_blocks is not None:
-        return list(run.warnings)
-    return list(run.warnings) + [f"{run.bench_dir / META_FILE}: the bench does not record the KV cache's "
-                                 f"capacity: the replay has no KV limit (give --kv-blocks for one)"]
+        return []
+    return [f"{run.bench_dir / META_FILE}: the bench does not record the KV cache's capacity: the replay has "
+            f"no KV limit (give --kv-blocks for one)"]
 
 
 def write_llmservingsim_run(run: LlmServingSimRun, out: str | Path, *, model_spec=None,
