@@ -12,12 +12,12 @@
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from stepcal.core.errors import InputError
-from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet
+from stepcal.core.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from stepcal.core.metrics import PERCENTILES, clean_json
 from stepcal.core.readers import read_json, read_parquet
 from stepcal.core.run_meta import RunMeta
@@ -125,9 +125,11 @@ def noise_floor(summaries: list[dict]) -> dict:
     return floor
 
 
-def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: RunMeta) -> dict:
+def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: RunMeta,
+                       extra_files: Mapping[str, bytes] | None = None) -> dict:
     """Write the layout above, atomically; `repeats` are objects with requests, steps and summary
-    (an engine result or a Repeat). Returns OUT/summary.json's content."""
+    (an engine result or a Repeat); `extra_files` (name -> content) go beside them in the same move
+    (an import keeps its source's other records). Returns OUT/summary.json's content."""
     summaries = [clean_json(r.summary) for r in repeats]
     summary = dict(summaries[0])
     if len(repeats) > 1:
@@ -140,6 +142,8 @@ def write_measured_run(out: str | Path, trace, repeats: Sequence, meta: RunMeta)
             atomic_write_json(repeat_dir(staging, k) / SUMMARY, repeat_summary)
         atomic_write_json(staging / SUMMARY, summary)
         atomic_write_json(staging / META, clean_json(meta.to_dict()))
+        for name, data in (extra_files or {}).items():
+            atomic_write_bytes(staging / name, data)
     return summary
 
 

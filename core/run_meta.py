@@ -1,8 +1,10 @@
 """A measured run's meta.json (core.measured_run's layout): its settings and provenance, as fields.
 
-Two writers fill it: `stepcal measure` (profiler.engine.measure.engine_meta: the torch engine's
-settings, the device and its fingerprint; no `source`) and `stepcal import vllm-bench`
-(experiments.validation.vllm_bench: `source: "vllm-bench"`, the bench file and what it recorded).
+Three writers fill it: `stepcal measure` (profiler.engine.measure.engine_meta: the torch engine's
+settings, the device and its fingerprint; no `source`), `stepcal import vllm-bench`
+(experiments.validation.vllm_bench: `source: "vllm-bench"`, the bench file and what it recorded) and
+`stepcal import llmservingsim` (experiments.validation.llmservingsim_run: `source: "llmservingsim"`,
+the engine's settings, the latencies' definitions and the clocks' alignment, in `extra`).
 Every reader takes a RunMeta from `read_measured_run` (or `RunMeta.read`); keys this class does not
 model are kept in `extra` and written back unchanged. A key a writer leaves out is read as None (or
 the default below), and to_dict leaves out what is None, except the keys NULL_WRITTEN names, which
@@ -19,6 +21,7 @@ from stepcal.core.schemas import SCHEMA_VERSION
 RUN_KIND = ArtifactKind(kind="measured_run", schema_version=SCHEMA_VERSION, what="a measured run",
                         written_by="`stepcal measure` or `stepcal import vllm-bench`")
 VLLM_BENCH = "vllm-bench"      # `source` of a run imported from `vllm bench serve`
+LLMSERVINGSIM = "llmservingsim"  # `source` of a vLLM run imported from LLMServingSim's bench
 # Field -> its key in meta.json, where the two differ.
 KEYS = {"trace_source": "trace"}
 # Keys written even when null: kv_blocks (no limit) by both writers; the engine's timeout (none) and
@@ -99,4 +102,4 @@ def is_measured_run(directory: str | Path) -> bool:
     return names_kind(directory, RUN_KIND)
 
 
-__all__ = ["RUN_KIND", "VLLM_BENCH", "RunMeta", "is_measured_run"]
+__all__ = ["LLMSERVINGSIM", "RUN_KIND", "VLLM_BENCH", "RunMeta", "is_measured_run"]

@@ -6,7 +6,9 @@ import sys
 
 from stepcal.core.errors import print_warnings
 from stepcal.core.model_files import load_model_spec
+from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import (
+    DEFAULT_BLOCK_SIZE,
     add_command,
     add_scheduler_flags,
     kv_blocks_from_args,
@@ -35,9 +37,35 @@ example:
       --max-num-seqs 256 --max-batched-tokens 8192 --device-memory-gb 80 --out runs/vllm_rate8
   stepcal validate --measured runs/vllm_rate8 --step-model tables/h100 --out runs/vllm_rate8/validation"""
 
+LLMSERVINGSIM_HELP = """Import a real vLLM run recorded by LLMServingSim's bench: RUN_DIR/vllm/requests.jsonl (one
+request a line: input_toks, output_toks, arrival_time on the client's epoch clock, and vLLM's stamps
+queued_ts, scheduled_ts, first_token_ts, last_token_ts on the engine's monotonic clock),
+RUN_DIR/vllm/meta.json (engine_kwargs: max_num_seqs, max_num_batched_tokens, tensor_parallel_size,
+dtype, seed; vllm_version), RUN_DIR/vllm/timeseries.csv and RUN_DIR/config.json (LLMServingSim's
+cluster config). A RUN_DIR holding requests.jsonl and meta.json itself is read as well.
+
+Latencies are measured from the engine's receipt of each request, on the stamps' own clock, as
+LLMServingSim's validation does (its summary.txt's vLLM column is reproduced exactly):
+  arrival_s = queued_ts - the first request's queued_ts   (first_token_s, finish_s likewise)
+  TTFT = first_token_ts - queued_ts      E2E = last_token_ts - queued_ts
+  TPOT = (last_token_ts - first_token_ts) / (output_toks - 1)
+The replay's trace has the same arrivals and lengths. meta.json records these definitions, the
+epoch-to-monotonic offset (the smallest that queues no request before its send) with the send-to-
+receipt delay it implies, and the engine: scheduler vllm with the run's max_num_seqs and
+max_num_batched_tokens, tensor parallelism, dtype, seed, vLLM version. The bench does not record
+the KV capacity: the replay has no KV limit unless --kv-blocks is given. It records no steps and no
+inter-token gaps: the step log is empty and itl_ms has no statistics.
+
+Writes OUT/meta.json (source "llmservingsim"), OUT/trace.parquet, OUT/repeat_0/{requests,steps}.parquet
+and summary.json, OUT/summary.json, and OUT/timeseries.csv as the bench wrote it.
+
+example:
+  stepcal import llmservingsim runs/llmservingsim/RTXPRO6000/Llama-3.1-8B --out runs/lss_llama8b
+  stepcal validate --measured runs/lss_llama8b --step-model tables/rtxpro6000 --out runs/lss_llama8b/validation"""
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("import", help="import measurements from other tools (vllm bench)",
+    p = subparsers.add_parser("import", help="import measurements from other tools (vllm bench, LLMServingSim)",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sources = p.add_subparsers(dest="source", metavar="SOURCE")
     v = add_command(sources, "vllm-bench", "a `vllm bench serve --save-result --save-detailed` JSON",
@@ -47,7 +75,22 @@ def register(subparsers) -> None:
     add_scheduler_flags(v, prefix_caching=False)
     v.add_argument("--quiet", action="store_true", help="print nothing but errors")
     v.add_argument("--out", required=True, help="output directory")
+    _register_llmservingsim(sources)
     p.set_defaults(func=_usage(p))
+
+
+def _register_llmservingsim(sources) -> None:
+    s = add_command(sources, "llmservingsim", "a real vLLM run recorded by LLMServingSim's bench",
+                    LLMSERVINGSIM_HELP, run_llmservingsim)
+    s.add_argument("run_dir", metavar="RUN_DIR", help="the bench's run directory (holding vllm/requests.jsonl)")
+    s.add_argument("--model-spec", default=None, help="the served model, recorded in meta.json: preset, ModelSpec "
+                   "file or Hugging Face config.json (default: none recorded)")
+    s.add_argument("--block-size", type=argtypes.count(1, 65_536), default=DEFAULT_BLOCK_SIZE,
+                   help=f"tokens per KV block of the replay (default {DEFAULT_BLOCK_SIZE}, vLLM's)")
+    s.add_argument("--kv-blocks", type=argtypes.count(1, 2**40), default=None,
+                   help="KV cache capacity of the replay in blocks (default: unlimited)")
+    s.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    s.add_argument("--out", required=True, help="output directory")
 
 
 def _usage(parser):
@@ -72,4 +115,22 @@ def run_vllm_bench(args) -> int:
         failed = int(bench.failed.sum())
         print(f"imported {len(bench)} requests ({failed} failed, kept unfinished); arrivals from "
               f"{bench.arrival_source}; wrote {args.out}")
+    return 0
+
+
+def run_llmservingsim(args) -> int:
+    check_output(args.out)
+    from stepcal.experiments.validation.llmservingsim_run import (  # lazy: loads numpy
+        import_warnings,
+        read_llmservingsim_run,
+        write_llmservingsim_run,
+    )
+    spec = load_model_spec(args.model_spec) if args.model_spec else None
+    run = read_llmservingsim_run(args.run_dir)
+    summary = write_llmservingsim_run(run, args.out, model_spec=spec, block_size=args.block_size,
+                                      kv_blocks=args.kv_blocks)
+    print_warnings(import_warnings(run, args.kv_blocks))
+    if not args.quiet:
+        print(format_summary(summary))
+        print(f"imported {len(run)} requests from {run.requests_path}; wrote {args.out}")
     return 0

@@ -13,6 +13,7 @@ from stepcal.core.errors import InputError
 from stepcal.experiments.cli import build_parser, main
 from stepcal.experiments.output_paths import check_output
 from tests.costmodel.conftest import make_profile
+from tests.experiments.test_import_llmservingsim import write_run
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "vllm_bench_tiny.json"
 # Inputs that would keep each command busy for a long time: a refusal must come before them.
@@ -47,7 +48,8 @@ def inputs(tmp_path_factory):
     for argv in steps:
         assert main(argv) == 0, argv
     (root / "sweep.toml").write_text(SWEEP)
-    return SimpleNamespace(root=root, measured=str(root / "measured"), tables=str(root / "tables"),
+    write_run(root / "llmservingsim")
+    return SimpleNamespace(root=root, llmservingsim=str(root / "llmservingsim"), measured=str(root / "measured"), tables=str(root / "tables"),
                            validation=str(root / "measured" / "validation"), profile_file=str(profile_file),
                            profile_dir=str(root / "profile"), sweep=str(root / "sweep.toml"))
 
@@ -66,6 +68,7 @@ DIR_COMMANDS = {
     "capacity": lambda i: ["capacity", "--trace", BIG_TRACE, "--step-model", LINEAR, "--slo-ttft-ms", "500"],
     "sweep": lambda i: ["sweep", i.sweep],
     "import vllm-bench": lambda i: ["import", "vllm-bench", str(BENCH), "--model-spec", "tiny"],
+    "import llmservingsim": lambda i: ["import", "llmservingsim", i.llmservingsim],
     "report": lambda i: ["report", i.validation, i.tables],
 }
 
