@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from stepcal.core.errors import InputError
+from stepcal.core.errors import InputError, shown
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.core.readers import one_line
-from stepcal.costmodel.records import check_positive, check_times, make_records, require_columns
+from stepcal.costmodel.records import check_positive, make_records, require_columns
 
 SOURCE = "llmservingsim"
 FILES = ("dense.csv", "per_sequence.csv", "attention.csv")
@@ -110,8 +110,18 @@ def _checked(frame: pd.DataFrame, path: str, axis: str, what: str, known) -> pd.
     if unknown:
         raise InputError(f"{path}: unknown layer(s) {', '.join(unknown)}; known: {', '.join(known)}")
     check_positive(frame, (axis,), path=path)
-    check_times(frame, "time_us", path=path)
-    return frame.assign(time_ms=pd.to_numeric(frame["time_us"]) / 1000.0)
+    return frame.assign(time_ms=_times_ms(frame, path))
+
+
+def _times_ms(frame: pd.DataFrame, path: str) -> np.ndarray:
+    """time_us in ms; a time that is not a finite positive number fails naming the file and row."""
+    values = pd.to_numeric(frame["time_us"], errors="coerce").to_numpy(np.float64)
+    bad = ~np.isfinite(values) | (values <= 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{path}: row {i}: column 'time_us' must be a finite positive time in µs, "
+                         f"got {shown(frame['time_us'].iloc[i])}")
+    return values / 1000.0
 
 
 def _dense(frame, path, spec: ModelSpec, p: Parallelism, common: dict) -> pd.DataFrame:
@@ -177,8 +187,7 @@ def _attention(frame, path, spec: ModelSpec, p: Parallelism, common: dict) -> pd
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"{path}: row {i}: column {col!r} must be a count >= 0, got {frame[col].iloc[i]!r}")
-    check_times(frame, "time_us", path=path)
-    frame = frame.assign(time_ms=pd.to_numeric(frame["time_us"]) / 1000.0)
+    frame = frame.assign(time_ms=_times_ms(frame, path))
     c, b = frame["prefill_chunk"].to_numpy(np.float64), frame["n_decode"].to_numpy(np.float64)
     heads = dict(num_heads=float(p.split(spec.num_heads)), num_kv_heads=float(p.kv_heads(spec.num_kv_heads)),
                  head_dim=float(spec.head_dim), **common)

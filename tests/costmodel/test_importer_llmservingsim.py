@@ -3,12 +3,16 @@ composed T_step against the hand-summed layers of a small bundle, and bad bundle
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from stepcal.core.batch import StepBatch
 from stepcal.core.errors import InputError
-from stepcal.core.model_spec import PRESETS, ModelSpec
+from stepcal.core.model_spec import PRESETS, ModelSpec, Parallelism
+from stepcal.costmodel.compose import compose_terms, data_axes, op_grids
+from stepcal.costmodel.compose_comm import Composition
+from stepcal.costmodel.fitting import FitConfig, fit_all
 from stepcal.costmodel.importers.llmservingsim import import_bundle
 from stepcal.costmodel.tables import load_step_model
 from stepcal.experiments.cli import main
@@ -73,17 +77,19 @@ def _bundle(root: Path, **replace) -> Path:
     return root / "bf16"
 
 
-def _fit(tmp_path, bundle: Path, out: Path) -> int:
+def _fit(tmp_path, bundle: Path, out: Path, *extra: str) -> int:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC.to_dict()))
     return main(["fit", "--profile", str(bundle), "--format", "llmservingsim", "--model-spec", str(spec),
-                 "--regressor", "rf", "--no-mlflow", "--out", str(out)])
+                 "--regressor", "rf", "--no-mlflow", "--out", str(out), *extra])
 
 
 def test_composed_step_is_the_layers_summed(tmp_path):
-    out = tmp_path / "tables"
-    assert _fit(tmp_path, _bundle(tmp_path), out) == 0
-    model = load_step_model(out)
+    records = import_bundle(_bundle(tmp_path), SPEC)
+    result = fit_all(records, FitConfig(regressor="rf"))
+    p, composition = Parallelism(), Composition()
+    axes = data_axes(result, SPEC, p, composition)
+    terms = compose_terms(result, SPEC, p, axes, op_grids(result, SPEC, p, axes, composition), composition)
     layers = SPEC.num_layers
     # Per layer: the four GEMMs, two norms, RoPE, the activation and attention; per step: the
     # embedding, the LM head, the sampler and the final norm of the emitting row (one sequence).
@@ -91,27 +97,33 @@ def test_composed_step_is_the_layers_summed(tmp_path):
     elementwise_us = layers * (2 * DENSE_US["layernorm"] + DENSE_US["rotary_emb"] + DENSE_US["act_fn"]) \
         + DENSE_US["embedding"]
     seq_us = SEQ_US["lm_head"] + SEQ_US["sampler"] + DENSE_US["final_layernorm"]
-    decode = model.term_ms(StepBatch.of([0], [1], [64]).features())
-    prefill = model.term_ms(StepBatch.of([0], [64], [0]).features())
-    for terms, attention_us in ((decode, DECODE_US), (prefill, PREFILL_US)):
+    for batch, attention, attention_us in ((StepBatch.of([0], [1], [64]), "decode_attn", DECODE_US),
+                                           (StepBatch.of([0], [64], [0]), "prefill_attn", PREFILL_US)):
+        ms = {t.name: float(np.maximum(t.evaluate(batch.features()), 0.0)[0]) for t in terms}
         # Flat per-layer times come back exactly; the GEMMs share one forest over (m, n, k).
-        assert terms["elementwise"][0] == pytest.approx(elementwise_us / 1000)
-        assert terms["decode_attn" if attention_us == DECODE_US else "prefill_attn"][0] == pytest.approx(
-            layers * attention_us / 1000)
-        assert terms["lm_head"][0] + terms["sampling"][0] == pytest.approx(seq_us / 1000, rel=0.05)
-        assert terms["linear"][0] == pytest.approx(layers * gemm_us / 1000, rel=0.05)
-        assert sum(v[0] for v in terms.values()) == pytest.approx(
+        assert ms["elementwise"] == pytest.approx(elementwise_us / 1000)
+        assert ms[attention] == pytest.approx(layers * attention_us / 1000)
+        assert ms["lm_head"] + ms["sampling"] == pytest.approx(seq_us / 1000, rel=0.05)
+        assert ms["linear"] == pytest.approx(layers * gemm_us / 1000, rel=0.05)
+        assert sum(ms.values()) == pytest.approx(
             (layers * (gemm_us + attention_us) + elementwise_us + seq_us) / 1000, rel=0.02)
+
+
+def test_fit_says_where_terms_came_from(tmp_path):
+    out = tmp_path / "tables"
+    assert _fit(tmp_path, _bundle(tmp_path), out, "--ops", "attn_decode") == 0
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["llmservingsim"]["term_files"]["decode_attn"] == [str(tmp_path / "bf16" / "tp1" / "attention.csv")]
+    assert meta["llmservingsim"]["term_files"] == {"decode_attn": [str(tmp_path / "bf16" / "tp1" / "attention.csv")]}
     assert any("1 mixed prefill+decode rows not used" in note for note in meta["notes"])
+    step = load_step_model(out).features_ms(StepBatch.of([0], [1], [64]).features())[0]
+    assert step == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
 
 
 @pytest.mark.parametrize("replace, message", [
     ({"per_sequence.csv": None}, "per_sequence.csv: no such file"),
     ({"dense.csv": "layer,tokens,time_us\nmystery_proj,1,3.0"}, "dense.csv: unknown layer(s) mystery_proj"),
     ({"attention.csv": "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n0,0,1,16,fast"},
-     "attention.csv: row 0: column 'time_us'"),
+     "attention.csv: row 0: column 'time_us' must be a finite positive time in µs, got 'fast'"),
 ])
 def test_bad_bundle_exits_2_with_one_line(tmp_path, capsys, replace, message):
     out = tmp_path / "tables"
