@@ -99,7 +99,8 @@ def _expand(paths) -> list[Path]:
             found = [table] if table else aiconfigurator.table_files(path)
             if not found:
                 raise InputError(f"{path}: directory holds neither profile.parquet nor AIConfigurator "
-                                 f"tables ({', '.join(aiconfigurator.TABLES)})")
+                                 f"tables ({', '.join(aiconfigurator.TABLES)}); an LLMServingSim bundle needs "
+                                 f"--format llmservingsim")
             out.extend(found)
         else:
             out.append(path)

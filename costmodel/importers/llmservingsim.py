@@ -192,7 +192,10 @@ def _attention(frame, path, spec: ModelSpec, p: Parallelism, common: dict) -> pd
     heads = dict(num_heads=float(p.split(spec.num_heads)), num_kv_heads=float(p.kv_heads(spec.num_kv_heads)),
                  head_dim=float(spec.head_dim), **common)
     parts = []
-    dec = frame[(c == 0) & (b > 0)]
+    # Speculative verification's decodes (several query tokens each) are not one-token decodes.
+    one_token = (pd.to_numeric(frame["decode_q_len"], errors="coerce").fillna(1).to_numpy() <= 1
+                 if "decode_q_len" in frame.columns else np.ones(len(frame), dtype=bool))
+    dec = frame[(c == 0) & (b > 0) & one_token]
     if len(dec):
         n, s = dec["n_decode"].to_numpy(np.float64), dec["kv_decode"].to_numpy(np.float64)
         zeros = np.zeros(len(dec))

@@ -139,3 +139,15 @@ def test_without_model_spec_or_with_a_missing_tp_folder(tmp_path):
         import_bundle(bundle, None)
     with pytest.raises(InputError, match="tp2: no such tp folder"):
         import_bundle(bundle, SPEC, tp=2)
+
+
+def test_newer_attention_columns_keep_one_token_decodes(tmp_path):
+    # Newer bundles name the prefill's mean causal key length and each decode's query tokens.
+    text = ("layer,prefill_chunk,prefill_key,n_decode,kv_decode,decode_q_len,time_us\n"
+            "attention,0,0,2,64,1,8.0\nattention,0,0,2,64,4,9.0\nattention,64,96,0,0,1,50.0")
+    records = import_bundle(_bundle(tmp_path, **{"attention.csv": text}), SPEC)
+    decode = records[records["op"] == "attn_decode"]
+    prefill = records[records["op"] == "attn_prefill"].iloc[0]
+    assert list(decode["time_ms"]) == [0.008]
+    # A key length of 96 for a 64-token chunk: 64 cached tokens before it.
+    assert prefill["kv_sum"] == 64 and prefill["prefill_attn_work"] == 64 * (64 + 65 / 2)
