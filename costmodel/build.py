@@ -56,7 +56,9 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
     (directory / "models").mkdir(parents=True, exist_ok=True)
     for target, fit in result.targets.items():
         joblib.dump(fit.estimator, directory / "models" / f"{_safe(target)}.joblib", compress=3)
-    notes = _notes(result, spec, parallelism, composition, mode, entries)
+    extra_meta = dict(extra_meta or {})
+    # An importer's notes (what its format holds that the tables leave out) join the build's own.
+    notes = _notes(result, spec, parallelism, composition, mode, entries) + list(extra_meta.pop("notes", []))
     meta = {
         "mode": mode,
         "t_step_terms": t_step_terms,
@@ -91,7 +93,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
         "provenance": _provenance(result.records),
         # Read now, while the input paths resolve: the Vidur export may run from another directory.
         STORED_KEYS: profile_keys_at_fit(result.records),
-        **(extra_meta or {}),
+        **extra_meta,
     }
     return TableMeta.from_dict(meta).write(directory)
 

@@ -82,8 +82,9 @@ def fit_tables(options: FitOptions) -> None:
     dtype = normalise_dtype(options.dtype) if options.dtype else (dtypes_for(spec) if spec else None)
     # With a model, only the ops its T_step is composed of (unless --ops says otherwise).
     ops = options.ops or (composed_ops(spec, parallelism) if spec else None)
-    records = select_records(load_profiles(options.profile, options.format), device=options.device,
+    records = select_records(load_profiles(options.profile, options.format, spec, options.tp), device=options.device,
                              dtype=dtype, tp=options.tp, ops=ops)
+    imported = _import_meta(records, options)
     profile_speed_probes(records)   # each profile's meta.json read now: one of a newer schema is refused before fitting
     records, slowed = without_slowed_servings(records, options.noise)
     if slowed:
@@ -92,7 +93,7 @@ def fit_tables(options: FitOptions) -> None:
     roofline_device(records, options.device_spec)  # --device-spec against the profiles' own device, before fitting
     holdout = None
     if options.holdout:
-        holdout = select_records(load_profiles([options.holdout], options.format), device=options.device,
+        holdout = select_records(load_profiles([options.holdout], options.format, spec, options.tp), device=options.device,
                                  dtype=dtype, tp=options.tp)
     config = FitConfig(regressor=options.regressor, trials=options.trials, seed=options.seed,
                        storage=options.storage, timeout_s=options.timeout_s)
@@ -105,11 +106,22 @@ def fit_tables(options: FitOptions) -> None:
                             axes=Axes.default() if options.axes == "fixed" else None,
                             extra_meta={"inputs": [str(p) for p in options.profile], "holdout": options.holdout,
                                         **({"scatter": scatter} if scatter else {}),
-                                        **({"slowed_servings": [s.to_dict() for s in slowed]} if slowed else {})})
+                                        **({"slowed_servings": [s.to_dict() for s in slowed]} if slowed else {}),
+                                        **imported})
         plot = _plot(result, staging)
     if not options.no_mlflow:
         meta = _track(options, result, out, meta, plot and out / plot.name)
     _report(result, meta, out, time.perf_counter() - started)
+
+
+def _import_meta(records, options: FitOptions) -> dict:
+    """meta.json's account of an LLMServingSim bundle's import (which file each term came from,
+    what was left out); nothing for other formats."""
+    if options.format != "llmservingsim":
+        return {}
+    from stepcal.costmodel.importers.llmservingsim import bundle_meta  # lazy: loads numpy, pandas
+    account = bundle_meta(records, options.profile, options.tp)
+    return {"llmservingsim": {"term_files": account["term_files"]}, "notes": account["notes"]}
 
 
 def without_slowed_servings(records, noise=None):

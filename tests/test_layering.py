@@ -13,13 +13,13 @@ FIRST_PARTY = ("core", "simulator", "costmodel", "profiler", "experiments")   # 
 
 # What each package may import besides the standard library and itself, lowest floor first. tqdm
 # draws progress bars; pyarrow and joblib are the file formats of pandas and sklearn, threadpoolctl
-# is how sklearn's thread count is pinned.
+# is how sklearn's thread count is pinned; yaml reads LLMServingSim's meta.yaml.
 DATA = {"numpy", "pandas", "pyarrow", "tqdm"}
 ALLOWED = {
     "core": DATA,
     "simulator": {"core", *DATA},
     "costmodel": {"core", "simulator", *DATA, "sklearn", "scipy", "optuna", "mlflow", "joblib", "threadpoolctl",
-                  "matplotlib"},
+                  "matplotlib", "yaml"},
     "profiler": {"core", "simulator", *DATA, "torch"},
     "experiments": None,   # everything
 }

@@ -11,9 +11,9 @@ import pandas as pd
 
 from stepcal.core.errors import InputError
 from stepcal.core.readers import check_text, one_line, read_parquet
-from stepcal.costmodel.importers import aiconfigurator, native, splitwise, vidur
+from stepcal.costmodel.importers import aiconfigurator, llmservingsim, native, splitwise, vidur
 
-FORMATS = ("auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise")
+FORMATS = ("auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise", "llmservingsim")
 _IMPORTERS = {
     "profile": native.import_profile,
     "steplog": native.import_step_log,
@@ -23,10 +23,15 @@ _IMPORTERS = {
 }
 
 
-def load_profiles(paths, fmt: str = "auto") -> pd.DataFrame:
-    """All records of all paths, concatenated; `row` is the row number within its own file."""
+def load_profiles(paths, fmt: str = "auto", spec=None, tp: int | None = None) -> pd.DataFrame:
+    """All records of all paths, concatenated; `row` is the row number within its own file. An
+    LLMServingSim bundle (a directory) is shaped by the ModelSpec `spec` and read at degree `tp`."""
     if fmt not in FORMATS:
         raise InputError(f"--format: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    if fmt == "llmservingsim":
+        if not paths:
+            raise InputError("--profile: no input files")
+        return pd.concat([llmservingsim.import_bundle(Path(p), spec, tp) for p in paths], ignore_index=True)
     frames = []
     for path in _expand(paths):
         frames.append(load_file(path, fmt))
@@ -94,7 +99,8 @@ def _expand(paths) -> list[Path]:
             found = [table] if table else aiconfigurator.table_files(path)
             if not found:
                 raise InputError(f"{path}: directory holds neither profile.parquet nor AIConfigurator "
-                                 f"tables ({', '.join(aiconfigurator.TABLES)})")
+                                 f"tables ({', '.join(aiconfigurator.TABLES)}); an LLMServingSim bundle needs "
+                                 f"--format llmservingsim")
             out.extend(found)
         else:
             out.append(path)

@@ -38,8 +38,9 @@ def _add_input_flags(p) -> None:
     p.add_argument("--profile", nargs="+", required=True, metavar="PATH",
                    help="profile files or directories (several are combined)")
     p.add_argument("--format", default="auto",
-                   choices=["auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise"],
-                   help="input format (auto: detect from the columns)")
+                   choices=["auto", "profile", "steplog", "vidur", "aiconfigurator", "splitwise", "llmservingsim"],
+                   help="input format (auto: detect from the columns; llmservingsim: a bundle directory, "
+                        "the one holding meta.yaml or a tp<N> folder in it, read with --model-spec)")
     p.add_argument("--model-spec", default=None, metavar="NAME",
                    help="preset, JSON/TOML ModelSpec, or a Hugging Face config.json (or its directory); "
                         "needed to compose T_step from per-operator profiles (without it they are fitted "
