@@ -72,6 +72,8 @@ def arrivals_s(process: ArrivalProcess, rng: np.random.Generator, *,
     # Unknown count: draw gaps in chunks until the clock passes duration_s.
     times = np.zeros(1)
     chunk = int(process.rate_rps * duration_s * 1.1) + 16
+    if num_requests is not None:    # n= ends it first: no need to draw the whole duration's gaps
+        chunk = min(chunk, num_requests + 16)
     while process.warp_s(times[-1:])[0] < duration_s and (num_requests is None or len(times) < num_requests):
         times = np.concatenate([times, times[-1] + np.cumsum(process.gaps_s(rng, chunk))])
     real = process.warp_s(times)

@@ -149,7 +149,7 @@ def _bounded(minimum: float, maximum: float, *, allow_minimum: bool = False, why
     """A parser of a float in (minimum, maximum] ([minimum, maximum] with allow_minimum); `why` says whence the range."""
     def parse(value: str, where: str) -> float:
         try:
-            number = float(value)
+            number = float(value) + 0.0    # -0 as 0: numpy refuses a sigma of -0.0 as negative
         except ValueError:
             number = float("nan")
         low_ok = number >= minimum if allow_minimum else number > minimum

@@ -102,7 +102,8 @@ def non_negative(where: Where, series, column: str) -> np.ndarray:
 def span_s(where: Where, series, column: str, clock: np.ndarray, per_second: float = 1.0) -> np.ndarray:
     """A clock column (`per_second` ticks a second) as seconds since its first row; a row more than
     MAX_ARRIVAL_S after the first is refused (a unit mistake, or a stray epoch)."""
-    shifted = (clock - clock.min()) / per_second
+    with np.errstate(over="ignore"):   # a span past float range is refused just below
+        shifted = (clock - clock.min()) / per_second
     where.reject(series, column, shifted > MAX_ARRIVAL_S, f"is more than a year ({MAX_ARRIVAL_S:g} s, "
                  f"MAX_ARRIVAL_S, core.bounds) after the trace's first request")
     return shifted
