@@ -16,7 +16,22 @@ MAX_ARRIVAL_S = 366 * 24 * 3600.0          # one year of trace time
 MAX_REPLICAS = 10_000
 MAX_SEED = 2**63 - 1
 MAX_RATE_RPS = 1_000_000.0                 # requests per second into one deployment
+MIN_RATE_RPS = 1.0 / MAX_ARRIVAL_S         # one request a year: slower puts the 2nd arrival past a year
 MAX_TIME_MS = 3_600_000.0                  # an hour for one step or one SLO: larger is a unit mistake
+# Gamma arrivals have shape 1 / cv^2. Below cv 0.01 (shape 10^4) the gaps are already evenly spaced to
+# 1%, and cv -> 0 overflows the shape; above cv 10 (shape 0.01) almost every gap rounds to 0 and a few
+# hold the whole duration, so a duration= spec would draw chunk after chunk of near-zero gaps.
+MIN_GAMMA_CV = 0.01
+MAX_GAMMA_CV = 10.0
+# A lognormal length of mean M and sigma s has median M * exp(-s^2 / 2): at s = 3 that is M / 90, and
+# past it the clamp to [1, MAX] swallows most draws (s = 1000 makes every length 1 token), so the
+# lengths no longer have the mean asked for. Measured prompt/output lengths have s of about 0.5-2.
+MAX_LOGNORMAL_SIGMA = 3.0
+MAX_TURNS_PER_SESSION = 10_000             # a chat far longer than any logged; sessions are Python loops
+# Prefix hash ids a generated trace may hold in all (one per 16-token block of every prompt): each is a
+# Python int in a per-request list (~36 bytes), so 50M of them is ~2 GB; long sessions with many
+# turns grow it quadratically (turn k repeats the ids of turns 0..k-1).
+MAX_PREFIX_IDS = 50_000_000
 
 
 def number(value, what: str, *, minimum: float = 0.0, strict: bool = True,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stepcal.core.bounds import MAX_ARRIVAL_S, MAX_TOKENS_PER_REQUEST
 from stepcal.core.errors import InputError
 from stepcal.core.trace import Trace
 from stepcal.core.workload.readers import read_trace
@@ -71,6 +72,8 @@ def arrivals_s(process: ArrivalProcess, rng: np.random.Generator, *,
     # Unknown count: draw gaps in chunks until the clock passes duration_s.
     times = np.zeros(1)
     chunk = int(process.rate_rps * duration_s * 1.1) + 16
+    if num_requests is not None:    # n= ends it first: no need to draw the whole duration's gaps
+        chunk = min(chunk, num_requests + 16)
     while process.warp_s(times[-1:])[0] < duration_s and (num_requests is None or len(times) < num_requests):
         times = np.concatenate([times, times[-1] + np.cumsum(process.gaps_s(rng, chunk))])
     real = process.warp_s(times)
@@ -152,27 +155,47 @@ def generate(spec: WorkloadSpec) -> Trace:
     """Sample the workload: arrivals first, then lengths, all from one seeded Generator. With a
     shared system prompt or sessions, the arrivals start sessions (core.workload.sessions)."""
     rng = np.random.default_rng(spec.seed)
-    arrival = arrivals_s(spec.process, rng, num_requests=spec.num_requests, duration_s=spec.duration_s)
+    label = f"generator spec {spec.text!r}"
+    with np.errstate(over="ignore"):   # an overflowing clock is reported below, by parameter
+        arrival = arrivals_s(spec.process, rng, num_requests=spec.num_requests, duration_s=spec.duration_s)
+    _check_arrivals(label, spec.process, arrival)
     if spec.system is not None or spec.sessions is not None:
-        return session_trace(arrival, lambda n: _sample(spec.prompt, "num_prompt_tokens", rng, n),
-                             lambda n: _sample(spec.output, "num_output_tokens", rng, n), rng,
+        return session_trace(arrival, lambda n: _sample(spec.prompt, "prompt", rng, n, label),
+                             lambda n: _sample(spec.output, "output", rng, n, label), rng,
                              system=spec.system, sessions=spec.sessions, source=spec.text)
-    prompt, output = _lengths(spec.prompt, spec.output, rng, len(arrival))
+    prompt, output = _lengths(spec.prompt, spec.output, rng, len(arrival), label)
     return Trace.from_arrays(arrival, prompt, output, source=spec.text)
 
 
-def _lengths(prompt_dist, output_dist, rng, size):
+def _check_arrivals(label: str, process: ArrivalProcess, arrival: np.ndarray) -> None:
+    """Arrivals past MAX_ARRIVAL_S (or overflowed) come from the process's parameters: name them."""
+    late = ~(arrival <= MAX_ARRIVAL_S)    # NaN and inf too
+    if late.any():
+        row = int(np.flatnonzero(late)[0])
+        knobs = {Poisson: "rate=", Gamma: "rate= and cv=", OnOff: "rate=, on= and off="}[type(process)]
+        raise InputError(f"{label}: arrival {row + 1} falls at {arrival[row]:.3g} s, past a year "
+                         f"(MAX_ARRIVAL_S, core.bounds): {knobs} spread n= requests over more than a "
+                         f"year; raise rate= or give fewer requests")
+
+
+def _lengths(prompt_dist, output_dist, rng, size, label: str):
     if isinstance(prompt_dist, Empirical) and prompt_dist == output_dist:
         # One source for both: resample (prompt, output) pairs, keeping their correlation.
         source = prompt_dist.load()
         index = rng.integers(0, len(source), size)
         return source.num_prompt_tokens[index], source.num_output_tokens[index]
-    return (_sample(prompt_dist, "num_prompt_tokens", rng, size),
-            _sample(output_dist, "num_output_tokens", rng, size))
+    return (_sample(prompt_dist, "prompt", rng, size, label),
+            _sample(output_dist, "output", rng, size, label))
 
 
-def _sample(dist, column: str, rng, size):
+def _sample(dist, key: str, rng, size, label: str):
+    """`size` lengths of the prompt= or output= distribution (`key`), each within MAX_TOKENS_PER_REQUEST."""
     if isinstance(dist, Empirical):
-        values = getattr(dist.load(), column)
+        values = getattr(dist.load(), f"num_{key}_tokens")    # the reader bounds them
         return values[rng.integers(0, len(values), size)]
-    return dist.sample(rng, size)
+    values = dist.sample(rng, size)
+    if len(values) and values.max() > MAX_TOKENS_PER_REQUEST:
+        raise InputError(f"{label}: {key}= drew a {int(values.max()):,}-token length, past "
+                         f"{MAX_TOKENS_PER_REQUEST:,} (MAX_TOKENS_PER_REQUEST, core.bounds): give lognormal "
+                         f"its MAX (lognormal:MEAN:SIGMA:MAX) or a smaller MEAN or SIGMA")
+    return values

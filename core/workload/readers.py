@@ -15,7 +15,7 @@ import numpy as np
 from stepcal.core.errors import InputError, shown
 from stepcal.core.readers import check_text, one_line, read_parquet
 from stepcal.core.trace import PREFIX_BLOCK_TOKENS, REQUIRED_COLUMNS, Trace
-from stepcal.core.workload import validate
+from stepcal.core.workload import session_checks, validate
 from stepcal.core.workload.validate import Where
 
 TRACE_FORMATS = ("stepcal", "azure", "mooncake", "vidur")
@@ -173,7 +173,10 @@ def _read_stepcal(where: Where, table, block_tokens: int) -> Trace:
         if name in table.columns:
             optional[name] = validate.ints(where, table[name], name)
     if "think_time_s" in table.columns:   # empty: an open-loop request, sent at its arrival_s
-        optional["think_time_s"] = validate.numbers(where, table["think_time_s"], "think_time_s", allow_missing=True)
+        think = validate.numbers(where, table["think_time_s"], "think_time_s", allow_missing=True)
+        optional["think_time_s"] = session_checks.think_times(where, table["think_time_s"], think)
+    session_checks.check_sessions(where, table.index, arrival, optional.get("session_id"), optional.get("turn"),
+                                  optional.get("think_time_s"))
     hashes = None
     if "prefix_hash_ids" in table.columns:
         hashes = _hash_lists(where, table["prefix_hash_ids"], "prefix_hash_ids", prompt, block_tokens)
@@ -184,6 +187,7 @@ def _read_stepcal(where: Where, table, block_tokens: int) -> Trace:
 def _read_azure(where: Where, table, block_tokens: int) -> Trace:
     validate.require_columns(where, table.columns, AZURE_COLUMNS, "azure")
     arrival = validate.seconds_since_first(where, table["TIMESTAMP"], "TIMESTAMP")
+    arrival = validate.span_s(where, table["TIMESTAMP"], "TIMESTAMP", arrival)
     prompt = validate.positive_ints(where, table["ContextTokens"], "ContextTokens")
     output = validate.positive_ints(where, table["GeneratedTokens"], "GeneratedTokens")
     return _build(where, arrival, prompt, output, block_tokens=block_tokens)
@@ -197,7 +201,7 @@ def _read_mooncake(where: Where, table, block_tokens: int) -> Trace:
     hashes = None
     if "hash_ids" in table.columns:
         hashes = _hash_lists(where, table["hash_ids"], "hash_ids", prompt, block_tokens)
-    arrival = (timestamp_ms - timestamp_ms.min()) / 1000.0
+    arrival = validate.span_s(where, table["timestamp"], "timestamp", timestamp_ms, per_second=1000.0)
     return _build(where, arrival, prompt, output, hashes=hashes, block_tokens=block_tokens)
 
 
@@ -206,7 +210,8 @@ def _read_vidur(where: Where, table, block_tokens: int) -> Trace:
     arrived = validate.numbers(where, table["arrived_at"], "arrived_at")
     prompt = validate.positive_ints(where, table["num_prefill_tokens"], "num_prefill_tokens")
     output = validate.positive_ints(where, table["num_decode_tokens"], "num_decode_tokens")
-    return _build(where, arrived - arrived.min(), prompt, output, block_tokens=block_tokens)
+    arrival = validate.span_s(where, table["arrived_at"], "arrived_at", arrived)
+    return _build(where, arrival, prompt, output, block_tokens=block_tokens)
 
 
 _READERS = {"stepcal": _read_stepcal, "azure": _read_azure, "mooncake": _read_mooncake,
@@ -243,6 +248,12 @@ def _hash_lists(where: Where, series, column: str, prompt: np.ndarray, block_tok
             raise where.error(label, column, f"must be a list of integers, got {_short(cell)}") from None
         if any(i < 0 or i > MAX_HASH_ID for i in ids):
             raise where.error(label, column, f"must hold ids in [0, 2^63), got {_short(cell)}")
+        if len(set(ids)) != len(ids):
+            # An id stands for a block and every block before it, so one chain cannot hold an id twice
+            # (Mooncake's hash_ids are chained the same way; its conversation trace repeats none).
+            repeated = next(i for i in ids if ids.count(i) > 1)
+            raise where.error(label, column, f"repeats id {repeated}: an id stands for its block and all "
+                              f"before it, so a prompt's chain holds each id once; got {_short(cell)}")
         num_blocks = -(-num_prompt_tokens // block_tokens)
         if len(ids) > num_blocks:
             raise where.error(label, column, f"has {len(ids)} ids, more than the {num_blocks} blocks of "

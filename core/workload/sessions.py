@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stepcal.core.bounds import MAX_ARRIVAL_S, MAX_PREFIX_IDS, MAX_REQUESTS, MAX_TOKENS_PER_REQUEST
+from stepcal.core.errors import InputError
 from stepcal.core.trace import PREFIX_BLOCK_TOKENS, Trace
 
 
@@ -50,11 +52,16 @@ def session_trace(arrival_s: np.ndarray, user_tokens, output_tokens, rng: np.ran
     """The trace of sessions starting at arrival_s. user_tokens(size) and output_tokens(size) sample
     lengths; with sessions None every session has one turn."""
     num_sessions = len(arrival_s)
+    label = f"generator spec {source!r}"
     turns = np.ones(num_sessions, dtype=np.int64) if sessions is None else sessions.turns.sample(rng, num_sessions)
     total = int(turns.sum())
+    if total > MAX_REQUESTS:
+        raise InputError(f"{label}: {num_sessions:,} sessions of turns= make {total:,} requests; at most "
+                         f"{MAX_REQUESTS:,} (MAX_REQUESTS, core.bounds): fewer sessions or turns")
     user, output = user_tokens(total), output_tokens(total)
     think = rng.exponential(sessions.think_s, total) if sessions is not None and sessions.think_s > 0 \
         else np.zeros(total)
+    _check_sizes(label, arrival_s, turns, user, output, think, system.num_tokens if system is not None else 0)
     which_system = rng.integers(0, system.num_systems, num_sessions) if system is not None else None
     ids = _Ids()
     system_ids = [ids.take(system.num_tokens // PREFIX_BLOCK_TOKENS) for _ in range(system.num_systems)] \
@@ -77,6 +84,34 @@ def session_trace(arrival_s: np.ndarray, user_tokens, output_tokens, rng: np.ran
     return Trace.from_arrays(np.asarray(rows["arrival_s"])[order], np.asarray(rows["prompt"])[order],
                              output[order], source=source,
                              prefix_hash_ids=[rows["hashes"][i] for i in order.tolist()], **columns)
+
+
+def _check_sizes(label: str, arrival_s, turns, user, output, think, system_tokens: int) -> None:
+    """Refuse, before any id list is built, a turn whose prompt (system prompt, earlier turns and
+    its own user part) passes MAX_TOKENS_PER_REQUEST, ids past MAX_PREFIX_IDS in all, or a turn
+    whose arrival (open loop) or earliest send (closed loop: the think times alone) passes a year."""
+    first = np.concatenate(([0], np.cumsum(turns)[:-1]))        # each session's first row
+    def within(values):   # running sum of values within each session, row by row
+        running = np.cumsum(values)
+        return running - np.repeat(running[first] - values[first], turns)
+    prompt = system_tokens + within(user) + within(output) - output
+    if prompt.max() > MAX_TOKENS_PER_REQUEST:
+        row = int(np.argmax(prompt > MAX_TOKENS_PER_REQUEST))
+        turn = row - int(first[np.searchsorted(first, row, side="right") - 1])
+        raise InputError(f"{label}: turn {turn} of a session has a {int(prompt[row]):,}-token prompt (system= "
+                         f"plus every earlier turn's prompt= part and output=), past {MAX_TOKENS_PER_REQUEST:,} "
+                         f"(MAX_TOKENS_PER_REQUEST, core.bounds): fewer turns= or shorter prompt=/output=")
+    num_ids = int((-(-prompt // PREFIX_BLOCK_TOKENS)).sum())
+    if num_ids > MAX_PREFIX_IDS:
+        raise InputError(f"{label}: its prompts hold {num_ids:,} prefix blocks of {PREFIX_BLOCK_TOKENS} tokens "
+                         f"(turn k repeats turns 0..k-1), past {MAX_PREFIX_IDS:,} ids (MAX_PREFIX_IDS, core.bounds): "
+                         f"fewer sessions or turns=, or shorter prompt=/output=")
+    think = think.copy()
+    think[first] = 0.0
+    latest = np.repeat(arrival_s, turns) + within(think)
+    if not latest.max() <= MAX_ARRIVAL_S:
+        raise InputError(f"{label}: think= times put a turn at {latest.max():.3g} s or later, past a year "
+                         f"(MAX_ARRIVAL_S, core.bounds): a shorter think= or fewer turns=")
 
 
 def _add_session(rows: dict, ids: _Ids, session: int, start_s: float, system_tokens: int, system_ids,

@@ -12,9 +12,21 @@ Grammar (explained for users in `stepcal trace generate --help`):
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
-from stepcal.core.bounds import MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST
+from stepcal.core.bounds import (
+    MAX_ARRIVAL_S,
+    MAX_GAMMA_CV,
+    MAX_LOGNORMAL_SIGMA,
+    MAX_RATE_RPS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_TOKENS_PER_REQUEST,
+    MAX_TURNS_PER_SESSION,
+    MIN_GAMMA_CV,
+    MIN_RATE_RPS,
+)
 from stepcal.core.errors import InputError
 from stepcal.core.workload.generators import (
     Empirical,
@@ -44,7 +56,7 @@ class PartialSpec:
         """Fill what the spec left out from the flags (`rate_rps` overrides rate=) and build it."""
         p = dict(self.params)
         if rate_rps is not None:
-            p["rate"] = rate_rps
+            p["rate"] = _rate(str(rate_rps), "--rate")
         if num_requests is not None and "n" not in p and "duration" not in p:
             p["n"] = num_requests
         if duration_s is not None and "n" not in p and "duration" not in p:
@@ -112,6 +124,9 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
     if "n" not in p and rate * p["duration"] > MAX_REQUESTS:
         raise InputError(f"{label} {text!r}: rate x duration asks for ~{rate * p['duration']:.3g} requests; "
                          f"at most {MAX_REQUESTS:,} (core.bounds)")
+    if p.get("duration", 0.0) > MAX_ARRIVAL_S:   # after the request count, the likelier mistake
+        raise InputError(f"{label} {text!r}: duration={p['duration']:g} s is past a year "
+                         f"({MAX_ARRIVAL_S:g} s, MAX_ARRIVAL_S, core.bounds)")
     if "lengths" in p:
         prompt = output = p["lengths"]
     else:
@@ -130,24 +145,30 @@ def _build(process: str, p: dict, text: str, label: str) -> WorkloadSpec:
 
 # ---- values ----
 
-def _positive_float(value: str, where: str) -> float:
-    return _float(value, where, allow_zero=False)
+def _bounded(minimum: float, maximum: float, *, allow_minimum: bool = False, why: str = "core.bounds"):
+    """A parser of a float in (minimum, maximum] ([minimum, maximum] with allow_minimum); `why` says whence the range."""
+    def parse(value: str, where: str) -> float:
+        try:
+            number = float(value) + 0.0    # -0 as 0: numpy refuses a sigma of -0.0 as negative
+        except ValueError:
+            number = float("nan")
+        low_ok = number >= minimum if allow_minimum else number > minimum
+        if not (low_ok and number <= maximum):    # NaN fails both
+            kind = "a non-negative number" if allow_minimum and minimum == 0 else "a positive number"
+            low = f"from {minimum:.3g} " if minimum > 0 else ""
+            bound = f"; the range is {low}up to {maximum:g} ({why})" if maximum < sys.float_info.max else ""
+            raise InputError(f"{where}: must be {kind}, got {value!r}{bound}")
+        return number
+    return parse
 
 
-def _non_negative_float(value: str, where: str) -> float:
-    return _float(value, where, allow_zero=True)
-
-
-def _float(value: str, where: str, allow_zero: bool) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = float("nan")
-    ok = number >= 0 if allow_zero else number > 0
-    if not ok or number == float("inf"):
-        kind = "a non-negative number" if allow_zero else "a positive number"
-        raise InputError(f"{where}: must be {kind}, got {value!r}")
-    return number
+_rate = _bounded(MIN_RATE_RPS, MAX_RATE_RPS, allow_minimum=True, why="requests per second, core.bounds")
+_mean_tokens = _bounded(0.0, MAX_TOKENS_PER_REQUEST, why="tokens, MAX_TOKENS_PER_REQUEST, core.bounds")
+_seconds = _bounded(0.0, MAX_ARRIVAL_S, why="a year at most, core.bounds")
+_non_negative_seconds = _bounded(0.0, MAX_ARRIVAL_S, allow_minimum=True, why="a year at most, core.bounds")
+_sigma = _bounded(0.0, MAX_LOGNORMAL_SIGMA, allow_minimum=True,
+                  why="sigma of the underlying normal; past 3 the clamp to [1, MAX] swallows most lengths, "
+                      "core.bounds")
 
 
 def _int(value: str, where: str, minimum: int, maximum: int = MAX_TOKENS_PER_REQUEST) -> int:
@@ -184,7 +205,7 @@ def _distribution(value: str, where: str):
             raise InputError(f"{where}: uniform needs LO <= HI, got {lo} > {hi}")
         return Uniform(lo, hi)
     maximum = _int(args[2], where, 1) if len(args) == 3 else None
-    return LogNormal(_positive_float(args[0], where), _non_negative_float(args[1], where), maximum)
+    return LogNormal(_mean_tokens(args[0], where), _sigma(args[1], where), maximum)
 
 
 def _empirical_only(value: str, where: str):
@@ -203,8 +224,8 @@ def _turns(value: str, where: str):
     dist = _distribution(value, where)
     if not isinstance(dist, (Fixed, Uniform)):
         raise InputError(f"{where}: turns= takes fixed:N or uniform:LO:HI")
-    if (dist.num_tokens if isinstance(dist, Fixed) else dist.hi) > 10_000:
-        raise InputError(f"{where}: at most 10,000 turns per session")
+    if (dist.num_tokens if isinstance(dist, Fixed) else dist.hi) > MAX_TURNS_PER_SESSION:
+        raise InputError(f"{where}: at most {MAX_TURNS_PER_SESSION:,} turns per session (core.bounds)")
     return dist
 
 
@@ -216,9 +237,10 @@ def _loop(value: str, where: str) -> str:
 
 
 _VALUE_PARSERS = {
-    "rate": _positive_float, "cv": _positive_float, "on": _positive_float,
-    "off": _non_negative_float, "duration": _positive_float,
+    "rate": _rate,
+    "cv": _bounded(MIN_GAMMA_CV, MAX_GAMMA_CV, allow_minimum=True, why="CV of the gaps, core.bounds"),
+    "on": _seconds, "off": _non_negative_seconds, "duration": _bounded(0.0, sys.float_info.max),   # bounded in _build
     "n": lambda v, w: _int(v, w, 1, MAX_REQUESTS), "seed": lambda v, w: _int(v, w, 0, MAX_SEED),
     "prompt": _distribution, "output": _distribution, "lengths": _empirical_only,
-    "system": _system, "turns": _turns, "think": _non_negative_float, "loop": _loop,
+    "system": _system, "turns": _turns, "think": _non_negative_seconds, "loop": _loop,
 }

@@ -75,7 +75,14 @@ def positive_ints(where: Where, series, column: str) -> np.ndarray:
 
 
 def ints(where: Where, series, column: str) -> np.ndarray:
-    """The column as int64 (ids, priorities)."""
+    """The column as int64 (ids, priorities). An integer column (Parquet, or CSV that pandas read as
+    int64) is taken as it is: through float64 an id past 2^53 would lose its last digits."""
+    import pandas as pd  # lazy: loads pandas
+    if pd.api.types.is_integer_dtype(series.dtype) and not series.isna().any():
+        values = series.to_numpy()
+        if values.dtype.kind == "u":    # uint64 past 2^63 - 1 would wrap in int64
+            where.reject(series, column, values > np.iinfo(np.int64).max, "is too large for a 64-bit id")
+        return values.astype(np.int64)
     values = numbers(where, series, column)
     where.reject(series, column, values != np.round(values), "must be a whole number")
     # Past 2^53 a float no longer holds every integer, and past 2^63 int64 wraps around.
@@ -90,6 +97,16 @@ def non_negative(where: Where, series, column: str) -> np.ndarray:
     where.reject(series, column, values > MAX_ARRIVAL_S, f"must be at most {MAX_ARRIVAL_S:g} s (a year; "
                  f"core.bounds): seconds expected, not milliseconds or an epoch")
     return values
+
+
+def span_s(where: Where, series, column: str, clock: np.ndarray, per_second: float = 1.0) -> np.ndarray:
+    """A clock column (`per_second` ticks a second) as seconds since its first row; a row more than
+    MAX_ARRIVAL_S after the first is refused (a unit mistake, or a stray epoch)."""
+    with np.errstate(over="ignore"):   # a span past float range is refused just below
+        shifted = (clock - clock.min()) / per_second
+    where.reject(series, column, shifted > MAX_ARRIVAL_S, f"is more than a year ({MAX_ARRIVAL_S:g} s, "
+                 f"MAX_ARRIVAL_S, core.bounds) after the trace's first request")
+    return shifted
 
 
 def seconds_since_first(where: Where, series, column: str) -> np.ndarray:

@@ -36,14 +36,14 @@ slo_ttft_ms,slo_tpot_ms,prefix_hash_ids,prefix_block_tokens]), Azure LLM 2023 CS
 the format is detected from the columns or forced with --trace-format. Imported traces start at 0 s.
 
 Generator spec: PROCESS:KEY=VALUE,KEY=VALUE,...
-  PROCESS    poisson | gamma (cv=X: CV of inter-arrival times, 1 = Poisson, >1 bursty)
+  PROCESS    poisson | gamma (cv=X: CV of inter-arrival times, 0.01 to 10; 1 = Poisson, >1 bursty)
              | onoff (on=S,off=S: Poisson at rate= for on= seconds, then off= seconds of silence)
   rate=RPS   request rate while arriving (requests/s); --rate overrides it
   n=INT, duration=SECONDS   size (one or both; with both, whichever ends first)
   seed=INT   random seed (default: --seed, 0)
   prompt=DIST, output=DIST  independent length distributions, DIST one of
              fixed:N | uniform:LO:HI (inclusive) | lognormal:MEAN:SIGMA[:MAX] (mean in tokens,
-             sigma of the underlying normal, clamped to [1, MAX]) | empirical:PATH (resampled
+             sigma of the underlying normal, at most 3, clamped to [1, MAX]) | empirical:PATH (resampled
              from a trace file; the same file for both resamples (prompt, output) pairs)
   lengths=empirical:PATH    both lengths, as pairs, from one trace file
   system=TOKENS[:COUNT]     a shared system prompt of TOKENS in front of every prompt, one of
@@ -55,7 +55,9 @@ Generator spec: PROCESS:KEY=VALUE,KEY=VALUE,...
   loop=closed|open  closed (default): a turn is sent a think time after the previous answer
              finished (the simulator releases it; columns session_id, turn, think_time_s);
              open: a think time after the previous turn was sent
-  Reuse is written as prefix_hash_ids of 16-token blocks.
+  Reuse is written as prefix_hash_ids of 16-token blocks. A spec whose prompts (system prompt
+  and earlier turns included) would pass 10M tokens, or whose arrivals would pass a year, is
+  refused, naming the parameter, before anything is written (limits: stepcal.core.bounds).
 Examples:
   poisson:rate=5,n=1000,prompt=lognormal:512:1.0,output=uniform:16:256,seed=0
   gamma:rate=5,cv=3,duration=600,prompt=fixed:1024,output=fixed:128

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.core.bounds import MAX_TOKENS_PER_REQUEST
+from stepcal.core.bounds import MAX_ARRIVAL_S, MAX_TIME_MS, MAX_TOKENS_PER_REQUEST
 from stepcal.core.errors import InputError
 from stepcal.core.measured_run import Repeat, write_measured_run
 from stepcal.core.metrics import clean_json, request_metrics, summarize
@@ -83,9 +83,11 @@ def read_vllm_bench(path: str | Path) -> VllmBench:
     ok_zero = np.flatnonzero((output == 0) & ~failed)
     if len(ok_zero):
         raise InputError(f"{path}: 'output_lens'[{ok_zero[0]}] is 0 for a request without an error")
-    ttft = _time_list(path, "ttfts", data["ttfts"], allow_none=failed)
+    ttft = _time_list(path, "ttfts", data["ttfts"], allow_none=failed, maximum_s=MAX_ARRIVAL_S)
     ttft[failed] = np.nan
-    itls = [np.zeros(0) if failed[i] else _time_list(path, f"itls[{i}]", v) for i, v in enumerate(data["itls"])]
+    itls = [np.zeros(0) if failed[i] else _time_list(path, f"itls[{i}]", v, maximum_s=MAX_TIME_MS / 1000)
+            for i, v in enumerate(data["itls"])]
+    _check_gap_counts(path, output, itls)
     totals = {k: data[k] for k in TOTALS_KEYS if k in data}
     arrival, source, warnings = _arrivals(path, data, n)
     warnings = warnings + _sparse_gap_warnings(output, itls, failed)
@@ -125,8 +127,18 @@ def _sparse_gap_warnings(output: np.ndarray, itls: list, failed: np.ndarray) -> 
             f"span the whole decode"]
 
 
-def _time_list(path: Path, key: str, values, allow_none: np.ndarray | None = None) -> np.ndarray:
-    """Seconds, finite and non-negative; None (or anything) is tolerated where allow_none[i]."""
+def _check_gap_counts(path: Path, output: np.ndarray, itls: list) -> None:
+    """A request of N output tokens streams at most N - 1 gaps after its first token; N are tolerated
+    (a tokenizer may count one token fewer than the chunks it arrived in), more are a mismatched file."""
+    for i, gaps in enumerate(itls):
+        if len(gaps) > output[i]:
+            raise InputError(f"{path}: 'itls'[{i}] has {len(gaps)} inter-token gaps but 'output_lens'[{i}] is "
+                             f"{output[i]} tokens: more gaps than tokens (lists from different runs?)")
+
+
+def _time_list(path: Path, key: str, values, allow_none: np.ndarray | None = None,
+               maximum_s: float = MAX_ARRIVAL_S) -> np.ndarray:
+    """Seconds, finite, non-negative and at most maximum_s; None (or anything) is tolerated where allow_none[i]."""
     if not isinstance(values, list):
         raise InputError(f"{path}: {key!r} must be a list of seconds, got {type(values).__name__}")
     out = np.full(len(values), np.nan)
@@ -137,6 +149,9 @@ def _time_list(path: Path, key: str, values, allow_none: np.ndarray | None = Non
             raise InputError(f"{path}: {key!r}[{i}] must be a number of seconds, got {v!r}")
         if v < 0:
             raise InputError(f"{path}: {key!r}[{i}] is negative ({v!r} s)")
+        if v > maximum_s:   # larger is a unit mistake, and their sums would overflow
+            raise InputError(f"{path}: {key!r}[{i}] is {v!r} s, more than {maximum_s:g} s (core.bounds): "
+                             f"seconds expected")
         out[i] = v
     return out
 
@@ -145,8 +160,13 @@ def _arrivals(path: Path, data: dict, n: int) -> tuple[np.ndarray, str, list[str
     """Arrival times: start_times when the bench recorded them, else evenly spaced at request_rate,
     else all at 0; the choice is recorded in meta.json because it changes what validate replays."""
     if "start_times" in data:
-        start = _time_list(path, "start_times", data["start_times"])
-        return start - start.min(), "start_times", []
+        start = _time_list(path, "start_times", data["start_times"], maximum_s=np.inf)
+        span = start - start.min()
+        if span.max() > MAX_ARRIVAL_S:
+            i = int(np.argmax(span))
+            raise InputError(f"{path}: 'start_times'[{i}] is {span[i]:.3g} s after the first request, more than a "
+                             f"year (MAX_ARRIVAL_S, core.bounds)")
+        return span, "start_times", []
     rate = _rate(data.get("request_rate"))
     concurrency = data.get("max_concurrency")
     limit = f"; the bench's max_concurrency {concurrency} is not replayed" if concurrency else ""
