@@ -1,4 +1,8 @@
-"""KV cache size as vLLM's V1 engine sets it at start-up (vLLM 0.10 to 0.19, CUDA, one KV cache group).
+"""KV cache size as vLLM's V1 engine sets it at start-up (CUDA, one KV cache group).
+
+Read from vLLM's V1 worker and model runner as they stand from about 0.11 (MemorySnapshot taken
+after NCCL, memory_profiling in vllm/utils/mem_utils.py) up to the 0.19 line the reference runs
+used; earlier V1 releases subtracted the same three terms, measured slightly differently.
 
 vLLM's worker (vllm/v1/worker/gpu_worker.py, Worker.determine_available_memory) takes a
 MemorySnapshot after the CUDA context and NCCL are up, asks for `requested = total memory x
@@ -15,8 +19,9 @@ tensor-parallel workers (all equal here). So one block costs
 
 What is not subtracted: CUDA graphs are captured after the cache is allocated
 (Worker.compile_or_warm_up_model), out of the (1 - utilisation) headroom, unless the engine
-estimates their memory while profiling (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, off by default
-up to 0.19); `cuda_graph_bytes` takes that share where it is on. The 150 MiB "redundancy buffer"
+estimates their memory while profiling (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, an opt-in in the
+releases read here); `cuda_graph_bytes` takes that share where it is on. Device memory is in GiB,
+as CUDA reports the total (torch.cuda.mem_get_info), which is a little under the datasheet's GB. The 150 MiB "redundancy buffer"
 appears only in vLLM's suggested --kv-cache-memory, not in the size it uses.
 """
 from __future__ import annotations
@@ -27,11 +32,15 @@ from stepcal.core.errors import InputError
 from stepcal.core.model_spec import DTYPE_BYTES, ModelSpec, Parallelism
 
 GIB_BYTES = 2**30
-# Bytes per logit held at once by the dummy sampler run besides the logits themselves (in the
-# compute dtype): their fp32 copy (4), top-k/top-p's sorted values (4) and int64 indices (8), the softmax and
-# cumulative sum of the sorted values (4 + 4). vllm/v1/sample/sampler.py and
-# ops/topk_topp_sampler.py (torch-native path, FlashInfer sampler off, the default).
-SAMPLER_EXTRA_BYTES_PER_LOGIT = 24
+# Bytes per logit the dummy sampler run holds at its peak besides the logits themselves (in the
+# compute dtype). Its dummy metadata (GPUModelRunner._dummy_sampler_run) asks for temperature 0.5,
+# top-p 0.9 and top-k vocab - 1, so the torch-native path runs (vllm/v1/sample/sampler.py,
+# ops/topk_topp_sampler.py, apply_top_k_top_p): the fp32 copy of the logits (4), their sorted values
+# (4) and int64 sort indices (8), the top-k mask (1), the softmax of the sorted values whose cumulative
+# sum is taken in place (4) and the top-p mask (1). The softmax and exponential noise of the random
+# draw (4 + 4) come after the sort's tensors are freed. FlashInfer's sampler, where vLLM uses it,
+# holds less.
+SAMPLER_EXTRA_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 1
 # Non-torch memory that appears during weight loading and the profile run (CUDA kernels' modules
 # loaded on first use, cuBLAS/cuBLASLt handles; with tp > 1 also NCCL's and the custom
 # all-reduce's buffers). vLLM measures it; not derivable from the model, these are the typical

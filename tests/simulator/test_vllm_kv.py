@@ -20,9 +20,10 @@ def test_block_count_by_hand():
     # the product 128 per token) beats attention (QKV (4 + 2 x 2) x 16 and output 4 x 16 per token)
     forward = (3 * 100 * 64 + 3 * 100 * 128) * 2
     assert forward == 115_200
-    # sampler over 10 sequences: the forward's output 100 x 64 in bf16, logits 10 x 1000 x (2 + 24)
-    sampler = 100 * 64 * 2 + 10 * 1000 * 26
-    assert sampler == 272_800
+    # sampler over 10 sequences: the forward's output 100 x 64 in bf16, logits 10 x 1000 in bf16 and
+    # 22 bytes each besides (fp32 copy 4, sorted 4, int64 indices 8, top-k mask 1, softmax 4, top-p mask 1)
+    sampler = 100 * 64 * 2 + 10 * 1000 * (2 + 22)
+    assert sampler == 252_800
     non_torch = int(0.15 * GIB)
     block = 2 * 2 * 2 * 16 * 2 * 16          # K and V, layers, KV heads, head_dim, bf16, tokens
     budget = vllm_kv_budget(HAND, 16, 1.0, 0.5, Parallelism(), limits)
@@ -91,3 +92,35 @@ def test_weights_fit_where_the_vllm_sizing_refuses():
     # the case above: 16.8 GiB x 0.9 holds llama-3-8b's 15 GiB of weights and a few blocks, not
     # vLLM's profile run besides
     assert kv_blocks_from_memory(PRESETS["llama-3-8b"], 16, 16.8) > 0
+
+
+def _peak_blocks_held(requests_path, block_size=16, step_s=0.05):
+    """Most KV blocks the running requests of a measured vLLM run held at once: each holds its prompt
+    from scheduling and one more token per output token, spread evenly from first to last token."""
+    import numpy as np  # lazy: loads numpy
+
+    rows = [json.loads(line) for line in requests_path.read_text().splitlines() if line.strip()]
+    times = np.arange(min(r["scheduled_ts"] for r in rows), max(r["last_token_ts"] for r in rows), step_s)
+    blocks = np.zeros_like(times)
+    for r in rows:
+        done = np.clip((times - r["first_token_ts"]) / max(r["last_token_ts"] - r["first_token_ts"], 1e-9), 0, 1)
+        held = np.ceil((r["input_toks"] + done * r["output_toks"]) / block_size)
+        blocks += np.where((times >= r["scheduled_ts"]) & (times <= r["last_token_ts"]), held, 0)
+    return int(blocks.max())
+
+
+@pytest.mark.parametrize(("model", "spec", "tp"), [
+    ("Llama-3.1-8B", PRESETS["llama-3-8b"], 1),   # Llama 3.1 8B has Llama 3 8B's shape
+    ("Qwen3-32B", ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, qk_norm=True), 2),
+])
+def test_derived_cache_holds_what_the_real_runs_held(shared_data, model, spec, tp):
+    # RTX PRO 6000 Blackwell Server Edition: 96 GB; gpu_memory_utilization 0.9, block_size 16 and the
+    # engine limits as the runs' meta.json gives them. The runs record no KV usage (kv_cache_pct is 0
+    # throughout) and their running count is capped by max_num_seqs, so the check is one-sided: the
+    # derived cache must hold what the running requests held at the busiest moment.
+    run = shared_data / "runs/llmservingsim/RTXPRO6000" / model / "vllm"
+    engine = json.loads((run / "meta.json").read_text())["engine_kwargs"]
+    assert engine["tensor_parallel_size"] == tp
+    limits = VllmEngineLimits(engine["max_num_batched_tokens"], engine["max_num_seqs"])
+    derived = vllm_kv_blocks(spec, 16, 96, 0.9, Parallelism(tp=tp), limits)
+    assert derived > _peak_blocks_held(run / "requests.jsonl")
