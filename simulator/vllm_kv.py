@@ -36,11 +36,11 @@ GIB_BYTES = 2**30
 # compute dtype). Its dummy metadata (GPUModelRunner._dummy_sampler_run) asks for temperature 0.5,
 # top-p 0.9 and top-k vocab - 1, so the torch-native path runs (vllm/v1/sample/sampler.py,
 # ops/topk_topp_sampler.py, apply_top_k_top_p): the fp32 copy of the logits (4), their sorted values
-# (4) and int64 sort indices (8), the top-k mask (1), the softmax of the sorted values whose cumulative
-# sum is taken in place (4) and the top-p mask (1). The softmax and exponential noise of the random
-# draw (4 + 4) come after the sort's tensors are freed. FlashInfer's sampler, where vLLM uses it,
-# holds less.
-SAMPLER_EXTRA_BYTES_PER_LOGIT = 4 + 4 + 8 + 1 + 4 + 1
+# (4) and int64 sort indices (8), the int64 position index torch's CUDA sort pairs the keys with
+# while it sorts (8), the top-k mask (1), the softmax of the sorted values whose cumulative sum is
+# taken in place (4) and the top-p mask (1). The softmax and exponential noise of the random draw
+# (4 + 4) come after the sort's tensors are freed. FlashInfer's sampler, where vLLM uses it, holds less.
+SAMPLER_EXTRA_BYTES_PER_LOGIT = 4 + 4 + 8 + 8 + 1 + 4 + 1
 # Non-torch memory that appears during weight loading and the profile run (CUDA kernels' modules
 # loaded on first use, cuBLAS/cuBLASLt handles; with tp > 1 also NCCL's and the custom
 # all-reduce's buffers). vLLM measures it; not derivable from the model, these are the typical

@@ -21,9 +21,10 @@ def test_block_count_by_hand():
     forward = (3 * 100 * 64 + 3 * 100 * 128) * 2
     assert forward == 115_200
     # sampler over 10 sequences: the forward's output 100 x 64 in bf16, logits 10 x 1000 in bf16 and
-    # 22 bytes each besides (fp32 copy 4, sorted 4, int64 indices 8, top-k mask 1, softmax 4, top-p mask 1)
-    sampler = 100 * 64 * 2 + 10 * 1000 * (2 + 22)
-    assert sampler == 252_800
+    # 30 bytes each besides (fp32 copy 4, sorted 4, int64 indices 8, the sort's int64 positions 8,
+    # top-k mask 1, softmax 4, top-p mask 1)
+    sampler = 100 * 64 * 2 + 10 * 1000 * (2 + 30)
+    assert sampler == 332_800
     non_torch = int(0.15 * GIB)
     block = 2 * 2 * 2 * 16 * 2 * 16          # K and V, layers, KV heads, head_dim, bf16, tokens
     budget = vllm_kv_budget(HAND, 16, 1.0, 0.5, Parallelism(), limits)
