@@ -7,6 +7,11 @@ from stepcal.core.errors import InputError
 from stepcal.core.model_files import load_model_spec
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.simulator.request import Request
+from stepcal.simulator.vllm_kv import VllmEngineLimits, vllm_kv_blocks
+
+# How --device-memory-gb turns into blocks: "weights" leaves memory x utilisation - weights to the
+# cache; "vllm" also takes off what vLLM V1's start-up profile run measures (simulator.vllm_kv).
+KV_SIZINGS = ("weights", "vllm")
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -35,13 +40,17 @@ def kv_blocks_from_memory(spec: ModelSpec, block_size: int, device_memory_gb: fl
 class KvCacheSizing:
     """How big a replica's KV cache is: `kv_blocks` blocks of `block_size` tokens where given, else as
     many as fit in `device_memory_gb` beside the model's weights (split `tp` / `ep` ways), else
-    unlimited (None)."""
+    unlimited (None). `sizing` "vllm" also subtracts vLLM's profile run for `max_num_batched_tokens`
+    (None: vLLM's 8192) and `max_num_seqs`."""
     block_size: int = 16
     kv_blocks: int | None = None
     device_memory_gb: float | None = None
     gpu_memory_utilization: float = 0.9
     tp: int = 1
     ep: int = 1
+    sizing: str = "weights"
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
 
     def num_blocks(self, model_spec: str | None) -> int | None:
         """The cache's blocks; `model_spec` (a preset or file) gives the weights and KV bytes per token
@@ -51,6 +60,13 @@ class KvCacheSizing:
             return self.kv_blocks
         if not model_spec:
             raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
+        if self.sizing not in KV_SIZINGS:
+            raise InputError(f"--kv-sizing must be one of {', '.join(KV_SIZINGS)}, got {self.sizing!r}")
+        if self.sizing == "vllm":
+            limits = VllmEngineLimits(self.max_num_batched_tokens or VllmEngineLimits.max_num_batched_tokens,
+                                      self.max_num_seqs)
+            return vllm_kv_blocks(load_model_spec(model_spec), self.block_size, self.device_memory_gb,
+                                  self.gpu_memory_utilization, parallelism, limits)
         return kv_blocks_from_memory(load_model_spec(model_spec), self.block_size, self.device_memory_gb,
                                      self.gpu_memory_utilization, parallelism=parallelism)
 

@@ -12,6 +12,8 @@ from stepcal.experiments.commands import argtypes
 
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
 SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
+# simulator.kv_cache.KV_SIZINGS, listed here for the same reason (a test checks they agree).
+KV_SIZINGS = ("weights", "vllm")
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_BLOCK_SIZE = 16
 STEP_MODEL_HELP = "const:MS, linear:A,B,C or a T_step table directory"
@@ -50,6 +52,11 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = 
                    help="derive --kv-blocks from this device memory and --model-spec")
     g.add_argument("--gpu-memory-utilization", type=argtypes.fraction, default=0.9, help="share of device memory for "
                    "weights + KV cache when deriving --kv-blocks (default 0.9)")
+    g.add_argument("--kv-sizing", choices=KV_SIZINGS, default="weights",
+                   help="how --device-memory-gb becomes --kv-blocks: 'weights' gives the cache memory x "
+                        "utilisation less the weights; 'vllm' also takes off what vLLM V1's start-up profile "
+                        "run uses (activations of a --max-batched-tokens forward, the sampler over "
+                        "--max-num-seqs sequences, non-torch memory), as vLLM sizes its cache (default: weights)")
     if parallelism:
         _add_parallelism_flags(g)
     g.add_argument("--skip-oversize", action="store_true",
@@ -95,11 +102,13 @@ def scheduler_config_from_args(args):
 
 def kv_cache_from_args(args):
     """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
-    --tp and --ep (argtypes refused values below 1 when parsing); measure has no --tp / --ep."""
+    --kv-sizing (with --max-batched-tokens and --max-num-seqs), --tp and --ep (argtypes refused values
+    below 1 when parsing); measure has no --tp / --ep."""
     from stepcal.simulator.kv_cache import KvCacheSizing  # lazy: loads numpy
     return KvCacheSizing(block_size=args.block_size, kv_blocks=args.kv_blocks, device_memory_gb=args.device_memory_gb,
                          gpu_memory_utilization=args.gpu_memory_utilization, tp=getattr(args, "tp", 1),
-                         ep=getattr(args, "ep", 1))
+                         ep=getattr(args, "ep", 1), sizing=getattr(args, "kv_sizing", "weights"),
+                         max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs)
 
 
 def kv_blocks_from_args(args) -> int | None:
