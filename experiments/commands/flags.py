@@ -93,17 +93,25 @@ def scheduler_config_from_args(args):
                                     block_size=args.block_size, kv_blocks=getattr(args, "kv_blocks", None))
 
 
-def kv_cache_from_args(args):
-    """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
-    --tp and --ep (argtypes refused values below 1 when parsing); measure has no --tp / --ep."""
+def _kv_sizing(args):
     from stepcal.simulator.kv_cache import KvCacheSizing  # lazy: loads numpy
     return KvCacheSizing(block_size=args.block_size, kv_blocks=args.kv_blocks, device_memory_gb=args.device_memory_gb,
                          gpu_memory_utilization=args.gpu_memory_utilization, tp=getattr(args, "tp", 1),
                          ep=getattr(args, "ep", 1))
 
 
+def kv_cache_from_args(args):
+    """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
+    --tp and --ep (argtypes refused values below 1 when parsing), checked against --model-spec (a bad
+    spec or an impossible split is an InputError); measure has no --tp / --ep."""
+    sizing = _kv_sizing(args)
+    sizing.num_blocks(args.model_spec)   # the spec and the tp / ep split refused here, before any work
+    return sizing
+
+
 def kv_blocks_from_args(args) -> int | None:
-    return kv_cache_from_args(args).num_blocks(args.model_spec)
+    """The KV cache's blocks (None: unlimited), the spec and the tp / ep split checked as kv_cache_from_args does."""
+    return _kv_sizing(args).num_blocks(args.model_spec)
 
 
 def add_command(subparsers, name: str, summary: str, description: str, run) -> argparse.ArgumentParser:
