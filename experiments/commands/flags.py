@@ -74,9 +74,11 @@ def prefix_caching_from_args(args) -> bool | None:
 
 def _add_parallelism_flags(g) -> None:
     g.add_argument("--tp", type=argtypes.count(1, 1024), default=1, help="GPUs per model instance (tensor parallelism) when "
-                   "deriving --kv-blocks: each GPU holds its share of the weights and KV heads (default 1)")
+                   "deriving --kv-blocks: each GPU holds its share of the weights and KV heads; as in vLLM it must "
+                   "divide --model-spec's attention heads, and divide its KV heads or be a multiple of them (default 1)")
     g.add_argument("--ep", type=argtypes.count(1, 1024), default=1, help="expert parallelism of a mixture-of-experts model when "
-                   "deriving --kv-blocks: experts spread over --ep of the --tp GPUs (default 1)")
+                   "deriving --kv-blocks: experts spread over --ep of the --tp GPUs; must divide --tp and the "
+                   "model's experts (default 1)")
 
 
 def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
