@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stepcal.core.errors import InputError
-from stepcal.core.model_spec import DTYPE_BYTES, ModelSpec
+from stepcal.core.model_spec import DTYPE_BYTES, MAX_SIZE, ModelSpec, short_value
 
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Architectures whose layers normalise each query and key head before RoPE (ModelSpec.qk_norm).
@@ -43,7 +43,9 @@ class _Config:
         if value is None and default is not _MISSING:
             value = default
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise self.fail(key, f"must be an integer >= {least}, got {value!r}")
+            raise self.fail(key, f"must be an integer >= {least}, got {short_value(value)}")
+        if value > MAX_SIZE:
+            raise self.fail(key, f"must be at most {MAX_SIZE:,}, got {short_value(value)}")
         return value
 
 
@@ -70,24 +72,42 @@ def spec_from_hf_config(data: dict, path: Path) -> ModelSpec:
 
 def _language_model(data: dict, path: Path) -> tuple[_Config, str]:
     """The part of the config that describes the decoder, and its architecture."""
-    architectures = data.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise InputError(f"{path}: architectures: must be a list of names, got {architectures!r}")
+    architectures = _names(data, "architectures", path)
     known = DENSE + ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM")
     for arch in architectures:
         if arch in known:
             return _Config(data, path), arch
-    if isinstance(data.get("text_config"), dict):
-        text = data["text_config"]
-        inner = [a for a in text.get("architectures") or [] if a in known]
-        arch = inner[0] if inner else MODEL_TYPES.get(text.get("model_type"))
+    text = data.get("text_config")
+    if text is not None or "text_config" in data:
+        if not isinstance(text, dict):
+            raise InputError(f"{path}: text_config: must be an object (the language model's config), got {text!r}")
+        inner = [a for a in _names(text, "architectures", path, "text_config.") if a in known]
+        arch = inner[0] if inner else MODEL_TYPES.get(_model_type(text, path, "text_config."))
         if arch:
             return _Config(text, path, "text_config."), arch
-    if data.get("model_type") in MODEL_TYPES and not architectures:
-        return _Config(data, path), MODEL_TYPES[data["model_type"]]
-    named = architectures or [data.get("text_config", {}).get("model_type") or data.get("model_type")]
+    model_type = _model_type(data, path)
+    if model_type in MODEL_TYPES and not architectures:
+        return _Config(data, path), MODEL_TYPES[model_type]
+    named = architectures or [(text or {}).get("model_type") or model_type]
     raise InputError(f"{path}: architectures: {', '.join(map(str, named))} is not supported; "
                      f"supported: {', '.join(known)} (or write a ModelSpec JSON)")
+
+
+def _names(data: dict, key: str, path: Path, prefix: str = "") -> list[str]:
+    """A list of names (`architectures`); absent or null: none."""
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise InputError(f"{path}: {prefix}{key}: must be a list of names, got {value!r}")
+    return value
+
+
+def _model_type(data: dict, path: Path, prefix: str = "") -> str | None:
+    value = data.get("model_type")
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{path}: {prefix}model_type: must be a name, got {value!r}")
+    return value
 
 
 def _common(cfg: _Config) -> dict:
@@ -107,18 +127,20 @@ def _dtypes(cfg: _Config, top: dict) -> dict:
     """Weights in the checkpoint's dtype (fp8 where it is quantised so), the KV cache in the
     model's compute dtype (what vLLM's kv_cache_dtype=auto gives)."""
     key = "torch_dtype" if "torch_dtype" in cfg.data else "dtype"
-    compute = str(cfg.data.get(key) or top.get("torch_dtype") or top.get("dtype") or "bfloat16")
-    if compute not in DTYPE_BYTES:
-        raise cfg.fail(key, f"unknown dtype {compute!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
+    compute = cfg.data.get(key) or top.get("torch_dtype") or top.get("dtype") or "bfloat16"
+    if not isinstance(compute, str) or compute not in DTYPE_BYTES:
+        raise cfg.fail(key, f"unknown dtype {short_value(compute)}; known: {', '.join(sorted(DTYPE_BYTES))}")
     quant = cfg.data.get("quantization_config") or top.get("quantization_config")
     if not quant:
         return {"dtype": compute}
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if not isinstance(quant, dict):
+        raise cfg.fail("quantization_config", f"must be an object with a quant_method, got {short_value(quant)}")
+    method = quant.get("quant_method")
     if method != "fp8":
-        raise InputError(f"{cfg.path}: quantization_config.quant_method: {method!r} is not supported "
+        raise InputError(f"{cfg.path}: quantization_config.quant_method: {short_value(method)} is not supported "
                          f"(fp8 is); write a ModelSpec JSON with the weights' dtype")
     # Per-block scales (DeepSeek's 128 x 128) run different kernels from per-tensor fp8.
-    blocked = isinstance(quant, dict) and quant.get("weight_block_size")
+    blocked = quant.get("weight_block_size")
     return {"dtype": "fp8_block" if blocked else "fp8", "kv_dtype": compute}
 
 
@@ -126,6 +148,8 @@ def _qwen_dense_prefix(cfg: _Config, num_layers: int) -> int:
     """Qwen3-MoE marks dense layers by `mlp_only_layers` and `decoder_sparse_step`; ModelSpec
     holds dense layers only as a prefix."""
     only = cfg.data.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise cfg.fail("mlp_only_layers", f"must be a list of layer indices, got {short_value(only)}")
     step = cfg.int("decoder_sparse_step", 1)
     dense = [i for i in range(num_layers) if i in only or (i + 1) % step]
     if dense != list(range(len(dense))):
@@ -147,3 +171,4 @@ def _deepseek_v3(cfg: _Config, num_heads: int) -> dict:
             "expert_ffn_size": cfg.int("moe_intermediate_size"),
             "num_shared_experts": cfg.int("n_shared_experts", 0, least=0),
             "num_dense_layers": cfg.int("first_k_dense_replace", 0, least=0)}
+

@@ -36,4 +36,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
                    ([f"missing keys {sorted(missing)}"] if missing else [])
         raise InputError(f"{path}: model spec has {' and '.join(problems)}")
     data.setdefault("name", path.stem)
-    return ModelSpec(**data)
+    try:
+        return ModelSpec(**data)
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None

@@ -102,6 +102,9 @@ def elementwise_widths_of(hidden, heads, kv_heads, head_dim, ffn, vocab=0) -> di
 
 
 ATTENTION_KINDS = ("gqa", "mla")
+# The largest size a spec may hold: far above any real model's, and small enough that sizes
+# multiplied together stay exact and convertible to float.
+MAX_SIZE = 2**31 - 1
 REQUIRED_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_size",
                    "vocab_size")
 # Zero where the model has no such part (a dense model has no experts, GQA no latent).
@@ -147,18 +150,22 @@ class ModelSpec:
     qk_norm: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise InputError(f"model spec: name must be a string, got {short_value(self.name)}")
         for name in REQUIRED_FIELDS + OPTIONAL_FIELDS:
             value, least = getattr(self, name), int(name in REQUIRED_FIELDS)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 what = "a positive" if least else "a non-negative"
-                raise InputError(f"model spec {self.name!r}: {name} must be {what} integer, got {shown(value)}")
+                raise InputError(f"model spec {self.name!r}: {name} must be {what} integer, got {short_value(value)}")
+            if value > MAX_SIZE:
+                raise InputError(f"model spec {self.name!r}: {name} must be at most {MAX_SIZE:,}, got {short_value(value)}")
         if self.num_heads % self.num_kv_heads:
             raise InputError(f"model spec {self.name!r}: num_heads ({self.num_heads}) must be a multiple "
                              f"of num_kv_heads ({self.num_kv_heads})")
         for name in ("dtype", "kv_dtype"):
             value = getattr(self, name)
-            if value is not None and value not in DTYPE_BYTES:
-                raise InputError(f"model spec {self.name!r}: unknown {name} {value!r}; "
+            if value is not None and (not isinstance(value, str) or value not in DTYPE_BYTES):
+                raise InputError(f"model spec {self.name!r}: unknown {name} {short_value(value)}; "
                                  f"known: {', '.join(sorted(DTYPE_BYTES))}")
         if not isinstance(self.qk_norm, bool):
             raise InputError(f"model spec {self.name!r}: qk_norm must be true or false, got {shown(self.qk_norm)}")
@@ -183,9 +190,9 @@ class ModelSpec:
                              f"must be below num_layers ({self.num_layers})")
 
     def _check_attention(self) -> None:
-        if self.attention not in ATTENTION_KINDS:
+        if not isinstance(self.attention, str) or self.attention not in ATTENTION_KINDS:
             raise InputError(f"model spec {self.name!r}: attention must be one of "
-                             f"{', '.join(ATTENTION_KINDS)}, got {self.attention!r}")
+                             f"{', '.join(ATTENTION_KINDS)}, got {short_value(self.attention)}")
         if self.is_mla:
             for name in ("kv_latent_dim", "rope_head_dim"):
                 if not getattr(self, name):
@@ -374,6 +381,15 @@ class ModelSpec:
         left out where false, so the dict of a spec without it is what it was before the field existed
         (profiles resume and tables compare on it)."""
         return {k: v for k, v in asdict(self).items() if v is not None and not (k == "qk_norm" and not v)}
+
+
+def short_value(value) -> str:
+    """A value for a one-line message: a huge one cut down (JSON allows integers of any length)."""
+    try:
+        text = shown(value)
+    except ValueError:                   # an int past Python's digit limit for str()
+        return "an integer of thousands of digits"
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 PRESETS: dict[str, ModelSpec] = {

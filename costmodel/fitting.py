@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from stepcal.core.errors import InputError
+from stepcal.core.model_spec import DTYPE_BYTES
 from stepcal.costmodel.additive import AdditiveGridRegressor
 from stepcal.costmodel.evaluation import SPLITS, error_stats, extrapolation_split, group_ids, random_split
 from stepcal.costmodel.features import assign_targets, design, kind_for, kind_of
@@ -121,8 +122,16 @@ def _select_dtype(out: pd.DataFrame, dtype: str | dict) -> pd.DataFrame:
     if not matches.any():
         have = sorted(out["dtype"].dropna().unique())
         what = f"--dtype {dtype!r}" if not isinstance(dtype, dict) else f"the model's dtypes {wanted}"
-        raise InputError(f"{what}: no rows; dtypes in the input: {have}")
+        raise InputError(f"{what}: no rows; dtypes in the input: {have}{_dtype_hint(wanted['*'], have)}")
     return out[out["dtype"].isna() | matches]
+
+
+def _dtype_hint(compute: str, have: list[str]) -> str:
+    """The --dtype flag(s) that would select the input's rows, those of the compute dtype's width
+    first (float16 and bfloat16 run at the same tensor-core rate, so either's rows time the other)."""
+    same_width = [d for d in have if DTYPE_BYTES.get(d) == DTYPE_BYTES.get(compute)]
+    flags = " or ".join(f"--dtype {d}" for d in (same_width or have))
+    return f"; pass {flags} to use them" if flags else ""
 
 
 def build_estimator(choice: Choice, physics_index, seed: int, increasing=False):

@@ -9,7 +9,7 @@ from pathlib import Path
 from stepcal.core.errors import InputError
 from stepcal.core.io import atomic_output_dir
 from stepcal.core.model_files import load_model_spec
-from stepcal.core.model_spec import Parallelism
+from stepcal.core.parallel_layout import checked_parallelism
 from stepcal.costmodel.devices import device_spec
 from stepcal.costmodel.profile_speed import profile_speed_probes
 from stepcal.profiler.noise_policy import NoisePolicy
@@ -74,11 +74,11 @@ def fit_tables(options: FitOptions) -> None:
             device_spec(options.device_spec)
         except InputError as exc:
             raise InputError(f"--device-spec: {exc}") from None
-    parallelism = Parallelism(tp=options.tp or 1, ep=options.ep)
+    spec = load_model_spec(options.model_spec) if options.model_spec else None
+    parallelism = checked_parallelism(spec, options.tp or 1, options.ep, options.model_spec)
     composition = Composition(options.moe_distribution, options.ep_link_gbps, options.ep_latency_us,
                               options.device_spec)
     started = time.perf_counter()
-    spec = load_model_spec(options.model_spec) if options.model_spec else None
     dtype = normalise_dtype(options.dtype) if options.dtype else (dtypes_for(spec) if spec else None)
     # With a model, only the ops its T_step is composed of (unless --ops says otherwise).
     ops = options.ops or (composed_ops(spec, parallelism) if spec else None)

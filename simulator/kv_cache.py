@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from stepcal.core.errors import InputError
 from stepcal.core.model_files import load_model_spec
 from stepcal.core.model_spec import ModelSpec, Parallelism
+from stepcal.core.parallel_layout import checked_parallelism
 from stepcal.simulator.request import Request
 from stepcal.simulator.vllm_kv import VllmEngineLimits, vllm_kv_blocks
 
@@ -54,20 +55,22 @@ class KvCacheSizing:
 
     def num_blocks(self, model_spec: str | None) -> int | None:
         """The cache's blocks; `model_spec` (a preset or file) gives the weights and KV bytes per token
-        when they are derived from the device's memory."""
-        parallelism = Parallelism(tp=self.tp, ep=self.ep)   # checked even when --kv-blocks is given
+        when they are derived from the device's memory. A given spec is read, and the tp / ep split
+        checked against it, even when --kv-blocks is given: a broken spec is never passed over."""
+        spec = load_model_spec(model_spec) if model_spec else None
+        parallelism = checked_parallelism(spec, self.tp, self.ep, model_spec)
         if self.kv_blocks is not None or self.device_memory_gb is None:
             return self.kv_blocks
-        if not model_spec:
+        if spec is None:
             raise InputError("--device-memory-gb needs --model-spec to size the KV cache")
         if self.sizing not in KV_SIZINGS:
             raise InputError(f"--kv-sizing must be one of {', '.join(KV_SIZINGS)}, got {self.sizing!r}")
         if self.sizing == "vllm":
             limits = VllmEngineLimits(self.max_num_batched_tokens or VllmEngineLimits.max_num_batched_tokens,
                                       self.max_num_seqs)
-            return vllm_kv_blocks(load_model_spec(model_spec), self.block_size, self.device_memory_gb,
+            return vllm_kv_blocks(spec, self.block_size, self.device_memory_gb,
                                   self.gpu_memory_utilization, parallelism, limits)
-        return kv_blocks_from_memory(load_model_spec(model_spec), self.block_size, self.device_memory_gb,
+        return kv_blocks_from_memory(spec, self.block_size, self.device_memory_gb,
                                      self.gpu_memory_utilization, parallelism=parallelism)
 
 

@@ -57,10 +57,11 @@ def _add_input_flags(p) -> None:
 def _add_parallelism_flags(p) -> None:
     """Tensor and expert parallelism, the MoE routing and all-to-all, and the device's datasheet."""
     p.add_argument("--tp", type=argtypes.count(1, 1024), default=None,
-                   help="tensor-parallel degree (default: 1, or the smallest in whole-step data)")
+                   help="tensor-parallel degree (default: 1, or the smallest in whole-step data); as in vLLM "
+                        "it must divide the model's attention heads, and divide its KV heads or be a multiple of them")
     p.add_argument("--ep", type=argtypes.count(1, 1024), default=1,
                    help="expert parallelism of a mixture-of-experts model: experts spread over --ep of "
-                        "the --tp GPUs (must divide --tp)")
+                        "the --tp GPUs, whose number must also divide the model's experts (must divide --tp)")
     p.add_argument("--moe-distribution", default=None,
                    help="routing of tokens to experts the MoE term assumes: balanced, or a skewed one the "
                         "profiles hold (AIConfigurator: power_law_1.01, power_law_1.2); default: balanced "

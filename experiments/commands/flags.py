@@ -81,9 +81,11 @@ def prefix_caching_from_args(args) -> bool | None:
 
 def _add_parallelism_flags(g) -> None:
     g.add_argument("--tp", type=argtypes.count(1, 1024), default=1, help="GPUs per model instance (tensor parallelism) when "
-                   "deriving --kv-blocks: each GPU holds its share of the weights and KV heads (default 1)")
+                   "deriving --kv-blocks: each GPU holds its share of the weights and KV heads; as in vLLM it must "
+                   "divide --model-spec's attention heads, and divide its KV heads or be a multiple of them (default 1)")
     g.add_argument("--ep", type=argtypes.count(1, 1024), default=1, help="expert parallelism of a mixture-of-experts model when "
-                   "deriving --kv-blocks: experts spread over --ep of the --tp GPUs (default 1)")
+                   "deriving --kv-blocks: experts spread over --ep of the --tp GPUs; must divide --tp and the "
+                   "model's experts (default 1)")
 
 
 def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -100,10 +102,7 @@ def scheduler_config_from_args(args):
                                     block_size=args.block_size, kv_blocks=getattr(args, "kv_blocks", None))
 
 
-def kv_cache_from_args(args):
-    """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
-    --kv-sizing (with --max-batched-tokens and --max-num-seqs), --tp and --ep (argtypes refused values
-    below 1 when parsing); measure has no --tp / --ep."""
+def _kv_sizing(args):
     from stepcal.simulator.kv_cache import KvCacheSizing  # lazy: loads numpy
     return KvCacheSizing(block_size=args.block_size, kv_blocks=args.kv_blocks, device_memory_gb=args.device_memory_gb,
                          gpu_memory_utilization=args.gpu_memory_utilization, tp=getattr(args, "tp", 1),
@@ -111,8 +110,19 @@ def kv_cache_from_args(args):
                          max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs)
 
 
+def kv_cache_from_args(args):
+    """The KV cache's sizing from --block-size, --kv-blocks, --device-memory-gb, --gpu-memory-utilization,
+    --kv-sizing (with --max-batched-tokens and --max-num-seqs), --tp and --ep (argtypes refused values
+    below 1 when parsing), checked against --model-spec (a bad
+    spec or an impossible split is an InputError); measure has no --tp / --ep."""
+    sizing = _kv_sizing(args)
+    sizing.num_blocks(args.model_spec)   # the spec and the tp / ep split refused here, before any work
+    return sizing
+
+
 def kv_blocks_from_args(args) -> int | None:
-    return kv_cache_from_args(args).num_blocks(args.model_spec)
+    """The KV cache's blocks (None: unlimited), the spec and the tp / ep split checked as kv_cache_from_args does."""
+    return _kv_sizing(args).num_blocks(args.model_spec)
 
 
 def add_command(subparsers, name: str, summary: str, description: str, run) -> argparse.ArgumentParser:

@@ -83,6 +83,7 @@ def _record_batches(choice: str, num_requests: int) -> bool:
 
 def run(args) -> int:
     check_output(args.out)
+    kv_blocks = kv_blocks_from_args(args)   # the model spec and the tp / ep split refused before any work
     from stepcal.core.metrics import clean_json  # lazy: loads numpy
     from stepcal.core.workload import load_workload  # lazy: loads numpy
     from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models  # lazy: loads numpy
@@ -93,7 +94,7 @@ def run(args) -> int:
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
     config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
-                       block_size=args.block_size, kv_blocks=kv_blocks_from_args(args),
+                       block_size=args.block_size, kv_blocks=kv_blocks,
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
                        front_end=front_end(model),
                        fast_path=not args.no_fast_path, record_batches=_record_batches(args.step_batches, len(trace)),
