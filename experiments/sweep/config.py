@@ -32,6 +32,11 @@
 
 Relative file paths (the trace, table directories) are relative to the config file.
 
+Each key is checked as the flag it mirrors is (TOP_KEYS, SCHEDULER_KEYS, SLO_KEYS map each key to its
+type and to the flag's own check in experiments.value_checks), so the two cannot drift apart; an error
+is one line naming the file and the key. The grid is counted from its axes' lengths and refused beyond
+MAX_SWEEP_POINTS before it is built.
+
 `host_defaults` is an axis of the grid like step_models (crossed with it): each point's step model
 gets that engine's terms (experiments.host_defaults), and its row a `host_defaults` column (None for
 "none" and for sweeps without the key). A step model with calibrated host terms refuses an engine, as

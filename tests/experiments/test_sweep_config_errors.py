@@ -171,6 +171,11 @@ def test_the_minimal_config_runs(tmp_path, capsys):
     assert (tmp_path / "out" / "summaries.parquet").exists()
 
 
+def test_the_help_states_the_grid_limit():
+    from stepcal.experiments.commands.sweep import HELP
+    assert f"at most {MAX_SWEEP_POINTS:,} points" in HELP
+
+
 def test_the_router_names_are_the_simulators():
     assert ROUTER_NAMES == tuple(ROUTERS)
 
