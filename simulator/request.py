@@ -81,16 +81,21 @@ class Request:
         return self.num_prompt_tokens + self.num_output_tokens - 1
 
 
+def kv_blocks_needed(trace: Trace, block_size: int) -> np.ndarray:
+    """The KV blocks of `block_size` tokens each request of the trace holds at its end (its most)."""
+    max_kv = trace.num_prompt_tokens + trace.num_output_tokens - 1
+    return -(-max_kv // block_size)
+
+
 def make_requests(trace: Trace, block_size: int, kv_blocks: int | None, skip_oversize: bool = False,
                   prefix_caching: bool = False, timeout_s: float | None = None) -> tuple[list[Request], int]:
     """Request objects of a trace, and how many were skipped: a request that could never fit a KV
     cache of kv_blocks blocks fails the run with an InputError (or is skipped with skip_oversize).
     With prefix_caching, each request carries the keys of its full prompt blocks (if the trace has ids);
     timeout_s is the client timeout of requests whose trace gives none."""
-    max_kv = trace.num_prompt_tokens + trace.num_output_tokens - 1
     keep = np.ones(len(trace), dtype=bool)
     if kv_blocks is not None:
-        need = -(-max_kv // block_size)
+        need = kv_blocks_needed(trace, block_size)
         keep = need <= kv_blocks
         if not keep.all() and not skip_oversize:
             row = int(np.flatnonzero(~keep)[0])

@@ -75,23 +75,24 @@ class LinearStepModel(FeatureStepModel):
         return f"linear:{self.base_ms:g},{self.per_token_ms:g},{self.per_context_token_ms:g}"
 
 
-def parse_builtin_step_model(spec: str) -> FeatureStepModel | None:
-    """`const:MS` or `linear:A,B,C`; None when spec names neither (e.g. a table directory)."""
+def parse_builtin_step_model(spec: str, label: str = "--step-model") -> FeatureStepModel | None:
+    """`const:MS` or `linear:A,B,C`; None when spec names neither (e.g. a table directory).
+    `label` names where the spec came from in error messages (a flag, or a config file's key)."""
     kind, _, args = spec.partition(":")
     if kind not in ("const", "linear") or not _:
         return None
     try:
         values = [float(x) for x in args.split(",")]
     except ValueError:
-        raise InputError(f"--step-model {spec!r}: values must be numbers") from None
+        raise InputError(f"{label} {spec!r}: values must be numbers") from None
     if not all(math.isfinite(v) for v in values):
-        raise InputError(f"--step-model {spec!r}: values must be finite numbers")
+        raise InputError(f"{label} {spec!r}: values must be finite numbers")
     if kind == "const":
         if len(values) != 1 or values[0] <= 0:
-            raise InputError(f"--step-model {spec!r}: expected const:MS with MS > 0")
+            raise InputError(f"{label} {spec!r}: expected const:MS with MS > 0")
         return ConstStepModel(values[0])
     if len(values) != 3 or min(values) < 0 or sum(values) <= 0:
-        raise InputError(f"--step-model {spec!r}: expected linear:A,B,C with non-negative A,B,C")
+        raise InputError(f"{label} {spec!r}: expected linear:A,B,C with non-negative A,B,C")
     return LinearStepModel(*values)
 
 

@@ -1,7 +1,8 @@
 """argparse `type=` functions: every numeric flag is checked when the command line is parsed, so a
 bad value is one line naming the flag (argparse adds it) before any work starts.
 
-Imports only core.bounds (math and core.errors): `stepcal --help` stays instant.
+The numeric ones wrap experiments.value_checks, whose checks a sweep config's keys run too.
+Imports only core.bounds and value_checks (math and core.errors): `stepcal --help` stays instant.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 
 from stepcal.core import bounds
 from stepcal.core.errors import InputError
+from stepcal.experiments import value_checks
 
 
 def _checked(check):
@@ -21,74 +23,27 @@ def _checked(check):
     return convert
 
 
-@_checked
-def positive(text: str) -> float:
-    """A finite number > 0."""
-    return bounds.number(text, "the value")
-
-
-@_checked
-def non_negative(text: str) -> float:
-    """A finite number >= 0."""
-    return bounds.number(text, "the value", strict=False)
-
-
-@_checked
-def time_ms(text: str) -> float:
-    """A duration in ms: finite, > 0, at most an hour (more is a unit mistake)."""
-    return bounds.number(text, "the value", maximum=bounds.MAX_TIME_MS)
-
-
-@_checked
-def fraction(text: str) -> float:
-    """A share in (0, 1]."""
-    return bounds.number(text, "the value", maximum=1.0)
-
-
-@_checked
-def scatter_cv(text: str) -> float:
-    """A coefficient of variation of step time: finite, >= 0, at most 1."""
-    return bounds.number(text, "the value", strict=False, maximum=1.0)
-
-
-@_checked
-def correlation(text: str) -> float:
-    """A lag-one autocorrelation in (-1, 1)."""
-    x = bounds.number(text, "the value", minimum=-1.0, maximum=1.0)
-    if x >= 1.0:
-        raise InputError(f"the value must be below 1, got {text}")
-    return x
-
-
-@_checked
-def seed(text: str) -> int:
-    return bounds.count(text, "the seed", minimum=0, maximum=bounds.MAX_SEED)
+positive = _checked(value_checks.positive)
+non_negative = _checked(value_checks.non_negative)
+time_ms = _checked(value_checks.time_ms)
+time_ms_or_zero = _checked(value_checks.time_ms_or_zero)
+fraction = _checked(value_checks.fraction)
+scatter_cv = _checked(value_checks.scatter_cv)
+correlation = _checked(value_checks.correlation)
+seed = _checked(value_checks.seed)
+seconds = _checked(value_checks.seconds)
+rate = _checked(value_checks.rate)
+num_requests = _checked(value_checks.num_requests)
+replicas = _checked(value_checks.replicas)
+scheduler_size = _checked(value_checks.scheduler_size)
+block_size = _checked(value_checks.block_size)
+kv_blocks = _checked(value_checks.kv_blocks)
+num_replications = _checked(value_checks.num_replications)
 
 
 def count(minimum: int = 1, maximum: int = bounds.MAX_REQUESTS):
     """A whole number in [minimum, maximum]."""
-    @_checked
-    def whole(text: str) -> int:
-        return bounds.count(text, "the value", minimum=minimum, maximum=maximum)
-    return whole
-
-
-@_checked
-def time_ms_or_zero(text: str) -> float:
-    """A duration in ms that may be zero (an overhead, a latency): finite, at most an hour."""
-    return bounds.number(text, "the value", strict=False, maximum=bounds.MAX_TIME_MS)
-
-
-@_checked
-def seconds(text: str) -> float:
-    """A trace duration in s: finite, > 0, at most a year."""
-    return bounds.number(text, "the value", maximum=bounds.MAX_ARRIVAL_S)
-
-
-@_checked
-def rate(text: str) -> float:
-    """A request rate in requests per second: finite, > 0."""
-    return bounds.number(text, "the rate", maximum=bounds.MAX_RATE_RPS)
+    return _checked(value_checks.count(minimum, maximum))
 
 
 @_checked

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-from stepcal.core import bounds
 from stepcal.experiments.commands import argtypes
 
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
@@ -38,15 +37,15 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, parallelism: bool = 
     g = parser.add_argument_group("scheduler and KV cache")
     g.add_argument("--scheduler", default="vllm", choices=SCHEDULER_NAMES,
                    help="serving policy (default: vllm)")
-    g.add_argument("--max-num-seqs", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=DEFAULT_MAX_NUM_SEQS,
+    g.add_argument("--max-num-seqs", type=argtypes.scheduler_size, default=DEFAULT_MAX_NUM_SEQS,
                    help=f"max sequences per step (default {DEFAULT_MAX_NUM_SEQS})")
-    g.add_argument("--max-batched-tokens", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=None,
+    g.add_argument("--max-batched-tokens", type=argtypes.scheduler_size, default=None,
                    help="token budget per step (default 8192; static: unlimited; sarathi: --chunk-size)")
-    g.add_argument("--chunk-size", type=argtypes.count(1, bounds.MAX_TOKENS_PER_REQUEST), default=512, help="prefill chunk / token budget of sarathi and slo "
+    g.add_argument("--chunk-size", type=argtypes.scheduler_size, default=512, help="prefill chunk / token budget of sarathi and slo "
                    "(default 512)")
-    g.add_argument("--block-size", type=argtypes.count(1, 65_536), default=DEFAULT_BLOCK_SIZE,
+    g.add_argument("--block-size", type=argtypes.block_size, default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
-    g.add_argument("--kv-blocks", type=argtypes.count(1, 2**40), default=None, help="KV cache capacity in blocks "
+    g.add_argument("--kv-blocks", type=argtypes.kv_blocks, default=None, help="KV cache capacity in blocks "
                    "(default: derived from --device-memory-gb, else unlimited)")
     g.add_argument("--device-memory-gb", type=argtypes.positive, default=None,
                    help="derive --kv-blocks from this device memory and --model-spec")
@@ -137,7 +136,7 @@ def add_command(subparsers, name: str, summary: str, description: str, run) -> a
 def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
     """--ranges and what the replications draw: simulate and validate."""
     g = parser.add_argument_group("ranges (how sure the prediction is)")
-    g.add_argument("--ranges", type=argtypes.count(0, 10_000), default=0, metavar="N",
+    g.add_argument("--ranges", type=argtypes.num_replications, default=0, metavar="N",
                    help="also run N seeded replications, each drawing the step model's error (per T_step term, "
                         "its tables' spread times a standard normal, held for the whole run; calibrated host terms "
                         "jointly from the covariance of their fit), the device's speed over the run and the step-to-step "

@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
-from stepcal.core import bounds
 from stepcal.core.errors import print_warnings
 from stepcal.core.io import atomic_output_dir, atomic_write_json, atomic_write_parquet, atomic_write_table
 from stepcal.experiments.commands import argtypes
@@ -20,6 +19,7 @@ from stepcal.experiments.commands.flags import (
 from stepcal.experiments.commands.output import format_summary
 from stepcal.experiments.host_defaults import add_host_defaults_flag
 from stepcal.experiments.output_paths import check_output
+from stepcal.experiments.value_checks import ROUTER_NAMES
 
 HELP = """Simulate serving a trace: each step's time comes from --step-model, requests flow through
 the chosen scheduler and a paged KV cache. Writes OUT/requests.parquet, OUT/steps.parquet,
@@ -52,12 +52,12 @@ def register(subparsers) -> None:
     p.add_argument("--model-spec", default=None, help="model preset, ModelSpec file or Hugging Face config.json (needed for --device-memory-gb)")
     add_scheduler_flags(p)
     g = p.add_argument_group("replicas and workload")
-    g.add_argument("--replicas", type=argtypes.count(1, bounds.MAX_REPLICAS), default=1, help="number of replicas (default 1)")
-    g.add_argument("--router", default="round-robin", choices=["round-robin", "least-tokens"],
+    g.add_argument("--replicas", type=argtypes.replicas, default=1, help="number of replicas (default 1)")
+    g.add_argument("--router", default="round-robin", choices=ROUTER_NAMES,
                    help="how arrivals are spread over replicas")
     g.add_argument("--step-overhead-ms", type=argtypes.time_ms_or_zero, default=0.0, help="host time added to every step")
     g.add_argument("--rate", type=argtypes.rate, default=None, help="rescale the trace's arrivals to this mean rate (req/s)")
-    g.add_argument("--num-requests", type=argtypes.count(), default=None, help="keep only the first N requests")
+    g.add_argument("--num-requests", type=argtypes.num_requests, default=None, help="keep only the first N requests")
     g.add_argument("--duration", type=argtypes.seconds, default=None, help="keep only requests arriving in the first S seconds")
     g.add_argument("--seed", type=argtypes.seed, default=0, help="seed for generated workloads (default 0)")
     g.add_argument("--timeout-s", type=argtypes.seconds, default=None,

@@ -24,6 +24,10 @@ plain run's, and pareto.png shows each point's interval as error bars. A point's
 the worker that runs the point. The ranges settings are part of each point's key, so a point stored
 without ranges and rerun with them is a new point (simulated again), never mixed with the old result.
 
+Every key is checked as the flag it mirrors is (step_overhead_ms as simulate's --step-overhead-ms,
+replicas as --replicas, ...) before anything runs: a bad value, a value of the wrong type or an unknown
+key is one line naming the file and the key. A grid has at most 100,000 points.
+
 config example (see experiments/sweep/config.py for every key):
   trace = "AzureLLMInferenceTrace_conv.csv"
   duration_s = 600

@@ -32,6 +32,11 @@
 
 Relative file paths (the trace, table directories) are relative to the config file.
 
+Each key is checked as the flag it mirrors is (TOP_KEYS, SCHEDULER_KEYS, SLO_KEYS map each key to its
+type and to the flag's own check in experiments.value_checks), so the two cannot drift apart; an error
+is one line naming the file and the key. The grid is counted from its axes' lengths and refused beyond
+MAX_SWEEP_POINTS before it is built.
+
 `host_defaults` is an axis of the grid like step_models (crossed with it): each point's step model
 gets that engine's terms (experiments.host_defaults), and its row a `host_defaults` column (None for
 "none" and for sweeps without the key). A step model with calibrated host terms refuses an engine, as
@@ -49,23 +54,99 @@ again; the stored one stays under its own key for a rerun without ranges.
 """
 from __future__ import annotations
 
+import difflib
 import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepcal.core.errors import InputError
+from stepcal.core.errors import InputError, shown
 from stepcal.core.readers import read_toml
+from stepcal.core.workload import TRACE_FORMATS
+from stepcal.experiments import value_checks as checks
 from stepcal.experiments.host_defaults import ENGINE_NAMES, has_calibrated_terms
+from stepcal.experiments.value_checks import ROUTER_NAMES
 from stepcal.simulator.schedulers import SCHEDULERS
+from stepcal.simulator.step_model import parse_builtin_step_model
 
-TOP_KEYS = {"trace", "trace_format", "num_requests", "duration_s", "seed", "rates_rps", "replicas", "step_models",
-            "host_defaults", "latency", "block_size", "kv_blocks", "router", "step_overhead_ms", "schedulers", "slos",
-            "ranges", "scatter_cv", "scatter_rho", "scatter_run_cv", "ranges_seed"}
 RANGES_KEYS = ("scatter_cv", "scatter_rho", "scatter_run_cv", "ranges_seed")   # meaningful with ranges > 0 only
 SCHEDULER_SETTINGS = ("max_num_seqs", "max_batched_tokens", "chunk_size")
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-SLO_KEYS = {"name", "ttft_ms", "tpot_ms", "attainment"}
 NO_HOST_DEFAULTS = "none"   # a host_defaults value: the step model without an engine's terms
+# Every point is a whole simulation, stored as its own file under OUT/points: 100,000 of them at even a
+# second each is more than a day of one core. A larger grid is a list written by mistake (three axes of
+# a few hundred values each), and building it would take minutes and gigabytes before the first point.
+MAX_SWEEP_POINTS = 100_000
+NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """How one key of the config is checked: its TOML type first, then `check(value, what)`, the very check
+    of the flag the key mirrors (experiments.value_checks), whose InputError names `what` (the file and the key).
+    `axis`: a value or a non-empty list of them (a grid axis, or a list of engines)."""
+    kind: type | tuple[type, ...]
+    check: Callable
+    axis: bool = False
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable:
+    """The check of a flag with `choices`: the value is one of `allowed`."""
+    def check(value: str, what: str) -> str:
+        if value not in allowed:
+            raise InputError(f"{what} must be one of {', '.join(allowed)}, got {shown(value)}")
+        return value
+    return check
+
+
+def _text(value: str, what: str) -> str:
+    """A path or a spec, read when the sweep runs (as --trace and --step-model are)."""
+    if not value.strip():
+        raise InputError(f"{what} must not be empty")
+    return value
+
+
+def _identifier(value: str, what: str) -> str:
+    if not value.isidentifier():
+        raise InputError(f"{what} must be a plain identifier (it names columns), got {shown(value)}")
+    return value
+
+
+# The one map of the config's keys to their checks; the comment names the flag each mirrors.
+TOP_KEYS = {
+    "trace": KeyCheck(str, _text),                                          # --trace
+    "trace_format": KeyCheck(str, _one_of(TRACE_FORMATS)),                  # --trace-format
+    "num_requests": KeyCheck(NUMBER, checks.num_requests),          # --num-requests
+    "duration_s": KeyCheck(NUMBER, checks.seconds),                 # --duration
+    "seed": KeyCheck(NUMBER, checks.seed),                          # --seed
+    "rates_rps": KeyCheck(NUMBER, checks.rate, axis=True),          # --rate
+    "replicas": KeyCheck(NUMBER, checks.replicas, axis=True),       # --replicas
+    "step_models": KeyCheck(str, _text, axis=True),                         # --step-model
+    "host_defaults": KeyCheck(str, _one_of((NO_HOST_DEFAULTS, *ENGINE_NAMES)), axis=True),   # --host-defaults
+    "latency": KeyCheck(str, _one_of(LATENCY_METRICS)),
+    "block_size": KeyCheck(NUMBER, checks.block_size),              # --block-size
+    "kv_blocks": KeyCheck(NUMBER, checks.kv_blocks),                # --kv-blocks
+    "router": KeyCheck(str, _one_of(ROUTER_NAMES)),                         # --router
+    "step_overhead_ms": KeyCheck(NUMBER, checks.time_ms_or_zero),   # --step-overhead-ms
+    "ranges": KeyCheck(NUMBER, checks.num_replications),            # --ranges
+    "scatter_cv": KeyCheck(NUMBER, checks.scatter_cv),              # --scatter-cv
+    "scatter_rho": KeyCheck(NUMBER, checks.correlation),            # --scatter-rho
+    "scatter_run_cv": KeyCheck(NUMBER, checks.scatter_cv),          # --scatter-run-cv
+    "ranges_seed": KeyCheck(NUMBER, checks.seed),                   # --ranges-seed
+}
+SCHEDULER_KEYS = {                                                          # [[schedulers]]
+    "name": KeyCheck(str, _one_of(tuple(SCHEDULERS))),                      # --scheduler
+    **{key: KeyCheck(NUMBER, checks.scheduler_size, axis=True)      # --max-num-seqs, ...
+       for key in SCHEDULER_SETTINGS},
+}
+SLO_KEYS = {                                                                # [[slos]]
+    "name": KeyCheck(str, _identifier),
+    "ttft_ms": KeyCheck(NUMBER, checks.time_ms),                    # --slo-ttft-ms
+    "tpot_ms": KeyCheck(NUMBER, checks.time_ms),                    # --slo-tpot-ms
+    "attainment": KeyCheck(NUMBER, checks.fraction),                # capacity's --attainment
+}
+TABLE_KEYS = {"schedulers": SCHEDULER_KEYS, "slos": SLO_KEYS}               # lists of tables ([[schedulers]])
 
 
 @dataclass(frozen=True)
@@ -130,52 +211,99 @@ class SweepConfig:
 
 
 def load_sweep_config(path: str | Path) -> SweepConfig:
+    """The config at `path`, every key checked as its flag is (TOP_KEYS), the grid's size bounded
+    (MAX_SWEEP_POINTS) before it is built; an InputError naming the file and the key otherwise."""
     path = Path(path)
     data = read_toml(path, "a sweep config (TOML)")
-    unknown = set(data) - TOP_KEYS
-    if unknown:
-        raise InputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(TOP_KEYS))}")
+    values = checked_table(path, data, TOP_KEYS, "", extra=tuple(TABLE_KEYS))
     for key in ("trace", "step_models", "schedulers"):
         if key not in data:
             raise InputError(f"{path}: missing key {key!r}")
     base = path.resolve().parent
-    step_models = [_relative(base, s) for s in _list(path, "step_models", data["step_models"], str)]
-    rates = _list(path, "rates_rps", data.get("rates_rps"), (int, float)) if "rates_rps" in data else [None]
-    if any(r is not None and r <= 0 for r in rates):
-        raise InputError(f"{path}: rates_rps must be positive numbers, got {rates}")
-    replicas = _list(path, "replicas", data.get("replicas", [1]), int)
-    if any(r < 1 for r in replicas):
-        raise InputError(f"{path}: replicas must be positive integers, got {replicas}")
-    latency = data.get("latency", "ttft_ms")
-    if latency not in LATENCY_METRICS:
-        raise InputError(f"{path}: latency must be one of {', '.join(LATENCY_METRICS)}, got {latency!r}")
-    settings = [s for i, entry in enumerate(_tables(path, "schedulers", data["schedulers"]))
-                for s in _scheduler_settings(path, i, entry)]
-    engines = _host_defaults(path, data, step_models)
-    points = tuple(SweepPoint(i, sched, *values, float(rate) if rate is not None else None, n, model, engine)
-                   for i, ((sched, *values), model, engine, n, rate) in
+    schedulers = [_scheduler(path, i, entry) for i, entry in enumerate(_tables(path, "schedulers", data["schedulers"]))]
+    rates = values.get("rates_rps", [None])
+    replicas = values.get("replicas", [1])
+    step_models = [_step_model(path, i, _relative(base, spec)) for i, spec in enumerate(values["step_models"])]
+    engines = _host_defaults(path, values.get("host_defaults"), step_models)
+    _check_grid_size(path, schedulers, len(step_models) * len(engines) * len(replicas) * len(rates))
+    settings = [(name, *combo) for name, axes in schedulers for combo in itertools.product(*axes)]
+    points = tuple(SweepPoint(i, sched, *settings_, rate, n, model, engine)
+                   for i, ((sched, *settings_), model, engine, n, rate) in
                    enumerate(itertools.product(settings, step_models, engines, replicas, rates)))
     return SweepConfig(
-        path=path, trace=_relative(base, _scalar(path, data, "trace", str)),
-        trace_format=data.get("trace_format"), num_requests=_scalar(path, data, "num_requests", int, None),
-        duration_s=_scalar(path, data, "duration_s", (int, float), None), seed=_scalar(path, data, "seed", int, 0),
-        block_size=_scalar(path, data, "block_size", int, 16), kv_blocks=_scalar(path, data, "kv_blocks", int, None),
-        router=_scalar(path, data, "router", str, "round-robin"),
-        step_overhead_ms=float(_scalar(path, data, "step_overhead_ms", (int, float), 0.0)),
-        latency=latency, slos=tuple(_slo(path, i, t) for i, t in enumerate(_tables(path, "slos", data.get("slos", [])))),
-        points=points, ranges=_ranges(path, data))
+        path=path, trace=_relative(base, values["trace"]), trace_format=values.get("trace_format"),
+        num_requests=values.get("num_requests"),
+        duration_s=data.get("duration_s"),   # as written (600, not 600.0): part of every point's key
+        seed=values.get("seed", 0), block_size=values.get("block_size", 16), kv_blocks=values.get("kv_blocks"),
+        router=values.get("router", "round-robin"), step_overhead_ms=values.get("step_overhead_ms", 0.0),
+        latency=values.get("latency", "ttft_ms"), slos=_slos(path, data.get("slos", [])),
+        points=points, ranges=_ranges(path, values))
 
 
-def _host_defaults(path: Path, data: dict, step_models: list[str]) -> list[str | None]:
+def checked_table(path: Path, table: dict, checks: dict[str, KeyCheck], scope: str,
+                  extra: tuple[str, ...] = ()) -> dict:
+    """Each key of `table` checked by its KeyCheck (axes as lists), `extra` keys (tables, checked by
+    their own readers) left out; an unknown key is refused with a close match where there is one.
+    `scope` is the key's place for messages: "" at the top, "schedulers[0]." in a table."""
+    known = (*checks, *extra)
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {scope}{close[0]}?)" if close else f"; known: {', '.join(sorted(known))}"
+            raise InputError(f"{path}: unknown key {scope}{key}{hint}")
+    return {key: _checked_value(checks[key], value, f"{path}: {scope}{key}")
+            for key, value in table.items() if key in checks}
+
+
+def _checked_value(check: KeyCheck, value, what: str):
+    if not check.axis:
+        return _checked_one(check, value, what, "")
+    if not isinstance(value, list):
+        return [_checked_one(check, value, what, " or a non-empty list of them")]
+    if not value:
+        raise InputError(f"{what} must be {_kind_name(check.kind)} or a non-empty list of them, got []")
+    return [_checked_one(check, v, f"{what}[{i}]", "") for i, v in enumerate(value)]
+
+
+def _checked_one(check: KeyCheck, value, what: str, or_list: str):
+    """The TOML type first (no string for a number, no bool for anything), then the flag's check."""
+    if isinstance(value, bool) or not isinstance(value, check.kind):
+        raise InputError(f"{what} must be {_kind_name(check.kind)}{or_list}, got {shown(value)}")
+    return check.check(value, what)
+
+
+def _check_grid_size(path: Path, schedulers: list[tuple[str, list[list]]], per_setting: int) -> None:
+    """The number of points, counted from the axes' lengths, at most MAX_SWEEP_POINTS."""
+    num_settings = sum(math.prod(len(axis) for axis in axes) for _, axes in schedulers)
+    num_points = num_settings * per_setting
+    if num_points > MAX_SWEEP_POINTS:
+        raise InputError(f"{path}: the grid has {num_points:,} points (the schedulers' settings x step_models x "
+                         f"host_defaults x replicas x rates_rps), more than the {MAX_SWEEP_POINTS:,} a sweep may "
+                         f"have; split it into several sweeps")
+
+
+def _scheduler(path: Path, i: int, entry: dict) -> tuple[str, list[list]]:
+    """A [[schedulers]] table: its name and the axes of its settings ([None]: the scheduler's default)."""
+    values = checked_table(path, entry, SCHEDULER_KEYS, f"schedulers[{i}].")
+    if "name" not in values:
+        raise InputError(f"{path}: schedulers[{i}]: missing key 'name' (one of {', '.join(SCHEDULERS)})")
+    return values["name"], [values.get(key, [None]) for key in SCHEDULER_SETTINGS]
+
+
+def _step_model(path: Path, i: int, spec: str) -> str:
+    """const:MS or linear:A,B,C, checked as --step-model is; else a directory, whose tables are read
+    when the sweep runs (their errors name their files)."""
+    label = f"{path}: step_models[{i}]"
+    if parse_builtin_step_model(spec, label=label) is None and not Path(spec).is_dir():
+        raise InputError(f"{label} {spec!r}: expected const:MS, linear:A,B,C or a T_step table directory")
+    return spec
+
+
+def _host_defaults(path: Path, names: list[str] | None, step_models: list[str]) -> list[str | None]:
     """The engines of `host_defaults` (a name or a list), None for "none"; [None] without the key.
     Calibrated terms win over an engine's defaults, as with --host-defaults: such tables are refused."""
-    if "host_defaults" not in data:
+    if names is None:
         return [None]
-    names = _list(path, "host_defaults", data["host_defaults"], str)
-    known = (NO_HOST_DEFAULTS, *ENGINE_NAMES)
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise InputError(f"{path}: host_defaults must be one or a list of {', '.join(known)}, got {unknown[0]!r}")
     if len(set(names)) < len(names):
         raise InputError(f"{path}: host_defaults lists an engine twice: {names}")
     engine = next((name for name in names if name != NO_HOST_DEFAULTS), None)
@@ -186,97 +314,44 @@ def _host_defaults(path: Path, data: dict, step_models: list[str]) -> list[str |
     return [None if name == NO_HOST_DEFAULTS else name for name in names]
 
 
-def _ranges(path: Path, data: dict) -> SweepRanges | None:
-    """SweepRanges from `ranges = N` and its settings; None without it (or with 0)."""
-    num = _scalar(path, data, "ranges", int, 0)
-    if not 0 <= num <= 10_000:
-        raise InputError(f"{path}: ranges must be a number of replications in [0, 10000], got {num}")
+def _ranges(path: Path, values: dict) -> SweepRanges | None:
+    """SweepRanges from `ranges = N` and its settings (checked as their flags); None without it (or with 0)."""
+    num = values.get("ranges", 0)
     if num == 0:
-        given = [key for key in RANGES_KEYS if key in data]
+        given = [key for key in RANGES_KEYS if key in values]
         if given:
             raise InputError(f"{path}: {', '.join(given)} need(s) ranges = N (N > 0 replications per point)")
         return None
-    cv = float(_scalar(path, data, "scatter_cv", (int, float), 0.0))
-    rho = float(_scalar(path, data, "scatter_rho", (int, float), 0.0))
-    seed = _scalar(path, data, "ranges_seed", int, 0)
-    run_cv = float(_scalar(path, data, "scatter_run_cv", (int, float), 0.0))
-    if not 0 <= run_cv <= 1:
-        raise InputError(f"{path}: scatter_run_cv must be in [0, 1] (a coefficient of variation), got {run_cv}")
-    if not 0 <= cv <= 1:
-        raise InputError(f"{path}: scatter_cv must be in [0, 1] (a coefficient of variation), got {cv}")
-    if not -1 < rho < 1:
-        raise InputError(f"{path}: scatter_rho must be in (-1, 1) (a lag-one autocorrelation), got {rho}")
-    if seed < 0:
-        raise InputError(f"{path}: ranges_seed must be a non-negative integer, got {seed}")
-    return SweepRanges(num, cv, rho, seed, run_cv)
+    return SweepRanges(num, values.get("scatter_cv", 0.0), values.get("scatter_rho", 0.0),
+                       values.get("ranges_seed", 0), values.get("scatter_run_cv", 0.0))
 
 
-def _scheduler_settings(path: Path, i: int, entry: dict) -> list[tuple]:
-    where = f"{path}: schedulers[{i}]"
-    name = entry.get("name")
-    if name not in SCHEDULERS:
-        raise InputError(f"{where}: name must be one of {', '.join(SCHEDULERS)}, got {name!r}")
-    unknown = set(entry) - {"name", *SCHEDULER_SETTINGS}
-    if unknown:
-        raise InputError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}; "
-                         f"known: {', '.join(SCHEDULER_SETTINGS)}")
-    axes = []
-    for key in SCHEDULER_SETTINGS:
-        values = _list(path, f"schedulers[{i}].{key}", entry.get(key), int) if key in entry else [None]
-        if any(v is not None and v <= 0 for v in values):
-            raise InputError(f"{where}: {key} must be positive integers, got {values}")
-        axes.append(values)
-    return [(name, *combo) for combo in itertools.product(*axes)]
-
-
-def _slo(path: Path, i: int, entry: dict) -> Slo:
-    where = f"{path}: slos[{i}]"
-    unknown = set(entry) - SLO_KEYS
-    if unknown:
-        raise InputError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SLO_KEYS))}")
-    name = entry.get("name", f"slo{i}")
-    if not isinstance(name, str) or not name.isidentifier():
-        raise InputError(f"{where}: name must be a plain identifier (it names columns), got {name!r}")
-    ttft, tpot = entry.get("ttft_ms"), entry.get("tpot_ms")
-    if ttft is None and tpot is None:
-        raise InputError(f"{where}: give ttft_ms and/or tpot_ms")
-    attainment = entry.get("attainment", 0.9)
-    if not isinstance(attainment, (int, float)) or not 0 < attainment <= 1:
-        raise InputError(f"{where}: attainment must be in (0, 1], got {attainment!r}")
-    for key, value in (("ttft_ms", ttft), ("tpot_ms", tpot)):
-        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-            raise InputError(f"{where}: {key} must be a positive number, got {value!r}")
-    return Slo(name, None if ttft is None else float(ttft), None if tpot is None else float(tpot), float(attainment))
-
-
-def _list(path: Path, key: str, value, kind) -> list:
-    values = value if isinstance(value, list) else [value]
-    if not values or any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
-        raise InputError(f"{path}: {key} must be a value or a non-empty list of {_kind_name(kind)}, got {value!r}")
-    return values
-
-
-def _scalar(path: Path, data: dict, key: str, kind, default=...):
-    if key not in data:
-        if default is ...:
-            raise InputError(f"{path}: missing key {key!r}")
-        return default
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise InputError(f"{path}: {key} must be {_kind_name(kind)}, got {value!r}")
-    return value
+def _slos(path: Path, entries) -> tuple[Slo, ...]:
+    """The [[slos]] tables; each needs ttft_ms and/or tpot_ms, and a name of its own (it names columns)."""
+    slos = []
+    for i, entry in enumerate(_tables(path, "slos", entries)):
+        values = checked_table(path, entry, SLO_KEYS, f"slos[{i}].")
+        name = values.get("name", f"slo{i}")
+        if "ttft_ms" not in values and "tpot_ms" not in values:
+            raise InputError(f"{path}: slos[{i}]: give ttft_ms and/or tpot_ms")
+        twin = next((j for j, slo in enumerate(slos) if slo.name == name), None)
+        if twin is not None:
+            raise InputError(f"{path}: slos[{i}].name {name!r} is already the name of slos[{twin}]; "
+                             f"each SLO names its own columns")
+        slos.append(Slo(name, values.get("ttft_ms"), values.get("tpot_ms"), values.get("attainment", 0.9)))
+    return tuple(slos)
 
 
 def _tables(path: Path, key: str, value) -> list[dict]:
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise InputError(f"{path}: {key} must be a list of tables ([[{key}]])")
+        raise InputError(f"{path}: {key} must be a list of tables ([[{key}]]), got {shown(value)}")
     if key == "schedulers" and not value:
         raise InputError(f"{path}: give at least one [[schedulers]] table")
     return value
 
 
 def _kind_name(kind) -> str:
-    return {str: "strings", int: "integers"}.get(kind, "numbers")
+    return "a string" if kind is str else "a number"
 
 
 def _relative(base: Path, text: str) -> str:

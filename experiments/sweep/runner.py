@@ -8,12 +8,14 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from stepcal.core.errors import InputError
 from stepcal.core.measured_run import METRICS, STATS, RunStats
 from stepcal.core.metrics import slo_summary
 from stepcal.core.workload import load_workload, mean_rate_rps, rescale_rate
 from stepcal.experiments.step_models import front_end, resolve_step_model
 from stepcal.experiments.sweep.config import Slo, SweepConfig, SweepPoint, SweepRanges
 from stepcal.simulator.ranges import ranges_block, replication_seeds, run_replication
+from stepcal.simulator.request import kv_blocks_needed
 from stepcal.simulator.scatter import Scatter
 from stepcal.simulator.schedulers import SchedulerConfig
 from stepcal.simulator.simulation import SimConfig, Simulation
@@ -40,11 +42,25 @@ class SweepContext:
 def build_context(config: SweepConfig) -> SweepContext:
     trace = load_workload(config.trace, trace_format=config.trace_format, num_requests=config.num_requests,
                           duration_s=config.duration_s, seed=config.seed, arg_name=f"{config.path}: trace")
+    _check_kv_cache_holds(config, trace)
     # each step model with each engine's published host terms (experiments.host_defaults), once
     models = {key: resolve_step_model(*key) for key in dict.fromkeys((p.step_model, p.host_defaults)
                                                                      for p in config.points)}
     return SweepContext(trace, models, config.block_size, config.kv_blocks, config.router, config.step_overhead_ms,
                         config.slos, config.ranges)
+
+
+def _check_kv_cache_holds(config: SweepConfig, trace) -> None:
+    """Every request fits a cache of kv_blocks blocks (the simulator's check, named by the config's keys:
+    a sweep has no --skip-oversize). Rates rescale arrivals only, so one check holds for every point."""
+    if config.kv_blocks is None or len(trace) == 0:
+        return
+    need = kv_blocks_needed(trace, config.block_size)
+    row = int(need.argmax())
+    if need[row] > config.kv_blocks:
+        raise InputError(f"{config.path}: kv_blocks = {config.kv_blocks} blocks of block_size = {config.block_size} "
+                         f"tokens cannot hold request {int(trace.request_id[row])} (row {row}) of the trace, which "
+                         f"needs {int(need[row])}; raise kv_blocks")
 
 
 def point_key(point: SweepPoint, config: SweepConfig) -> str:
