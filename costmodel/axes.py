@@ -50,7 +50,7 @@ DATA_RULE = (f"data: fixed log grid + every measured value + powers of two + mul
              f"between knots (linear interpolation off by > {STEP_TOLERANCE:.0%}); 2-D axes capped at "
              f"{MAX_2D_KNOTS} knots each (costmodel.axes)")
 
-DECODE_OPS = ("attn_decode", "mla_decode")
+DECODE_OPS = ("attn_decode", "mla_decode", "attn_decode_mixed")
 PREFILL_OPS = ("attn_prefill", "mla_prefill")
 ONE_D = ("num_tokens", "num_seqs")
 TWO_D = ("num_decode", "kv_mean", "prefill_tokens", "prefill_ctx")

@@ -9,8 +9,8 @@ from stepcal.core.io import atomic_write_parquet
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.axes import measured_values
 from stepcal.costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
-from stepcal.costmodel.compose_attention import attention_targets
-from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition
+from stepcal.costmodel.compose_attention import MIXED_DECODE_TARGET, attention_targets
+from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, all_reduce_target
 from stepcal.costmodel.coverage import coverage_notes
 from stepcal.costmodel.features import assign_targets
 from stepcal.costmodel.fitting import FitResult
@@ -152,6 +152,8 @@ def composed_ops(spec: ModelSpec, parallelism: Parallelism) -> str:
     """The record ops composing this model's T_step reads (what `fit` keeps by default): a whole
     directory of kernel tables also holds other models' kinds (MLA for a GQA model, say)."""
     ops = ["gemm", "elementwise", *attention_targets(spec), "overhead", "host", "step"]
+    if not spec.is_mla:
+        ops.append(MIXED_DECODE_TARGET)
     if parallelism.tp > 1:
         ops.append("all_reduce")
     if spec.is_moe:
@@ -171,6 +173,9 @@ def _composition_meta(result: FitResult, spec: ModelSpec, parallelism: Paralleli
         if parallelism.ep > 1:
             meta["all_to_all"] = {"source": "link bandwidth (no measured all-to-all data)",
                                   "link_gbps": composition.ep_link_gbps, "latency_us": composition.ep_latency_us}
+    if parallelism.tp > 1 and all_reduce_target(result) is None and composition.tp_link_gbps is not None:
+        meta["all_reduce"] = {"source": "ring over a link (no measured all-reduce data)",
+                              "link_gbps": composition.tp_link_gbps, "latency_us": composition.tp_latency_us}
     return meta
 
 

@@ -6,7 +6,9 @@ import numpy as np
 
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.grid_predict import predict_grid
-from stepcal.costmodel.terms import DecodeAttention, PrefillAttention, Term
+from stepcal.costmodel.terms import DecodeAttention, MixedDecodeAttention, PrefillAttention, Term
+
+MIXED_DECODE_TARGET = "attn_decode_mixed"   # decodes' attention when a prefill shares the kernel call
 
 
 def attention_targets(spec: ModelSpec) -> tuple[str, str]:
@@ -19,6 +21,8 @@ def attention_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) -> 
     terms = []
     if decode in result.targets:
         terms.append(_decode_term(result, decode, spec, parallelism, axes))
+        if MIXED_DECODE_TARGET in result.targets and not spec.is_mla:
+            terms.append(_mixed_decode_term(result, decode, spec, parallelism, axes))
     if prefill in result.targets:
         terms.append(_prefill_term(result, prefill, spec, parallelism, axes))
     return terms
@@ -34,16 +38,31 @@ def _heads(spec: ModelSpec, parallelism: Parallelism, n: int) -> dict:
                 head_dim=np.full(n, float(spec.head_dim)))
 
 
-def _decode_term(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+def _decode_predictions(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes):
+    """One layer's decode attention of `target` (mean, spread) on the (num_decode, kv_mean) grid."""
     b, kv = np.meshgrid(axes.num_decode, axes.kv_mean, indexing="ij")
     b, kv = b.ravel(), kv.ravel()
     zeros = np.zeros(len(b))
-    mean, spread = predict_grid(result, target, dict(
+    return predict_grid(result, target, dict(
         row=np.arange(len(b)), op=target, num_seqs=b, num_tokens=b, num_decode=b,
         decode_kv_sum=b * kv, decode_kv_max=kv, prefill_tokens=zeros, prefill_attn_work=zeros,
         kv_sum=b * kv, **_heads(spec, parallelism, len(b))), spec.kv_dtype or spec.dtype)
+
+
+def _decode_term(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+    mean, spread = _decode_predictions(result, target, spec, parallelism, axes)
     return _layers_grid(DecodeAttention, "decode_attn", (axes.num_decode, axes.kv_mean), mean, spread, spec,
                         "decode attention by batch and mean KV length")
+
+
+def _mixed_decode_term(result, decode: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+    """The mixed call's decodes less the pure decode call: what a prefill in the step adds to them."""
+    mixed, mixed_spread = _decode_predictions(result, MIXED_DECODE_TARGET, spec, parallelism, axes)
+    pure, pure_spread = _decode_predictions(result, decode, spec, parallelism, axes)
+    return _layers_grid(MixedDecodeAttention, "mixed_decode_attn", (axes.num_decode, axes.kv_mean),
+                        mixed - pure, np.hypot(mixed_spread, pure_spread), spec,
+                        "decode attention's extra when a prefill shares the kernel call (mixed less pure "
+                        "decode), by batch and mean KV length; zero without prefill tokens")
 
 
 def _prefill_term(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:

@@ -27,10 +27,17 @@ class Composition:
     ep_link_gbps: float = 450.0
     ep_latency_us: float = 10.0
     device_spec: str | None = None          # a name costmodel.devices knows (--device-spec)
+    # The link tensor parallelism's all-reduces run over where no all-reduce was measured (None: no
+    # all_reduce term then, and meta.json lists it missing); its per-hop latency.
+    tp_link_gbps: float | None = None
+    tp_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
-        for flag, value in (("--ep-link-gbps", self.ep_link_gbps), ("--ep-latency-us", self.ep_latency_us)):
-            if not math.isfinite(value) or value < 0 or (flag == "--ep-link-gbps" and value == 0):
+        for flag, value in (("--ep-link-gbps", self.ep_link_gbps), ("--ep-latency-us", self.ep_latency_us),
+                            ("--tp-link-gbps", self.tp_link_gbps), ("--tp-latency-us", self.tp_latency_us)):
+            if value is None:
+                continue
+            if not math.isfinite(value) or value < 0 or (flag.endswith("gbps") and value == 0):
                 raise InputError(f"{flag} must be a finite positive number, got {value}")
 
 
@@ -42,6 +49,8 @@ def collective_terms(result, spec: ModelSpec, parallelism: Parallelism, axes,
     terms = []
     if parallelism.tp > 1 and all_reduce_target(result) is not None:
         terms.append(_all_reduce_term(result, spec, parallelism, axes))
+    elif parallelism.tp > 1 and composition.tp_link_gbps is not None:
+        terms.append(_link_all_reduce_term(spec, parallelism, axes, composition))
     if spec.is_moe and parallelism.ep > 1:
         terms.append(_all_to_all_term(spec, parallelism, axes, composition))
     return terms
@@ -107,6 +116,26 @@ def _all_reduce_term(result, spec: ModelSpec, parallelism: Parallelism, axes) ->
     return FeatureCurve("all_reduce", "num_tokens", T, time_ms, spread_ms,
                         f"{per_step} all-reduces of num_tokens x hidden over {parallelism.tp} GPUs "
                         f"({spec.num_layers} after attention, {per_step - spec.num_layers} after FFNs)")
+
+
+def ring_all_reduce_s(message_bytes, tp: int, link_gbps: float, latency_us: float) -> np.ndarray:
+    """Seconds of one ring all-reduce of `message_bytes` over `tp` GPUs: 2 (tp - 1) steps (a
+    reduce-scatter, then an all-gather), each sending 1/tp of the message over one link and paying
+    the link's latency once (the alpha-beta cost of the ring algorithm NCCL uses on one node)."""
+    hops = 2 * (tp - 1)
+    return hops * latency_us * 1e-6 + hops / tp * np.asarray(message_bytes, dtype=np.float64) / (link_gbps * 1e9)
+
+
+def _link_all_reduce_term(spec: ModelSpec, parallelism: Parallelism, axes, composition: Composition) -> Term:
+    T = axes.num_tokens
+    per_step = all_reduces_per_step(spec, parallelism)
+    message = T * spec.hidden_size * spec.kv_dtype_bytes
+    seconds = ring_all_reduce_s(message, parallelism.tp, composition.tp_link_gbps, composition.tp_latency_us)
+    return FeatureCurve("all_reduce", "num_tokens", T, per_step * seconds * 1e3, np.zeros(len(T)),
+                        f"{per_step} ring all-reduces of num_tokens x hidden over {parallelism.tp} GPUs "
+                        f"({spec.num_layers} after attention, {per_step - spec.num_layers} after FFNs): "
+                        f"bytes at {composition.tp_link_gbps:g} GB/s + {composition.tp_latency_us:g} us a hop, "
+                        "no measured data")
 
 
 def all_to_all_bytes(spec: ModelSpec, parallelism: Parallelism, num_tokens) -> np.ndarray:

@@ -57,6 +57,11 @@ KINDS = {
     "attn_decode": TargetKind(("num_decode", "decode_kv_sum", "decode_kv_max", "num_heads",
                                "num_kv_heads", "head_dim"), ("flops", "bytes", "blocks", "num_decode"),
                               "decode_kv_max"),
+    # Decodes sharing an attention call with a prefill (LLMServingSim's mixed rows, the prefill's own
+    # time taken off): the decode kind's features.
+    "attn_decode_mixed": TargetKind(("num_decode", "decode_kv_sum", "decode_kv_max", "num_heads",
+                                     "num_kv_heads", "head_dim"), ("flops", "bytes", "blocks", "num_decode"),
+                                    "decode_kv_max"),
     "attn_prefill": TargetKind(("num_seqs", "prefill_tokens", "prefill_attn_work", "kv_sum",
                                 "num_heads", "num_kv_heads", "head_dim"),
                                ("flops", "bytes", "blocks", "seq_len", "num_seqs"), "seq_len",
@@ -188,7 +193,7 @@ def _derived(kind: str, records: pd.DataFrame, base: dict) -> dict:
                    * dtype_bytes)
         # ring_bytes: what each GPU sends in a ring all-reduce, 2 (tp - 1) / tp of the message.
         return {"message_bytes": message, "ring_bytes": 2 * (base["tp"] - 1) / base["tp"] * message}
-    if kind == "attn_decode":
+    if kind in ("attn_decode", "attn_decode_mixed"):
         kv_sum, heads, kv_heads, hd = (base["decode_kv_sum"], base["num_heads"],
                                        base["num_kv_heads"], base["head_dim"])
         # blocks: the kernel's work items (a sequence's KV head over 256-token splits), whose

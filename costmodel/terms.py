@@ -213,6 +213,25 @@ class DecodeAttention(MeanGrid):
     COUNT, TOTAL = "num_decode", "decode_kv_sum"
 
 
+class MixedDecodeAttention(DecodeAttention):
+    """What decodes add to attention when a prefill shares their step, by the number of decodes and
+    their mean KV length: zero for a step without prefill tokens. A mixed batch runs one kernel call
+    over both (vLLM V1's FlashAttention), which takes longer than a pure-prefill and a pure-decode
+    call summed (LLMServingSim's RTX PRO 6000 profile: 2.2x at 128 decodes), so the extra is priced
+    beside the two pure terms."""
+    GATE = "prefill_tokens"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._gate_column = feature_column(self.GATE, self.name)
+
+    def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        return np.where(getattr(f, self.GATE) > 0, super().evaluate(f, which), 0.0)
+
+    def row_ms(self, row: tuple) -> float:
+        return super().row_ms(row) if float(row[self._gate_column]) > 0 else 0.0
+
+
 class PrefillAttention(MeanGrid):
     """Prefill attention by new tokens and the mean context a new token attends to."""
     AXES = ("prefill_tokens", "prefill_ctx")
@@ -319,6 +338,7 @@ TERM_KINDS: dict[str, type[Term]] = {
     "overhead": FeatureCurve,        # input building, by num_seqs (profiles before the host op)
     "host": AdditiveStep,            # the engine's host path of an iteration, by num_seqs and num_tokens
     "decode_attn": DecodeAttention,
+    "mixed_decode_attn": MixedDecodeAttention,
     "prefill_attn": PrefillAttention,
     "step": AdditiveStep,
 }

@@ -30,6 +30,8 @@ class FitOptions:
     moe_distribution: str | None = None
     ep_link_gbps: float = 450.0
     ep_latency_us: float = 10.0
+    tp_link_gbps: float | None = None
+    tp_latency_us: float = 0.0
     device_spec: str | None = None
     axes: str = "data"
     regressor: str = "tuned"
@@ -77,7 +79,7 @@ def fit_tables(options: FitOptions) -> None:
     spec = load_model_spec(options.model_spec) if options.model_spec else None
     parallelism = checked_parallelism(spec, options.tp or 1, options.ep, options.model_spec)
     composition = Composition(options.moe_distribution, options.ep_link_gbps, options.ep_latency_us,
-                              options.device_spec)
+                              options.device_spec, options.tp_link_gbps, options.tp_latency_us)
     started = time.perf_counter()
     dtype = normalise_dtype(options.dtype) if options.dtype else (dtypes_for(spec) if spec else None)
     # With a model, only the ops its T_step is composed of (unless --ops says otherwise).

@@ -31,7 +31,10 @@ CURVE_TERMS = ("linear", "elementwise", "sampling", "kv_store", "lm_head", "all_
                "all_to_all", "overhead")
 # The 2-D terms: (count feature, total feature) of the batch, and the grid's two axis columns.
 MEAN_GRID_TERMS = {"decode_attn": (("num_decode", "decode_kv_sum"), ("num_decode", "kv_mean")),
+                   "mixed_decode_attn": (("num_decode", "decode_kv_sum"), ("num_decode", "kv_mean")),
                    "prefill_attn": (("prefill_tokens", "prefill_attn_work"), ("prefill_tokens", "prefill_ctx"))}
+# The 2-D terms that count only in a batch where this feature is above zero.
+GATED_TERMS = {"mixed_decode_attn": "prefill_tokens"}
 ADDITIVE_TERMS = ("step", "host")
 HOST_TERM_KEYS = ("per_step_ms", "per_seq_ms", "per_token_ms", "per_request_ms", "per_request_sigma",
                   "per_prompt_token_ms", "per_stream_ms", "base_scale")
@@ -108,10 +111,11 @@ class MeanGrid:
     total: str
     knots: tuple
     values: list
+    gate: str | None = None   # a batch feature that must be above zero for the term to count
 
     def ms(self, f: dict) -> float:
         count = float(f[self.count])
-        if not count > 0:
+        if not count > 0 or (self.gate is not None and not float(f[self.gate]) > 0):
             return 0.0
         mean = float(f[self.total]) / max(count, 1.0)
         return interp2(count, mean, *self.knots, self.values)
@@ -225,7 +229,8 @@ def _term(directory: Path, name, entry):
         if len(cells) != len(columns["time_ms"]) or len(cells) != len(xs) * len(ys):
             raise TableFormatError(f"{file}: grid is not complete ({len(columns['time_ms'])} rows for "
                                    f"{len(xs)} x {len(ys)} axis values)")
-        return MeanGrid(name, count, total, (xs, ys), [[cells[(x, y)] for y in ys] for x in xs])
+        return MeanGrid(name, count, total, (xs, ys), [[cells[(x, y)] for y in ys] for x in xs],
+                        GATED_TERMS.get(name))
     if name in ADDITIVE_TERMS:
         return _additive(directory, name, entry, file)
     raise TableFormatError(f"{file}: unknown term {name!r}")

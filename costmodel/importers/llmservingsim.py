@@ -7,8 +7,9 @@ multiplies the per-layer terms by the model's layer count. The linear layers bec
 records whose (n, k) follow from the model spec's shard at that degree; norms, RoPE and the
 activation become element-wise records; lm_head and the sampler are timed per sequence.
 attention.csv's pure-prefill and pure-decode rows become attention records; its mixed rows (a
-prefill chunk beside decodes in one kernel call) are not kept: the composition adds a prefill
-and a decode term, so it has no place for one time that covers both.
+prefill chunk beside decodes in one kernel call) become attn_decode_mixed records, the call less
+the pure prefill of the same chunk: the composition prices what the prefill adds to the decodes
+(costmodel.terms.MixedDecodeAttention) beside the two pure terms.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from stepcal.costmodel.records import check_positive, make_records, require_colu
 
 SOURCE = "llmservingsim"
 FILES = ("dense.csv", "per_sequence.csv", "attention.csv")
+SKEW_FILES = ("skew.csv", "skew_fit.csv")   # decode KV-length spread: read by no term yet
 # LLMServingSim's dense layer -> our GEMM name (ModelSpec.gemm_shapes).
 GEMM_LAYERS = {"qkv_proj": "qkv_proj", "o_proj": "o_proj", "gate_up_proj": "gate_up_proj",
                "down_proj": "down_proj"}
@@ -205,6 +207,15 @@ def _attention(frame, path, spec: ModelSpec, p: Parallelism, common: dict) -> pd
                                        time_ms=dec["time_ms"].to_numpy(np.float64), **heads),
                                   source=SOURCE, file=path))
     pre = frame[(c > 0) & (b == 0)]
+    mixed = _mixed_decodes(frame[(c > 0) & (b > 0) & one_token], pre, key)
+    if len(mixed):
+        n, s = mixed["n_decode"].to_numpy(np.float64), mixed["kv_decode"].to_numpy(np.float64)
+        zeros = np.zeros(len(mixed))
+        parts.append(make_records(dict(row=mixed.index.to_numpy(), op="attn_decode_mixed", num_seqs=n,
+                                       num_tokens=n, num_decode=n, decode_kv_sum=n * s, decode_kv_max=s,
+                                       prefill_tokens=zeros, prefill_attn_work=zeros, kv_sum=n * s,
+                                       time_ms=mixed["time_ms"].to_numpy(np.float64), **heads),
+                                  source=SOURCE, file=path))
     if len(pre):
         q = pre["prefill_chunk"].to_numpy(np.float64)
         kv = pre[key].to_numpy(np.float64) - (q / 2 if key == "prefill_key" else 0.0)
@@ -217,17 +228,28 @@ def _attention(frame, path, spec: ModelSpec, p: Parallelism, common: dict) -> pd
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def mixed_rows(path, tp: int | None = None) -> int:
-    """How many attention.csv rows mix a prefill chunk with decodes (not imported)."""
-    tp_dir, _ = bundle_dir(path, tp)
-    frame = _read_csv(tp_dir / "attention.csv")
-    return int(((frame["prefill_chunk"] > 0) & (frame["n_decode"] > 0)).sum())
+# The least share of a mixed call its decodes are given (ms): a few decodes beside a prefill cost the
+# call almost nothing (one launch instead of two: the share comes out at -13 to +5 µs in the RTX PRO
+# 6000 bundle), and the regressors take positive times. 1 µs a layer is under 0.1 ms a step.
+MIN_MIXED_SHARE_MS = 0.001
+
+
+def _mixed_decodes(mixed: pd.DataFrame, pre: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Mixed rows with time_ms the decodes' share of the one kernel call: the call less the pure
+    prefill of the same chunk and history, at least MIN_MIXED_SHARE_MS (rows without that prefill
+    measured are left out)."""
+    prefill_ms = pre.groupby(["prefill_chunk", key])["time_ms"].median()
+    index = pd.MultiIndex.from_arrays([mixed["prefill_chunk"], mixed[key]])
+    own = prefill_ms.reindex(index).to_numpy(np.float64)
+    keep = np.isfinite(own)
+    share = mixed["time_ms"].to_numpy(np.float64)[keep] - own[keep]
+    return mixed[keep].assign(time_ms=np.maximum(share, MIN_MIXED_SHARE_MS))
 
 
 # The T_step term each record feeds (costmodel.compose), by (op, name); None: any name.
 _TERMS = (("gemm", "lm_head", "lm_head"), ("gemm", None, "linear"), ("elementwise", "sample", "sampling"),
           ("elementwise", None, "elementwise"), ("attn_decode", None, "decode_attn"),
-          ("attn_prefill", None, "prefill_attn"))
+          ("attn_decode_mixed", None, "mixed_decode_attn"), ("attn_prefill", None, "prefill_attn"))
 
 
 def bundle_meta(records: pd.DataFrame, paths, tp: int | None) -> dict:
@@ -243,7 +265,8 @@ def bundle_meta(records: pd.DataFrame, paths, tp: int | None) -> dict:
     for term, sources in files.items():
         if term == "sampling":
             sources.update(f.replace("per_sequence.csv", "dense.csv") for f in list(sources))
-    mixed = sum(mixed_rows(p, tp) for p in paths)
-    notes = [f"LLMServingSim attention.csv: {mixed} mixed prefill+decode rows not used (the composition "
-             "adds a prefill and a decode attention term; it has no term for one kernel call over both)"]
+    skew = sorted({str(f) for p in paths for name in SKEW_FILES
+                   if (f := bundle_dir(p, tp)[0] / name).exists()})
+    notes = [f"LLMServingSim {', '.join(skew)} not used: decode attention is priced at the batch's mean KV "
+             "length, with no correction for KV lengths that differ within a batch"] if skew else []
     return {"term_files": {t: sorted(f) for t, f in files.items()}, "notes": notes}

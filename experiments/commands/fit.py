@@ -71,6 +71,12 @@ def _add_parallelism_flags(p) -> None:
                         "all-to-all data is read; 450: NVLink 4)")
     p.add_argument("--ep-latency-us", type=argtypes.non_negative, default=10.0,
                    help="fixed latency of each all-to-all (an assumption; stated in meta.json)")
+    p.add_argument("--tp-link-gbps", type=argtypes.positive, default=None,
+                   help="with --tp above 1 and no measured all-reduce in the profiles: price each all-reduce as "
+                        "a ring over links of this bandwidth per GPU and direction, GB/s (default: none, and "
+                        "meta.json lists all_reduce as missing); measured all-reduce data win")
+    p.add_argument("--tp-latency-us", type=argtypes.non_negative, default=0.0,
+                   help="latency of each of the ring's 2 (tp - 1) hops, with --tp-link-gbps (default 0)")
     p.add_argument("--device-spec", default=None, metavar="NAME",
                    help="the GPU whose datasheet (memory bandwidth) the memory-roofline terms use: element-wise "
                         "work (norms, RoPE, activation, residual adds) where no profile times it, and greedy "

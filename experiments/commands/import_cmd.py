@@ -9,6 +9,7 @@ from stepcal.core.model_files import load_model_spec
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.commands.flags import (
     DEFAULT_BLOCK_SIZE,
+    KV_SIZINGS,
     add_command,
     add_scheduler_flags,
     kv_blocks_from_args,
@@ -53,14 +54,16 @@ The replay's trace has the same arrivals and lengths. meta.json records these de
 epoch-to-monotonic offset (the smallest that queues no request before its send) with the send-to-
 receipt delay it implies, and the engine: scheduler vllm with the run's max_num_seqs and
 max_num_batched_tokens, tensor parallelism, dtype, seed, vLLM version. The bench does not record
-the KV capacity: the replay has no KV limit unless --kv-blocks is given. It records no steps and no
+the KV capacity: --device-memory-gb derives it as vLLM sizes its cache for that engine (--kv-sizing
+vllm), --kv-blocks gives it; without either the replay has no KV limit. It records no steps and no
 inter-token gaps: the step log is empty and itl_ms has no statistics.
 
 Writes OUT/meta.json (source "llmservingsim"), OUT/trace.parquet, OUT/repeat_0/{requests,steps}.parquet
 and summary.json, OUT/summary.json, and OUT/timeseries.csv as the bench wrote it.
 
 example:
-  stepcal import llmservingsim runs/llmservingsim/RTXPRO6000/Llama-3.1-8B --out runs/lss_llama8b
+  stepcal import llmservingsim runs/llmservingsim/RTXPRO6000/Llama-3.1-8B --out runs/lss_llama8b \
+      --model-spec llama-3-8b --device-memory-gb 95.6
   stepcal validate --measured runs/lss_llama8b --step-model tables/rtxpro6000 --out runs/lss_llama8b/validation"""
 
 
@@ -88,7 +91,17 @@ def _register_llmservingsim(sources) -> None:
     s.add_argument("--block-size", type=argtypes.count(1, 65_536), default=DEFAULT_BLOCK_SIZE,
                    help=f"tokens per KV block of the replay (default {DEFAULT_BLOCK_SIZE}, vLLM's)")
     s.add_argument("--kv-blocks", type=argtypes.count(1, 2**40), default=None,
-                   help="KV cache capacity of the replay in blocks (default: unlimited)")
+                   help="KV cache capacity of the replay in blocks (default: derived from --device-memory-gb, "
+                        "else unlimited)")
+    s.add_argument("--device-memory-gb", type=argtypes.positive, default=None,
+                   help="derive --kv-blocks as the run's engine sized its cache: this GPU memory (GiB, as CUDA "
+                        "reports it), --model-spec, the run's tensor_parallel_size, max_num_batched_tokens and "
+                        "max_num_seqs")
+    s.add_argument("--gpu-memory-utilization", type=argtypes.fraction, default=0.9,
+                   help="vLLM's gpu_memory_utilization of the run (default 0.9, vLLM's default)")
+    s.add_argument("--kv-sizing", choices=KV_SIZINGS, default="vllm",
+                   help="how --device-memory-gb becomes --kv-blocks (as in `stepcal simulate`; default vllm: "
+                        "the run's engine is vLLM, which also takes off its start-up profile run's activations)")
     s.add_argument("--quiet", action="store_true", help="print nothing but errors")
     s.add_argument("--out", required=True, help="output directory")
 
@@ -127,10 +140,24 @@ def run_llmservingsim(args) -> int:
     )
     spec = load_model_spec(args.model_spec) if args.model_spec else None
     run = read_llmservingsim_run(args.run_dir)
+    kv_blocks = args.kv_blocks if args.kv_blocks is not None else _run_kv_blocks(run, args)
     summary = write_llmservingsim_run(run, args.out, model_spec=spec, block_size=args.block_size,
-                                      kv_blocks=args.kv_blocks)
-    print_warnings(import_warnings(run, args.kv_blocks))
+                                      kv_blocks=kv_blocks)
+    print_warnings(import_warnings(run, kv_blocks))
     if not args.quiet:
         print(format_summary(summary))
         print(f"imported {len(run)} requests from {run.requests_path}; wrote {args.out}")
     return 0
+
+
+def _run_kv_blocks(run, args) -> int | None:
+    """The KV blocks the run's engine had, derived from --device-memory-gb with the engine's own limits
+    and tensor parallelism (None without --device-memory-gb)."""
+    from stepcal.simulator.kv_cache import KvCacheSizing  # lazy: loads numpy
+    engine = run.engine
+    sizing = KvCacheSizing(block_size=args.block_size, device_memory_gb=args.device_memory_gb,
+                           gpu_memory_utilization=args.gpu_memory_utilization,
+                           tp=engine.get("tensor_parallel_size") or 1, sizing=args.kv_sizing,
+                           max_num_batched_tokens=engine.get("max_num_batched_tokens"),
+                           max_num_seqs=engine["max_num_seqs"])
+    return sizing.num_blocks(args.model_spec)

@@ -243,7 +243,7 @@ def import_warnings(run: LlmServingSimRun, kv_blocks: int | None) -> list[str]:
     if kv_blocks is not None:
         return []
     return [f"{run.bench_dir / META_FILE}: the bench does not record the KV cache's capacity: the replay has "
-            f"no KV limit (give --kv-blocks for one)"]
+            f"no KV limit (give --kv-blocks, or --device-memory-gb to derive it)"]
 
 
 def write_llmservingsim_run(run: LlmServingSimRun, out: str | Path, *, model_spec=None,

@@ -136,3 +136,19 @@ def test_each_op_is_fitted_in_the_dtype_the_model_runs_it_in():
                                                      ["attn_decode", "bfloat16"]]
     with pytest.raises(InputError, match="no rows; dtypes in the input"):
         select_records(rows, dtype=dtypes_for(PRESETS["tiny"]))
+
+
+
+def test_tp_without_all_reduce_data_prices_a_ring_over_the_stated_link():
+    """No measured all-reduce: --tp-link-gbps prices each as a ring (2 (tp - 1) hops of 1/tp of the
+    message, each paying the latency); without it there is no all_reduce term."""
+    from stepcal.costmodel.compose_comm import ring_all_reduce_s
+    assert ring_all_reduce_s(4e6, 4, 16.0, 20.0) == pytest.approx(6 * 20e-6 + 6 / 4 * 4e6 / 16e9)
+    targets = ("gemm", "attn_decode", "attn_prefill")
+    linked, _ = terms_at(LLAMA, Parallelism(tp=4), Composition(tp_link_gbps=16.0, tp_latency_us=20.0), targets)
+    message = AXES.num_tokens * LLAMA.hidden_size * 2          # bf16 hidden states
+    expected_ms = 2 * 32 * ring_all_reduce_s(message, 4, 16.0, 20.0) * 1e3
+    assert linked["all_reduce"].time_ms == pytest.approx(expected_ms)
+    assert "all_reduce" not in terms_at(LLAMA, Parallelism(tp=4), targets=targets)[0]
+    measured, _ = terms_at(LLAMA, Parallelism(tp=4), Composition(tp_link_gbps=16.0), (*targets, "all_reduce:x"))
+    assert measured["all_reduce"].time_ms[0] == 2 * 32         # measured data win over the link

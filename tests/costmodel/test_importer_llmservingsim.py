@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepcal.core.batch import StepBatch
+from stepcal.core.batch import StepBatch, feature_row
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import PRESETS, ModelSpec, Parallelism
 from stepcal.costmodel.compose import compose_terms, data_axes, op_grids
@@ -66,7 +66,9 @@ def _bundle(root: Path, **replace) -> Path:
     per_seq = [f"{layer},{s},{us}" for layer, us in SEQ_US.items() for s in (1, 2, 4, 8, 16, 32, 64, 128)]
     attention = [f"0,0,{n},{kv},{DECODE_US}" for n in (1, 2, 4, 8) for kv in (16, 64, 256, 1024)]
     attention += [f"{c},{kv},0,0,{PREFILL_US}" for c in (16, 64, 128) for kv in (0, 64, 256)]
-    attention.append(f"64,0,2,128,{MIXED_US}")
+    # Mixed calls: a 64-token chunk over no history beside n decodes (the pure prefill of that chunk is
+    # measured, so each row's decode share is MIXED_US - PREFILL_US).
+    attention += [f"64,0,{n},{kv},{MIXED_US}" for n in (1, 2, 4, 8) for kv in (16, 64, 256, 1024)]
     files = {"dense.csv": "layer,tokens,time_us\n" + "\n".join(dense),
              "per_sequence.csv": "layer,sequences,time_us\n" + "\n".join(per_seq),
              "attention.csv": "prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n" + "\n".join(attention)}
@@ -109,12 +111,34 @@ def test_composed_step_is_the_layers_summed(tmp_path):
             (layers * (gemm_us + attention_us) + elementwise_us + seq_us) / 1000, rel=0.02)
 
 
+def test_mixed_calls_price_what_a_prefill_adds_to_the_decodes(tmp_path):
+    records = import_bundle(_bundle(tmp_path), SPEC)
+    mixed = records[records["op"] == "attn_decode_mixed"]
+    assert len(mixed) == 16 and np.allclose(mixed["time_ms"], (MIXED_US - PREFILL_US) / 1000)
+    result = fit_all(records, FitConfig(regressor="rf"))
+    p, composition = Parallelism(), Composition()
+    axes = data_axes(result, SPEC, p, composition)
+    terms = {t.name: t for t in compose_terms(result, SPEC, p, axes, op_grids(result, SPEC, p, axes, composition),
+                                              composition)}
+    extra_ms = SPEC.num_layers * (MIXED_US - PREFILL_US - DECODE_US) / 1000
+    both = (np.array([64, 1]), np.array([0, 64]))     # a chunk beside a decode: (q_lens, kv_lens)
+    alone = (np.array([1]), np.array([64]))           # the decode on its own
+    term = terms["mixed_decode_attn"]
+    assert term.evaluate(StepBatch.of([0, 1], *both).features())[0] == pytest.approx(extra_ms)
+    assert term.evaluate(StepBatch.of([1], *alone).features())[0] == 0.0
+    # The simulator's one-step path gives the same answers.
+    assert term.row_ms(feature_row(*both)) == pytest.approx(extra_ms) and term.row_ms(feature_row(*alone)) == 0.0
+
+
 def test_fit_says_where_terms_came_from(tmp_path):
     out = tmp_path / "tables"
-    assert _fit(tmp_path, _bundle(tmp_path), out, "--ops", "attn_decode") == 0
+    bundle = _bundle(tmp_path)
+    (bundle / "tp1" / "skew.csv").write_text("regime,n\n")
+    assert _fit(tmp_path, bundle, out, "--ops", "attn_decode,attn_decode_mixed") == 0
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["llmservingsim"]["term_files"] == {"decode_attn": [str(tmp_path / "bf16" / "tp1" / "attention.csv")]}
-    assert any("1 mixed prefill+decode rows not used" in note for note in meta["notes"])
+    attention_csv = [str(bundle / "tp1" / "attention.csv")]
+    assert meta["llmservingsim"]["term_files"] == {"decode_attn": attention_csv, "mixed_decode_attn": attention_csv}
+    assert any(f"{bundle / 'tp1' / 'skew.csv'} not used" in note for note in meta["notes"])
     step = load_step_model(out).features_ms(StepBatch.of([0], [1], [64]).features())[0]
     assert step == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
 

@@ -101,6 +101,16 @@ def test_whole_step_tables_read_alike(tmp_path):
     assert_same(out, tmp_path)
 
 
+def test_mixed_attention_tables_read_alike(tmp_path):
+    """An LLMServingSim-style bundle with mixed prefill+decode calls: the mixed_decode_attn term counts
+    only in batches with prefill tokens, in both readers."""
+    from tests.costmodel.test_importer_llmservingsim import _bundle, _fit
+    out = tmp_path / "mixed"
+    assert _fit(tmp_path, _bundle(tmp_path), out) == 0
+    assert "mixed_decode_attn" in TableMeta.read(out).t_step_terms
+    assert_same(out, tmp_path)
+
+
 @pytest.mark.slow
 def test_tables_of_measured_h100_kernels_read_alike(tmp_path):
     """AIConfigurator's H100 GEMM and attention kernels composed for Llama-3-8B (about 30 s): the data's

@@ -194,3 +194,27 @@ def test_shared_runs_match_llmservingsims_measured_column(shared_data, tmp_path,
     assert meta["scheduler_config"]["max_num_seqs"] == engine["max_num_seqs"]
     assert meta["tensor_parallel_size"] == engine["tensor_parallel_size"]
     assert (out / "timeseries.csv").read_bytes() == (run_dir / "vllm" / "timeseries.csv").read_bytes()
+
+
+def test_device_memory_derives_the_kv_cache_with_the_runs_engine(tmp_path):
+    """--device-memory-gb sizes the cache as vLLM does, with the run's TP and engine limits: the same
+    blocks as simulate's own sizing of that engine."""
+    from stepcal.simulator.kv_cache import KvCacheSizing
+    root = write_run(tmp_path / "run")
+    out = tmp_path / "o"
+    assert main(["import", "llmservingsim", str(root), "--model-spec", "llama-3-8b", "--device-memory-gb", "40",
+                 "--quiet", "--out", str(out)]) == 0
+    expected = KvCacheSizing(device_memory_gb=40, tp=ENGINE["tensor_parallel_size"], sizing="vllm",
+                             max_num_batched_tokens=ENGINE["max_num_batched_tokens"],
+                             max_num_seqs=ENGINE["max_num_seqs"]).num_blocks("llama-3-8b")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["kv_blocks"] == expected > 0
+    weights_only = KvCacheSizing(device_memory_gb=40, tp=2).num_blocks("llama-3-8b")
+    assert expected < weights_only      # vLLM's profile run takes its activations off too
+
+
+def test_device_memory_needs_a_model_spec(tmp_path, capsys):
+    root = write_run(tmp_path / "run")
+    assert main(["import", "llmservingsim", str(root), "--device-memory-gb", "40", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--model-spec" in capsys.readouterr().err and not (tmp_path / "o").exists()
