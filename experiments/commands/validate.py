@@ -23,6 +23,10 @@ Writes OUT/validation.json, OUT/validation.md, OUT/simulated_requests.parquet (t
 log) and OUT/step_predictions.parquet (each measured step: features, measured_ms, predicted_ms).
 validation.json's `host_defaults` says which engine terms --host-defaults added (null: none), and
 validation.md says so in one line.
+A run imported from LLMServingSim's bench keeps the engine's once-a-second record (timeseries.csv):
+validation.json's `timeseries` block then compares the running and waiting requests and the KV cache
+use (where the run recorded them) with the replay's at the same ticks: means, peaks and the mean
+absolute difference per tick; OUT/timeseries.parquet holds both series.
 With --ranges N, validation.json gains a `ranges` block (each figure's median and 90% interval over the
 replications, and the coverage: how often the measured value lies inside; a replication is one run,
 so each repeat of the measured run is compared on its own, and the repeats' mean beside it), and

@@ -111,6 +111,7 @@ class ValidationRecord:
     beyond_fitted: dict | None = None         # measured steps beyond the tables' fitted batches (extrapolated)
     profile_speed_probe_ms: list | None = None    # the same probe while the tables' profiles were taken
     host_defaults: dict | None = None         # the engine terms --host-defaults added (host_defaults.AddedHostTerms)
+    timeseries: dict | None = None            # the engine's queue over time against the replay's (validation.timeseries)
 
     @property
     def speed_vs_profile(self) -> float | None:
@@ -134,7 +135,7 @@ class ValidationRecord:
                    data.get("step_model"), StepMatched.from_dict(data.get("step_matched")),
                    PrefixReuse.from_dict(data.get("prefix_reuse")), data.get("ranges"), data.get("step_split"),
                    data.get("slowed_repeats"), data.get("beyond_fitted"), data.get("profile_speed_probe_ms"),
-                   data.get("host_defaults"))
+                   data.get("host_defaults"), data.get("timeseries"))
 
     def to_dict(self) -> dict:
         """validation.json's content: the header (kind, schema_version, tool_version), then the record."""
@@ -158,6 +159,7 @@ class ValidationRecord:
             "profile_speed_probe_ms": self.profile_speed_probe_ms,
             "speed_vs_profile": self.speed_vs_profile,
             "host_defaults": self.host_defaults,
+            "timeseries": self.timeseries,
         })
 
 

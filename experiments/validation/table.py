@@ -7,6 +7,7 @@ from stepcal.experiments.validation.extrapolated import describe_beyond
 from stepcal.experiments.validation.machine_speed import describe_speed
 from stepcal.experiments.validation.measured import RETRY_HINT, describe_slowed
 from stepcal.experiments.validation.split import describe_split
+from stepcal.experiments.validation.timeseries import timeseries_line
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
                      "the error left comes from queueing, scheduling and KV capacity:")
@@ -38,6 +39,8 @@ def format_table(record: ValidationRecord) -> str:
         lines += ["", describe_host_defaults(record.host_defaults)]
     if record.ranges is not None:
         lines += ["", _ranges_line(record.ranges)]
+    if record.timeseries is not None:
+        lines += ["", timeseries_line(record.timeseries)]
     reuse = record.prefix_reuse
     if reuse is not None:
         lines += ["", f"prefix cache: measured {_share(reuse.measured_hit_rate)} of prompt tokens reused, "

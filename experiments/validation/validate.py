@@ -18,8 +18,10 @@ from stepcal.experiments.validation.measured import load_measured_run, sim_confi
 from stepcal.experiments.validation.split import mean_front_end_ms, step_split
 from stepcal.experiments.validation.steps import predict_steps, step_level_error, step_noise_floor
 from stepcal.experiments.validation.table import format_table
+from stepcal.experiments.validation.timeseries import timeseries_block
 from stepcal.simulator.simulation import simulate
 
+TIMESERIES_FILE = "timeseries.parquet"    # both sides' running, waiting and KV use at the run's ticks
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
 # The measured runs served by the engine their scheduler names: imported from `vllm bench`, a vLLM
 # server's. A run of `stepcal measure` was served by the torch engine, whose host time is its own.
@@ -61,6 +63,10 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
     record = replace(record, step_split=step_split(model, run.steps, front_ms), slowed_repeats=slowed_repeats(run),
                      beyond_fitted=beyond_fitted(model, run.steps), profile_speed_probe_ms=profile_probes(model),
                      host_defaults=None if added is None else added.to_dict())
+    series = timeseries_block(run.path, run.meta.to_dict(), result.steps, result.requests, config.kv_blocks,
+                              config.block_size)
+    if series is not None:
+        record = replace(record, timeseries=series[0])
     quantiles = None
     if block is not None:
         block["coverage"] = coverage_block(run.stats, block["stats"], run.repeat_stats)
@@ -79,4 +85,6 @@ def validate_run(measured: str | Path, step_model: str, out: str | Path | None =
         atomic_write_parquet(steps, staging / "step_predictions.parquet")
         if quantiles is not None:
             atomic_write_parquet(quantiles, staging / RANGES_PERCENTILES)
+        if series is not None:
+            atomic_write_parquet(series[1], staging / TIMESERIES_FILE)
     return Validation(record, table, out)
