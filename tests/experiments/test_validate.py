@@ -142,7 +142,7 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
                             "num_finished_only_measured", "num_finished_only_simulated", "metrics", "throughput_rps",
                             "num_preemptions", "step_level", "speed_probe_ms", "step_model", "step_matched",
                             "prefix_reuse", "ranges", "step_split", "slowed_repeats", "beyond_fitted",
-                            "profile_speed_probe_ms", "speed_vs_profile", "host_defaults"]
+                            "profile_speed_probe_ms", "speed_vs_profile", "host_defaults", "timeseries"]
     assert record["step_split"] is None and record["beyond_fitted"] is None   # const: has no terms, no fitted range
     assert record["speed_vs_profile"] is None   # nor a profile's speed probe
     # the fixture's own repeats: none slowed on a quiet machine, but a busy one may slow one for real
@@ -157,6 +157,7 @@ def test_validation_json_keeps_its_layout_and_reads_back(measured, tmp_path):
     assert list(record["step_matched"]) == ["scale", "metrics", "throughput_rps"]
     assert record["step_model"] == "const:2" and record["num_preemptions"] == {"measured": 0, "simulated": 0}
     assert record["prefix_reuse"] is None   # the run did not cache prefixes
+    assert record["timeseries"] is None     # nor kept the engine's queue over time
     again = ValidationRecord.from_dict(record).to_dict()
     assert json.dumps(again) == json.dumps(record)      # the same content, in the same order
 
