@@ -8,9 +8,10 @@ Printed, per model and TP:
             prompt) what the `tensor_parallel` terms add, and the published figure each comes from;
   all-reduce  per step at a step's token count: the step's all-reduces (costmodel.compose_comm) priced
             from AIConfigurator's custom_allreduce_perf (vLLM 0.14.0, H100) as replayed in a CUDA graph
-            (what the composed tables use) and launched eagerly (what vLLM runs for a step of more tokens
-            than its largest captured graph, 512 by default: min(2 x max_num_seqs, 512) in vLLM's
-            `_set_cudagraph_sizes`), their difference, and Vidur's NCCL all_reduce.csv beside them;
+            and launched eagerly (what vLLM runs for a step of more tokens than its largest captured
+            graph, 512 by default: min(2 x max_num_seqs, 512) in vLLM's `_set_cudagraph_sizes`; the
+            composed tables take the eager price there, costmodel.compose_comm.GRAPH_MAX_TOKENS), their
+            difference, and Vidur's NCCL all_reduce.csv beside them;
   all-gather  per decode step the logits' all-gather every worker runs before sampling (vLLM PR #9856),
             bounded above by an all-reduce of the gathered logits (an all-reduce is a reduce-scatter
             and an all-gather): no table of all-gathers is in the shared data.
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from stepcal.core.model_spec import PRESETS, Parallelism
-from stepcal.costmodel.compose_comm import all_reduces_per_step
+from stepcal.costmodel.compose_comm import GRAPH_MAX_TOKENS, all_reduces_per_step
 from stepcal.experiments.host_defaults import host_defaults, read_serving_defaults
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +37,6 @@ SHARED = REPO.parent / "shared" / "data"
 AIC_ALL_REDUCE = SHARED / "profiles/aiconfigurator/h100_sxm/comm/vllm/0.14.0/custom_allreduce_perf.parquet"
 VIDUR_ALL_REDUCE = SHARED / "profiles/vidur/network/h100_dgx/all_reduce.csv"
 AZURE_CONV = SHARED / "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
-GRAPH_MAX_TOKENS = 512          # vLLM's default largest captured graph (max_num_seqs >= 256)
 STEP_TOKENS = (1, 64, 512, 1024, 2048, 8192)
 DECODE_SEQS = (1, 64, 256)
 BYTES_PER_ELEMENT = 2           # bf16 activations and logits
