@@ -19,8 +19,10 @@ def resolve_step_model(spec: str, host_defaults: str | None = None):
 
     Host terms in a directory's meta.json (`host_terms`) are added on top of its base model; with
     `host_defaults` (an engine of experiments/data/serving_defaults.json), that engine's published
-    terms are added to a model that has none (experiments.host_defaults)."""
-    return with_host_defaults(_resolve(spec), host_defaults, spec)
+    terms are added to a model that has none (experiments.host_defaults), at the TP degree its tables
+    were fitted at (experiments.host_defaults_tp.deployment_tp)."""
+    base = _resolve(spec)
+    return with_host_defaults(base, host_defaults, spec, deployment_tp(1, [base]) if host_defaults else 1)
 
 
 def resolve_step_models(specs: list[str], host_defaults: str | None, scheduler: str | None, tp: int = 1):

@@ -74,6 +74,15 @@ def test_the_tp_is_the_flags_else_the_tables_and_two_are_refused():
         deployment_tp(2, [_tables(4)])
 
 
+def test_a_step_model_fitted_at_tp_4_gets_the_tp_4_terms(monkeypatch):
+    from stepcal.experiments import step_models
+    monkeypatch.setattr(step_models, "_resolve", lambda spec: _tables(4))
+    assert step_models.resolve_step_model("tables", "vllm").terms == host_defaults("vllm", tp=4)
+    (model,), added = step_models.resolve_step_models(["tables"], "vllm", "vllm")
+    assert added.tp == 4 and model.terms == host_defaults("vllm", tp=4)
+    assert step_models.resolve_step_model("tables", None).meta.tp == 4    # no engine: the tables as they are
+
+
 def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
