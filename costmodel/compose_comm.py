@@ -15,9 +15,11 @@ from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.records import make_records
 from stepcal.costmodel.terms import FeatureCurve, Term
 
-# vLLM V1 replays a CUDA graph for a step of up to its largest captured size and launches a larger
-# step eagerly (vllm/config/vllm.py `_set_cudagraph_sizes`: min(2 x max_num_seqs, 512) tokens unless
-# configured; 512 at the default max_num_seqs of 256 and above): its all-reduces too.
+# vLLM V1 replays a CUDA graph (full for decodes, piecewise around attention for mixed steps, the
+# all-reduces inside either) for a step of up to its largest captured size, and runs a larger step
+# eagerly: vllm/v1/cudagraph_dispatcher.py returns CUDAGraphMode.NONE for num_tokens above
+# max_cudagraph_capture_size, which vllm/config/vllm.py `_set_cudagraph_sizes` sets to
+# min(2 x max_num_seqs, 512) unless configured: 512 at the default max_num_seqs of 256 and above.
 GRAPH_MAX_TOKENS = 512
 
 
