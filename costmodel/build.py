@@ -10,7 +10,7 @@ from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.axes import measured_values
 from stepcal.costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
 from stepcal.costmodel.compose_attention import MIXED_DECODE_TARGET, attention_targets
-from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, all_reduce_target
+from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, all_reduce_eager_target, all_reduce_target
 from stepcal.costmodel.coverage import coverage_notes
 from stepcal.costmodel.features import assign_targets
 from stepcal.costmodel.fitting import FitResult
@@ -166,6 +166,11 @@ def _composition_meta(result: FitResult, spec: ModelSpec, parallelism: Paralleli
     """Which regressor each model part came from, and what was assumed rather than measured."""
     decode, prefill = attention_targets(spec)
     meta = {"attention": spec.attention, "decode_target": decode, "prefill_target": prefill}
+    graph = all_reduce_target(result) if parallelism.tp > 1 else None
+    if graph is not None:
+        eager = all_reduce_eager_target(result) if composition.graph_max_tokens is not None else None
+        meta["all_reduce"] = {"target": graph, "eager_target": eager,
+                              "graph_max_tokens": composition.graph_max_tokens if eager else None}
     if spec.is_moe:
         target = moe_target(result, spec, composition)
         meta.update(moe_target=target, moe_distribution=target and target.split(":", 1)[1],

@@ -300,7 +300,8 @@ def per_token_terms_ms(result: FitResult, spec: ModelSpec, parallelism: Parallel
         parts = {"linear": per_op[~experts & ~small], "elementwise": per_op[small], "moe": per_op[experts]}
         out = {name: rows.sum(axis=0) for name, rows in parts.items() if len(rows)}
     if len(T) and parallelism.tp > 1 and all_reduce_target(result) is not None:
-        out["all_reduce"] = all_reduce_ms(result, spec, parallelism, T, with_spread=False)[0]
+        out["all_reduce"] = all_reduce_ms(result, spec, parallelism, T, with_spread=False,
+                                          graph_max_tokens=composition.graph_max_tokens)[0]
     return out
 
 

@@ -15,6 +15,13 @@ from stepcal.costmodel.grid_predict import predict_grid
 from stepcal.costmodel.records import make_records
 from stepcal.costmodel.terms import FeatureCurve, Term
 
+# vLLM V1 replays a CUDA graph (full for decodes, piecewise around attention for mixed steps, the
+# all-reduces inside either) for a step of up to its largest captured size, and runs a larger step
+# eagerly: vllm/v1/cudagraph_dispatcher.py returns CUDAGraphMode.NONE for num_tokens above
+# max_cudagraph_capture_size, which vllm/config/vllm.py `_set_cudagraph_sizes` sets to
+# min(2 x max_num_seqs, 512) unless configured: 512 at the default max_num_seqs of 256 and above.
+GRAPH_MAX_TOKENS = 512
+
 
 @dataclass(frozen=True)
 class Composition:
@@ -27,6 +34,7 @@ class Composition:
     ep_link_gbps: float = 450.0
     ep_latency_us: float = 10.0
     device_spec: str | None = None          # a name costmodel.devices knows (--device-spec)
+    graph_max_tokens: int | None = GRAPH_MAX_TOKENS    # None: every step's all-reduces as graph replays
     # The link tensor parallelism's all-reduces run over where no all-reduce was measured (None: no
     # all_reduce term then, and meta.json lists it missing); its per-hop latency.
     tp_link_gbps: float | None = None
@@ -48,7 +56,7 @@ def collective_terms(result, spec: ModelSpec, parallelism: Parallelism, axes,
                      composition: Composition) -> list[Term]:
     terms = []
     if parallelism.tp > 1 and all_reduce_target(result) is not None:
-        terms.append(_all_reduce_term(result, spec, parallelism, axes))
+        terms.append(_all_reduce_term(result, spec, parallelism, axes, composition))
     elif parallelism.tp > 1 and composition.tp_link_gbps is not None:
         terms.append(_link_all_reduce_term(spec, parallelism, axes, composition))
     if spec.is_moe and parallelism.ep > 1:
@@ -64,6 +72,14 @@ def all_reduce_target(result) -> str | None:
     return (graph or names or [None])[0]
 
 
+def all_reduce_eager_target(result) -> str | None:
+    """The eagerly launched all-reduce regressor beside a CUDA-graph one (AIConfigurator measures vLLM's
+    custom all-reduce both ways: `vllm_graph`, `vllm_eager`); None where only one way was profiled."""
+    names = sorted(t for t in result.targets if t.split(":", 1)[0] == "all_reduce")
+    eager = [t for t in names if "eager" in t]
+    return eager[0] if eager and "graph" in (all_reduce_target(result) or "") else None
+
+
 def all_reduces_per_step(spec: ModelSpec, parallelism: Parallelism) -> int:
     """All-reduces of the hidden state per step: after every layer's attention output projection,
     and after every FFN whose output is a partial sum over GPUs (dense FFNs, and MoE layers whose
@@ -72,16 +88,27 @@ def all_reduces_per_step(spec: ModelSpec, parallelism: Parallelism) -> int:
     return spec.num_layers + spec.num_ffn_dense_layers + moe_layers
 
 
-def all_reduce_ms(result, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
-                  with_spread: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def all_reduce_ms(result, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray, with_spread: bool = True,
+                  graph_max_tokens: int | None = GRAPH_MAX_TOKENS) -> tuple[np.ndarray, np.ndarray]:
     """(time, spread) in ms per step of the step's all-reduces at token counts T, straight from the
-    all-reduce regressor: what the all_reduce term holds at its knots."""
-    target = all_reduce_target(result)
+    all-reduce regressor: what the all_reduce term holds at its knots. Where both a graph and an eager
+    regressor were profiled, steps of more than `graph_max_tokens` tokens take the eager one, as vLLM
+    launches them (None: every step the graph one)."""
     T = np.asarray(T, dtype=np.float64)
-    mean, spread = predict_grid(result, target, _message_columns(target, spec, parallelism, T),
-                                spec.kv_dtype or spec.dtype, with_spread=with_spread)
+    mean, spread = _all_reduce_at(result, all_reduce_target(result), spec, parallelism, T, with_spread)
+    eager = all_reduce_eager_target(result) if graph_max_tokens is not None else None
+    above = T > (graph_max_tokens or 0)
+    if eager is not None and above.any():
+        mean[above], spread[above] = _all_reduce_at(result, eager, spec, parallelism, T[above], with_spread)
     per_step = all_reduces_per_step(spec, parallelism)
     return per_step * mean, per_step * spread
+
+
+def _all_reduce_at(result, target: str, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray,
+                   with_spread: bool) -> tuple[np.ndarray, np.ndarray]:
+    mean, spread = predict_grid(result, target, _message_columns(target, spec, parallelism, T),
+                                spec.kv_dtype or spec.dtype, with_spread=with_spread)
+    return np.array(mean, dtype=np.float64), np.array(spread, dtype=np.float64)
 
 
 def _message_columns(target: str, spec: ModelSpec, parallelism: Parallelism, T: np.ndarray) -> dict:
@@ -109,13 +136,15 @@ def all_reduce_tokens(result, spec: ModelSpec, parallelism: Parallelism) -> np.n
     return np.unique(measured.X[:, column] / one_token.X[0, column])
 
 
-def _all_reduce_term(result, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
+def _all_reduce_term(result, spec: ModelSpec, parallelism: Parallelism, axes, composition: Composition) -> Term:
     T = axes.num_tokens
-    time_ms, spread_ms = all_reduce_ms(result, spec, parallelism, T)
+    time_ms, spread_ms = all_reduce_ms(result, spec, parallelism, T, graph_max_tokens=composition.graph_max_tokens)
     per_step = all_reduces_per_step(spec, parallelism)
+    eager = all_reduce_eager_target(result) if composition.graph_max_tokens is not None else None
+    modes = f"; graph replays up to {composition.graph_max_tokens} tokens, eager above" if eager else ""
     return FeatureCurve("all_reduce", "num_tokens", T, time_ms, spread_ms,
                         f"{per_step} all-reduces of num_tokens x hidden over {parallelism.tp} GPUs "
-                        f"({spec.num_layers} after attention, {per_step - spec.num_layers} after FFNs)")
+                        f"({spec.num_layers} after attention, {per_step - spec.num_layers} after FFNs{modes})")
 
 
 def ring_all_reduce_s(message_bytes, tp: int, link_gbps: float, latency_us: float) -> np.ndarray:

@@ -79,7 +79,8 @@ def fit_tables(options: FitOptions) -> None:
     spec = load_model_spec(options.model_spec) if options.model_spec else None
     parallelism = checked_parallelism(spec, options.tp or 1, options.ep, options.model_spec)
     composition = Composition(options.moe_distribution, options.ep_link_gbps, options.ep_latency_us,
-                              options.device_spec, options.tp_link_gbps, options.tp_latency_us)
+                              options.device_spec, tp_link_gbps=options.tp_link_gbps,
+                              tp_latency_us=options.tp_latency_us)
     started = time.perf_counter()
     dtype = normalise_dtype(options.dtype) if options.dtype else (dtypes_for(spec) if spec else None)
     # With a model, only the ops its T_step is composed of (unless --ops says otherwise).

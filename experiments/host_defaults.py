@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from stepcal.core.errors import InputError
 from stepcal.core.readers import read_json
+from stepcal.experiments.host_defaults_tp import check_tp_block, tp_block_terms, with_tp_terms
 
 if TYPE_CHECKING:    # imported where used: `--help` loads no numpy
     from stepcal.simulator.step_model import HostTerms
@@ -50,6 +51,11 @@ HELP = ("ENGINE: add the host-time and front-end terms of a serving engine from 
         "(Luo 2026 (MI300X CPU-GPU co-design blog)); no step term, its host work hidden behind the GPU (SGLang "
         "v0.4 blog). sglang-no-overlap: 0.61 ms per step = 16 / 3053.86 - 16 / 3458.31 tok/s, overlap off vs on "
         "(SGLang PR #5608; cross-check SGLang PR #38131, 0.74 ms), and the same 0.0022 ms per prompt token. "
+        "Above one GPU per instance (simulate's --tp, else the TP its tables were fitted at), vllm adds its "
+        "multiprocess executor: 0.05 ms per step, one shared-memory round trip from the engine core to the workers "
+        "and back (Ray PR #48860; the queues of vLLM PR #9856), and 0.00003 ms per prompt token, the pickling of a "
+        "new request's token ids onto that queue, 1.21 ms / 40k tokens (TensorRT-LLM PR #15134); vllm-async "
+        "overlaps both with the GPU and adds nothing. "
         "Every other term (per token, the per-request sigma, per stream; per step, per sequence or the "
         "per-request median where not given) is 0: no source measures it. Sources with links, where in each the figure is, and "
         "each derivation: experiments/data/serving_defaults.json")
@@ -87,6 +93,7 @@ def check_serving_defaults(data: dict, path: Path = DEFAULTS_PATH) -> None:
             raise InputError(f"{path}: engines.{engine}.terms must give each of {', '.join(sorted(names))}")
         for name, term in terms.items():
             _check_term(path, f"engines.{engine}.terms.{name}", term, sources)
+        check_tp_block(path, engine, entry, names, lambda where, term: _check_term(path, where, term, sources))
 
 
 def _check_term(path: Path, where: str, term: dict, sources: dict) -> None:
@@ -105,25 +112,27 @@ def _check_term(path: Path, where: str, term: dict, sources: dict) -> None:
         raise InputError(f"{path}: {where}: a term left 0 must say so and why in how_derived ('left 0: ...')")
 
 
-def host_defaults(engine: str, path: Path = DEFAULTS_PATH):
-    """The HostTerms of `engine` in the data file."""
+def host_defaults(engine: str, path: Path = DEFAULTS_PATH, tp: int = 1):
+    """The HostTerms of `engine` in the data file, with what its `tensor_parallel` block adds at
+    `tp` > 1 (experiments.host_defaults_tp); at TP 1 the engine's terms as they are."""
     from stepcal.simulator.step_model import HostTerms  # lazy: loads numpy
     engines = read_serving_defaults(path).get("engines", {})
     if engine not in engines:
         raise InputError(f"--host-defaults {engine!r}: expected one of {sorted(engines)}")
-    terms = engines[engine]["terms"]
-    return HostTerms.from_dict({name: entry["value"] for name, entry in terms.items()})
+    values = {name: entry["value"] for name, entry in engines[engine]["terms"].items()}
+    return HostTerms.from_dict(with_tp_terms(values, tp_block_terms(engines[engine]), tp))
 
 
-def with_host_defaults(model, engine: str | None, step_model: str):
-    """`model` with the engine's default host terms on top; unchanged without an engine."""
+def with_host_defaults(model, engine: str | None, step_model: str, tp: int = 1):
+    """`model` with the engine's default host terms (at `tp` GPUs per instance) on top; unchanged
+    without an engine."""
     if engine is None:
         return model
     from stepcal.simulator.step_model import HostTermsModel  # lazy: loads numpy
     if isinstance(model, HostTermsModel):
         raise InputError(f"--host-defaults {engine}: --step-model {step_model} already has calibrated host terms; "
                          f"drop --host-defaults, or pass the uncalibrated tables")
-    return HostTermsModel(model, host_defaults(engine))
+    return HostTermsModel(model, host_defaults(engine, tp=tp))
 
 
 # Each engine term in words, with its unit, for the printed line; in HostTerms' order.
@@ -136,15 +145,19 @@ TERM_WORDS = {"per_step_ms": "{:g} ms per step", "per_seq_ms": "{:g} ms per sequ
 @dataclass(frozen=True)
 class AddedHostTerms:
     """The engine terms a command added to its step model: the engine, whether the flag named it
-    ("flag") or the default chose it ("auto"), and the terms (ms, as HostTerms; the sigma has no unit)."""
+    ("flag") or the default chose it ("auto"), the terms (ms, as HostTerms; the sigma has no unit),
+    and the TP degree they are for (its `tensor_parallel` terms included above 1)."""
     engine: str
     source: str
     terms: HostTerms
+    tp: int = 1
 
     def to_dict(self) -> dict:
-        """summary.json's `host_defaults` block: every engine term by name (the name carries its unit)."""
-        return {"engine": self.engine, "source": self.source,
-                "terms": {name: getattr(self.terms, name) for name in TERM_WORDS}}
+        """summary.json's `host_defaults` block: every engine term by name (the name carries its unit),
+        and `tp` where the terms are a multi-GPU instance's (absent at TP 1, as before TP had terms)."""
+        block = {"engine": self.engine, "source": self.source,
+                 "terms": {name: getattr(self.terms, name) for name in TERM_WORDS}}
+        return block if self.tp == 1 else {**block, "tp": self.tp}
 
     def describe(self) -> str:
         return describe_host_defaults(self.to_dict())
@@ -155,22 +168,25 @@ def describe_host_defaults(block: dict) -> str:
     and its non-zero terms with their units."""
     terms = block["terms"]
     shown = [TERM_WORDS[name].format(value) for name, value in terms.items() if value and name in TERM_WORDS]
-    return f"host terms: {block['engine']} published defaults ({block['source']}): {', '.join(shown) or 'all 0'}"
+    at_tp = f", TP {block['tp']}" if block.get("tp", 1) > 1 else ""
+    return (f"host terms: {block['engine']} published defaults ({block['source']}{at_tp}): "
+            f"{', '.join(shown) or 'all 0'}")
 
 
-def added_host_terms(choice: str | None, scheduler: str | None, models) -> AddedHostTerms | None:
+def added_host_terms(choice: str | None, scheduler: str | None, models, tp: int = 1) -> AddedHostTerms | None:
     """What --host-defaults `choice` adds to `models` (the step models as resolved, none of an engine's
-    terms on yet) under `scheduler`: an ENGINE as named; under auto, the engine SCHEDULER_ENGINES gives
-    the scheduler, where every model prices the kernels only (`prices_kernels_only`); None for none,
-    for auto elsewhere, and for a scheduler of no engine (None: the run's server is not known)."""
+    terms on yet) under `scheduler`, for an instance of `tp` GPUs: an ENGINE as named; under auto, the
+    engine SCHEDULER_ENGINES gives the scheduler, where every model prices the kernels only
+    (`prices_kernels_only`); None for none, for auto elsewhere, and for a scheduler of no engine
+    (None: the run's server is not known)."""
     if choice is None or choice == NONE:
         return None
     if choice != AUTO:
-        return AddedHostTerms(choice, "flag", host_defaults(choice))
+        return AddedHostTerms(choice, "flag", host_defaults(choice, tp=tp), tp)
     engine = SCHEDULER_ENGINES.get(scheduler)
     if engine is None or not all(prices_kernels_only(model) for model in models):
         return None
-    return AddedHostTerms(engine, "auto", host_defaults(engine))
+    return AddedHostTerms(engine, "auto", host_defaults(engine, tp=tp), tp)
 
 
 def prices_kernels_only(model) -> bool:

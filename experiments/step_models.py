@@ -8,6 +8,7 @@ from stepcal.core.artifact import META_FILE
 from stepcal.core.errors import InputError
 from stepcal.costmodel.table_meta import TableMeta
 from stepcal.experiments.host_defaults import added_host_terms, with_host_defaults
+from stepcal.experiments.host_defaults_tp import deployment_tp
 from stepcal.experiments.step_model_meta import BuiltinMeta, read_step_model_meta
 from stepcal.simulator.frontend import FrontEnd
 from stepcal.simulator.step_model import HostTerms, HostTermsModel, TermUncertainty, parse_builtin_step_model
@@ -18,19 +19,26 @@ def resolve_step_model(spec: str, host_defaults: str | None = None):
 
     Host terms in a directory's meta.json (`host_terms`) are added on top of its base model; with
     `host_defaults` (an engine of experiments/data/serving_defaults.json), that engine's published
-    terms are added to a model that has none (experiments.host_defaults)."""
-    return with_host_defaults(_resolve(spec), host_defaults, spec)
+    terms are added to a model that has none (experiments.host_defaults), at the TP degree its tables
+    were fitted at (experiments.host_defaults_tp.deployment_tp)."""
+    base = _resolve(spec)
+    return with_host_defaults(base, host_defaults, spec, deployment_tp(1, [base]) if host_defaults else 1)
 
 
-def resolve_step_models(specs: list[str], host_defaults: str | None, scheduler: str | None):
+def resolve_step_models(specs: list[str], host_defaults: str | None, scheduler: str | None, tp: int = 1):
     """Each of `specs` resolved as resolve_step_model, with the engine terms `host_defaults` (auto, none
     or an engine: the --host-defaults flag) adds under `scheduler` (None: no engine known to serve the
-    run), decided once for them all (experiments.host_defaults.added_host_terms). Returns the models
-    and the record of what was added (AddedHostTerms), None where nothing was."""
+    run), decided once for them all (experiments.host_defaults.added_host_terms), for the TP degree of
+    --tp `tp`, else of the tables (experiments.host_defaults_tp.deployment_tp). Returns the models and
+    the record of what was added (AddedHostTerms), None where nothing was."""
     bases = [_resolve(spec) for spec in specs]
     added = added_host_terms(host_defaults, scheduler, bases)
-    engine = None if added is None else added.engine
-    return [with_host_defaults(base, engine, spec) for base, spec in zip(bases, specs)], added
+    if added is None:
+        return bases, None
+    tp = deployment_tp(tp, bases)     # asked only where terms are added: other runs do not depend on it
+    if tp > 1:
+        added = added_host_terms(host_defaults, scheduler, bases, tp)
+    return [with_host_defaults(base, added.engine, spec, added.tp) for base, spec in zip(bases, specs)], added
 
 
 def _resolve(spec: str):

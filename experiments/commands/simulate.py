@@ -89,7 +89,7 @@ def run(args) -> int:
     from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models  # lazy: loads numpy
     from stepcal.simulator.simulation import SimConfig, Simulation  # lazy: loads numpy, tqdm
 
-    (model,), added = resolve_step_models([args.step_model], args.host_defaults, args.scheduler)
+    (model,), added = resolve_step_models([args.step_model], args.host_defaults, args.scheduler, args.tp)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
