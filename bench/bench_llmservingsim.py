@@ -9,7 +9,8 @@ Every setting passed (printed before each table):
 - the KV cache: derived as vLLM sizes it (`import llmservingsim --device-memory-gb 95.6 --kv-sizing vllm`):
   95.6 GiB is what CUDA reports of the card's 96 GB (97,887 MiB), gpu_memory_utilization 0.9 (vLLM's
   default; the runs set none), the engine limits from the run's meta.json;
-- the profile: the bundle's tp<N> folder for the run's tensor_parallel_size;
+- the profile: the bundle's tp<N> folder for the run's tensor_parallel_size, with its skew.csv term
+  (decode_attn_skew) unless --no-skew;
 - tensor parallelism's all-reduce: the bundle measures none, so each is a ring over the link that the
   run's LLMServingSim cluster config.json states (link_bw GB/s, link_latency ns): the deployment's
   description both simulators are given, not a figure fitted to the run;
@@ -73,7 +74,7 @@ def link_flags(run_dir: Path, tp: int) -> list[str]:
     return ["--tp-link-gbps", str(config["link_bw"]), "--tp-latency-us", str(config["link_latency"] / 1000)]
 
 
-def run_case(case, work: Path, regressor: str, ranges: int) -> dict:
+def run_case(case, work: Path, regressor: str, ranges: int, no_skew: bool) -> dict:
     name, bundle, config, host = case
     run_dir, out = RUNS / name, work / name
     tp = json.loads((run_dir / "vllm" / "meta.json").read_text())["engine_kwargs"]["tensor_parallel_size"]
@@ -82,7 +83,8 @@ def run_case(case, work: Path, regressor: str, ranges: int) -> dict:
                                  "--model-spec", spec, "--device-memory-gb", DEVICE_MEMORY_GIB)}
     times["fit_s"] = stepcal("fit", "--profile", str(PROFILES / bundle), "--format", "llmservingsim",
                              "--model-spec", spec, "--tp", str(tp), "--regressor", regressor, "--no-mlflow",
-                             *link_flags(run_dir, tp), "--out", str(out / "tables"))
+                             *link_flags(run_dir, tp), *(["--no-skew"] if no_skew else []),
+                             "--out", str(out / "tables"))
     validate = ["validate", "--measured", str(out / "run"), "--step-model", str(out / "tables"),
                 "--host-defaults", host, "--quiet"]
     times["validate_s"] = stepcal(*validate, "--out", str(out / "validation"))
@@ -130,6 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranges", type=int, default=0, help="also validate with --ranges N (coverage)")
     parser.add_argument("--regressor", default="rf", choices=("rf", "tuned"))
+    parser.add_argument("--no-skew", action="store_true", help="fit without the bundles' skew.csv term")
     parser.add_argument("--work", default=None, help="keep the outputs here (default: a temporary folder)")
     args = parser.parse_args()
     if not RUNS.is_dir():
@@ -138,7 +141,7 @@ def main() -> None:
         work = Path(args.work or tmp)
         inside = []
         for case in CASES:
-            inside += print_case(run_case(case, work, args.regressor, args.ranges))
+            inside += print_case(run_case(case, work, args.regressor, args.ranges, args.no_skew))
         if inside:
             print(f"\ncoverage: {sum(inside)} of {len(inside)} cells inside their 90% intervals")
 

@@ -178,6 +178,8 @@ def _composition_meta(result: FitResult, spec: ModelSpec, parallelism: Paralleli
         if parallelism.ep > 1:
             meta["all_to_all"] = {"source": "link bandwidth (no measured all-to-all data)",
                                   "link_gbps": composition.ep_link_gbps, "latency_us": composition.ep_latency_us}
+    if composition.decode_skew_alpha is not None:
+        meta["decode_skew_alpha"] = composition.decode_skew_alpha
     if parallelism.tp > 1 and all_reduce_target(result) is None and composition.tp_link_gbps is not None:
         meta["all_reduce"] = {"source": "ring over a link (no measured all-reduce data)",
                               "link_gbps": composition.tp_link_gbps, "latency_us": composition.tp_latency_us}

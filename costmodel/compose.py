@@ -231,7 +231,7 @@ def compose_terms(result: FitResult, spec: ModelSpec, parallelism: Parallelism, 
     terms += measured_seq
     if device is not None and "sampling" not in {t.name for t in measured_seq}:
         terms.append(sampling_term(spec, axes, device))
-    terms += attention_terms(result, spec, parallelism, axes)
+    terms += attention_terms(result, spec, parallelism, axes, composition.decode_skew_alpha)
     terms += collective_terms(result, spec, parallelism, axes, composition)
     if "host" in result.targets:   # the whole host path: input building is part of it
         terms.append(host_term(result))

@@ -6,7 +6,7 @@ import numpy as np
 
 from stepcal.core.model_spec import ModelSpec, Parallelism
 from stepcal.costmodel.grid_predict import predict_grid
-from stepcal.costmodel.terms import DecodeAttention, MixedDecodeAttention, PrefillAttention, Term
+from stepcal.costmodel.terms import DecodeAttention, DecodeSkew, MixedDecodeAttention, PrefillAttention, Term
 
 MIXED_DECODE_TARGET = "attn_decode_mixed"   # decodes' attention when a prefill shares the kernel call
 
@@ -16,11 +16,18 @@ def attention_targets(spec: ModelSpec) -> tuple[str, str]:
     return ("mla_decode", "mla_prefill") if spec.is_mla else ("attn_decode", "attn_prefill")
 
 
-def attention_terms(result, spec: ModelSpec, parallelism: Parallelism, axes) -> list[Term]:
+def attention_terms(result, spec: ModelSpec, parallelism: Parallelism, axes,
+                    skew_alpha: float | None = None) -> list[Term]:
     decode, prefill = attention_targets(spec)
     terms = []
     if decode in result.targets:
         terms.append(_decode_term(result, decode, spec, parallelism, axes))
+        if skew_alpha is not None:
+            pure = terms[-1]
+            terms.append(DecodeSkew("decode_attn_skew", pure.knots, skew_alpha * pure.time_ms,
+                                    abs(skew_alpha) * pure.spread_ms,
+                                    f"{skew_alpha:g} x (decode attention at the batch's longest KV - at its mean "
+                                    "KV): KV lengths that differ within a batch", alpha=skew_alpha))
         if MIXED_DECODE_TARGET in result.targets and not spec.is_mla:
             terms.append(_mixed_decode_term(result, decode, spec, parallelism, axes))
     if prefill in result.targets:

@@ -39,6 +39,9 @@ class Composition:
     # all_reduce term then, and meta.json lists it missing); its per-hop latency.
     tp_link_gbps: float | None = None
     tp_latency_us: float = 0.0
+    # Decode attention's share of the gap between the batch's longest and mean KV (LLMServingSim's skew
+    # profile; None: no decode_attn_skew term, the mean KV prices the batch).
+    decode_skew_alpha: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--ep-link-gbps", self.ep_link_gbps), ("--ep-latency-us", self.ep_latency_us),

@@ -232,6 +232,50 @@ class MixedDecodeAttention(DecodeAttention):
         return super().row_ms(row) if float(row[self._gate_column]) > 0 else 0.0
 
 
+@dataclass(eq=False)
+class DecodeSkew(MeanGrid):
+    """Decode attention's correction for KV lengths that differ within the batch: alpha x (decode
+    attention at the batch's longest KV - at its mean KV), on the decode_attn grid already scaled by
+    alpha (time_ms = alpha x decode_attn). A batch of uniform KV lengths, or of one decode, gets zero.
+    LLMServingSim's skew profiles time skewed decode batches against their uniform mean and maximum
+    controls: time = mean + alpha (maximum - mean)."""
+    AXES = ("num_decode", "kv_mean")
+    COUNT, TOTAL, LONGEST = "num_decode", "decode_kv_sum", "decode_kv_max"
+    alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._longest_column = feature_column(self.LONGEST, self.name)
+
+    def entry_extra(self) -> dict:
+        return {"alpha": self.alpha}
+
+    @classmethod
+    def read(cls, name: str, entry: dict, frame: pd.DataFrame, path) -> DecodeSkew:
+        grid = super().read(name, entry, frame, path)
+        alpha = entry.get("alpha", 0.0)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not np.isfinite(alpha):
+            raise InputError(f"{path}: term {name!r}: alpha must be a number, got {alpha!r}")
+        return replace(grid, alpha=float(alpha))
+
+    def evaluate(self, f: StepFeatures, which: str = "time_ms") -> np.ndarray:
+        count = getattr(f, self.COUNT)
+        mean = getattr(f, self.TOTAL) / np.maximum(count, 1.0)
+        values = getattr(self, which)
+        gap = (grid.interp2(count, getattr(f, self.LONGEST), *self.knots, values, self._indexes)
+               - grid.interp2(count, mean, *self.knots, values, self._indexes))
+        return np.where(count > 1, gap, 0.0)
+
+    def row_ms(self, row: tuple) -> float:
+        count = float(row[self._count_column])
+        if not count > 1:
+            return 0.0
+        mean = float(row[self._total_column]) / count
+        longest = float(row[self._longest_column])
+        return (interp2_at(count, longest, *self._row_knots, self._row_values, self._row_indexes)
+                - interp2_at(count, mean, *self._row_knots, self._row_values, self._row_indexes))
+
+
 class PrefillAttention(MeanGrid):
     """Prefill attention by new tokens and the mean context a new token attends to."""
     AXES = ("prefill_tokens", "prefill_ctx")
@@ -339,6 +383,7 @@ TERM_KINDS: dict[str, type[Term]] = {
     "host": AdditiveStep,            # the engine's host path of an iteration, by num_seqs and num_tokens
     "decode_attn": DecodeAttention,
     "mixed_decode_attn": MixedDecodeAttention,
+    "decode_attn_skew": DecodeSkew,
     "prefill_attn": PrefillAttention,
     "step": AdditiveStep,
 }

@@ -32,6 +32,7 @@ class FitOptions:
     ep_latency_us: float = 10.0
     tp_link_gbps: float | None = None
     tp_latency_us: float = 0.0
+    no_skew: bool = False
     device_spec: str | None = None
     axes: str = "data"
     regressor: str = "tuned"
@@ -80,7 +81,7 @@ def fit_tables(options: FitOptions) -> None:
     parallelism = checked_parallelism(spec, options.tp or 1, options.ep, options.model_spec)
     composition = Composition(options.moe_distribution, options.ep_link_gbps, options.ep_latency_us,
                               options.device_spec, tp_link_gbps=options.tp_link_gbps,
-                              tp_latency_us=options.tp_latency_us)
+                              tp_latency_us=options.tp_latency_us, decode_skew_alpha=_skew_alpha(options))
     started = time.perf_counter()
     dtype = normalise_dtype(options.dtype) if options.dtype else (dtypes_for(spec) if spec else None)
     # With a model, only the ops its T_step is composed of (unless --ops says otherwise).
@@ -115,6 +116,14 @@ def fit_tables(options: FitOptions) -> None:
     if not options.no_mlflow:
         meta = _track(options, result, out, meta, plot and out / plot.name)
     _report(result, meta, out, time.perf_counter() - started)
+
+
+def _skew_alpha(options: FitOptions) -> float | None:
+    """Decode attention's skew correction from an LLMServingSim bundle's skew.csv; None for other inputs."""
+    if options.format != "llmservingsim" or options.no_skew:
+        return None
+    from stepcal.costmodel.importers.llmservingsim import skew_alpha  # lazy: loads numpy, pandas
+    return skew_alpha(options.profile, options.tp)
 
 
 def _import_meta(records, options: FitOptions) -> dict:

@@ -32,6 +32,7 @@ CURVE_TERMS = ("linear", "elementwise", "sampling", "kv_store", "lm_head", "all_
 # The 2-D terms: (count feature, total feature) of the batch, and the grid's two axis columns.
 MEAN_GRID_TERMS = {"decode_attn": (("num_decode", "decode_kv_sum"), ("num_decode", "kv_mean")),
                    "mixed_decode_attn": (("num_decode", "decode_kv_sum"), ("num_decode", "kv_mean")),
+                   "decode_attn_skew": (("num_decode", "decode_kv_sum"), ("num_decode", "kv_mean")),
                    "prefill_attn": (("prefill_tokens", "prefill_attn_work"), ("prefill_tokens", "prefill_ctx"))}
 # The 2-D terms that count only in a batch where this feature is above zero.
 GATED_TERMS = {"mixed_decode_attn": "prefill_tokens"}
@@ -115,6 +116,11 @@ class MeanGrid:
 
     def ms(self, f: dict) -> float:
         count = float(f[self.count])
+        if self.name == "decode_attn_skew":     # the grid at the longest KV less at the mean, past one decode
+            if not count > 1:
+                return 0.0
+            longest, mean = float(f["decode_kv_max"]), float(f[self.total]) / count
+            return interp2(count, longest, *self.knots, self.values) - interp2(count, mean, *self.knots, self.values)
         if not count > 0 or (self.gate is not None and not float(f[self.gate]) > 0):
             return 0.0
         mean = float(f[self.total]) / max(count, 1.0)

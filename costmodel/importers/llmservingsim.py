@@ -26,7 +26,7 @@ from stepcal.costmodel.records import check_positive, make_records, require_colu
 
 SOURCE = "llmservingsim"
 FILES = ("dense.csv", "per_sequence.csv", "attention.csv")
-SKEW_FILES = ("skew.csv", "skew_fit.csv")   # decode KV-length spread: read by no term yet
+SKEW_FILE = "skew.csv"   # skewed decode batches timed against their uniform mean and maximum controls
 # LLMServingSim's dense layer -> our GEMM name (ModelSpec.gemm_shapes).
 GEMM_LAYERS = {"qkv_proj": "qkv_proj", "o_proj": "o_proj", "gate_up_proj": "gate_up_proj",
                "down_proj": "down_proj"}
@@ -265,8 +265,28 @@ def bundle_meta(records: pd.DataFrame, paths, tp: int | None) -> dict:
     for term, sources in files.items():
         if term == "sampling":
             sources.update(f.replace("per_sequence.csv", "dense.csv") for f in list(sources))
-    skew = sorted({str(f) for p in paths for name in SKEW_FILES
-                   if (f := bundle_dir(p, tp)[0] / name).exists()})
-    notes = [f"LLMServingSim {', '.join(skew)} not used: decode attention is priced at the batch's mean KV "
-             "length, with no correction for KV lengths that differ within a batch"] if skew else []
+    alpha = skew_alpha(paths, tp)
+    notes = [] if alpha is None else [
+        f"LLMServingSim skew.csv: decode_attn_skew adds {alpha:.4f} x (decode attention at the batch's longest KV "
+        "- at its mean KV), the median alpha of its pure-decode batches; its bucketed skew_fit.csv and its "
+        "mixed-batch rows are not used"]
     return {"term_files": {t: sorted(f) for t, f in files.items()}, "notes": notes}
+
+
+def skew_alpha(paths, tp: int | None) -> float | None:
+    """The median alpha of skew.csv's pure-decode batches (time = uniform-mean time + alpha x (uniform-
+    maximum time - uniform-mean time)) over the bundles that have one; None where none has."""
+    alphas = []
+    for path in paths:
+        file = bundle_dir(Path(path), tp)[0] / SKEW_FILE
+        if not file.exists():
+            continue
+        frame = _read_csv(file)
+        require_columns(frame, ("regime", "alpha"), path=str(file), what="LLMServingSim skew.csv")
+        pure = pd.to_numeric(frame.loc[frame["regime"] == "pure", "alpha"], errors="coerce").to_numpy(np.float64)
+        if not np.isfinite(pure).all():
+            i = int(np.flatnonzero(~np.isfinite(pure))[0])
+            raise InputError(f"{file}: pure-decode row {i}: alpha must be a number")
+        alphas.append(pure)
+    values = np.concatenate(alphas) if alphas else np.empty(0)
+    return float(np.median(values)) if len(values) else None

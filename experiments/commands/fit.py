@@ -77,6 +77,10 @@ def _add_parallelism_flags(p) -> None:
                         "meta.json lists all_reduce as missing); measured all-reduce data win")
     p.add_argument("--tp-latency-us", type=argtypes.non_negative, default=0.0,
                    help="latency of each of the ring's 2 (tp - 1) hops, with --tp-link-gbps (default 0)")
+    p.add_argument("--no-skew", action="store_true",
+                   help="--format llmservingsim: leave out the decode_attn_skew term that the bundle's skew.csv "
+                        "gives (decode attention of a batch whose KV lengths differ: the mean KV's time plus the "
+                        "median alpha of its pure-decode batches x the gap to the longest KV's)")
     p.add_argument("--device-spec", default=None, metavar="NAME",
                    help="the GPU whose datasheet (memory bandwidth) the memory-roofline terms use: element-wise "
                         "work (norms, RoPE, activation, residual adds) where no profile times it, and greedy "

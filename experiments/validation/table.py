@@ -7,7 +7,6 @@ from stepcal.experiments.validation.extrapolated import describe_beyond
 from stepcal.experiments.validation.machine_speed import describe_speed
 from stepcal.experiments.validation.measured import RETRY_HINT, describe_slowed
 from stepcal.experiments.validation.split import describe_split
-from stepcal.experiments.validation.timeseries import timeseries_line
 
 STEP_MATCHED_NOTE = ("with the step model rescaled (x {scale:.3f}) so that its total matches the measured step log's, "
                      "the error left comes from queueing, scheduling and KV capacity:")
@@ -100,3 +99,15 @@ def _ranges_line(ranges: dict) -> str:
         line += (f", each of {c['num_repeats']} repeats on its own; their mean in {mean['num_inside']} of "
                  f"{mean['num_cells']}, {_share(mean['coverage'])}")
     return line + f"), median width {_share(c['median_relative_width'])} of the measured value"
+
+
+def timeseries_line(block: dict) -> str:
+    """validation.md's line: each compared series' means, peaks and mean difference per tick."""
+    parts = [f"{name} mean {c['measured_mean']:.1f} measured / {c['simulated_mean']:.1f} simulated, peak "
+             f"{c['measured_peak']:.0f} / {c['simulated_peak']:.0f}, mean |difference| {c['mean_abs_diff']:.1f}"
+             for name, c in block["series"].items()]
+    if block["not_recorded"]:
+        parts.append(f"not recorded by the run: {', '.join(block['not_recorded'])}")
+    if block["not_simulated"]:
+        parts.append(f"not known to the replay (no KV capacity): {', '.join(block['not_simulated'])}")
+    return f"engine queue over {block['ticks']} ticks of {block['file']}: " + "; ".join(parts)

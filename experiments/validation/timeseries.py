@@ -10,13 +10,17 @@ its own start; `shift_s` moves them onto the run's clock (the import records bot
 """
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from stepcal.core.errors import InputError
 from stepcal.core.readers import one_line
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SERIES = ("running", "waiting", "kv_cache_pct")   # the columns compared, where the measured one is recorded
 TIMESERIES_COLUMNS = ("t", "running", "waiting", "kv_cache_pct")
@@ -24,6 +28,7 @@ TIMESERIES_COLUMNS = ("t", "running", "waiting", "kv_cache_pct")
 
 def read_timeseries(path: Path) -> pd.DataFrame:
     """The bench's timeseries.csv: a tick time t (s) and the engine's counts at it."""
+    import pandas as pd  # lazy: loads pandas
     try:
         frame = pd.read_csv(path)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -42,6 +47,7 @@ def read_timeseries(path: Path) -> pd.DataFrame:
 def simulated_series(ticks_s: np.ndarray, steps: pd.DataFrame, requests: pd.DataFrame,
                      kv_tokens: float | None) -> pd.DataFrame:
     """running, waiting and kv_cache_pct of the replay at each tick (s on the run's clock)."""
+    import pandas as pd  # lazy: loads pandas
     starts = steps["start_s"].to_numpy(dtype=np.float64)
     ends = starts + steps["duration_ms"].to_numpy(dtype=np.float64) / 1e3
     current = np.searchsorted(starts, ticks_s, side="right") - 1       # the last step begun by t
@@ -93,7 +99,6 @@ def timeseries_block(run_dir: Path, meta: dict, steps: pd.DataFrame, requests: p
 def bench_clock_shift_s(meta: dict) -> float:
     """Seconds from the bench's start (its ticks' zero) to the first request's receipt (the run's
     zero), from the two clocks the import recorded; 0 where either is missing."""
-    from datetime import datetime
     started = (meta.get("bench_totals") or {}).get("started_at")
     clocks = meta.get("clock_alignment") or {}
     if not started or "epoch_minus_monotonic_s" not in clocks or "first_queued_monotonic_s" not in clocks:
@@ -101,14 +106,3 @@ def bench_clock_shift_s(meta: dict) -> float:
     start_epoch = datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
     return clocks["first_queued_monotonic_s"] + clocks["epoch_minus_monotonic_s"] - start_epoch
 
-
-def timeseries_line(block: dict) -> str:
-    """validation.md's line: each compared series' means, peaks and mean difference per tick."""
-    parts = [f"{name} mean {c['measured_mean']:.1f} measured / {c['simulated_mean']:.1f} simulated, peak "
-             f"{c['measured_peak']:.0f} / {c['simulated_peak']:.0f}, mean |difference| {c['mean_abs_diff']:.1f}"
-             for name, c in block["series"].items()]
-    if block["not_recorded"]:
-        parts.append(f"not recorded by the run: {', '.join(block['not_recorded'])}")
-    if block["not_simulated"]:
-        parts.append(f"not known to the replay (no KV capacity): {', '.join(block['not_simulated'])}")
-    return f"engine queue over {block['ticks']} ticks of {block['file']}: " + "; ".join(parts)

@@ -13,7 +13,7 @@ from stepcal.core.model_spec import PRESETS, ModelSpec, Parallelism
 from stepcal.costmodel.compose import compose_terms, data_axes, op_grids
 from stepcal.costmodel.compose_comm import Composition
 from stepcal.costmodel.fitting import FitConfig, fit_all
-from stepcal.costmodel.importers.llmservingsim import import_bundle
+from stepcal.costmodel.importers.llmservingsim import import_bundle, skew_alpha
 from stepcal.costmodel.tables import load_step_model
 from stepcal.experiments.cli import main
 
@@ -133,14 +133,49 @@ def test_mixed_calls_price_what_a_prefill_adds_to_the_decodes(tmp_path):
 def test_fit_says_where_terms_came_from(tmp_path):
     out = tmp_path / "tables"
     bundle = _bundle(tmp_path)
-    (bundle / "tp1" / "skew.csv").write_text("regime,n\n")
+    _skew(bundle)
     assert _fit(tmp_path, bundle, out, "--ops", "attn_decode,attn_decode_mixed") == 0
     meta = json.loads((out / "meta.json").read_text())
     attention_csv = [str(bundle / "tp1" / "attention.csv")]
     assert meta["llmservingsim"]["term_files"] == {"decode_attn": attention_csv, "mixed_decode_attn": attention_csv}
-    assert any(f"{bundle / 'tp1' / 'skew.csv'} not used" in note for note in meta["notes"])
+    assert any("skew.csv: decode_attn_skew adds 0.1000 x" in note for note in meta["notes"])
+    assert meta["composition"]["decode_skew_alpha"] == pytest.approx(0.1)
     step = load_step_model(out).features_ms(StepBatch.of([0], [1], [64]).features())[0]
     assert step == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
+
+
+def _skew(bundle: Path) -> None:
+    """A skew.csv whose pure-decode batches have alphas 0.0, 0.1 and 0.3 (median 0.1); mixed rows ignored."""
+    (bundle / "tp1" / "skew.csv").write_text("regime,n,alpha\npure,2,0.0\npure,4,0.3\npure,8,0.1\nmixed,8,0.9\n")
+
+
+def test_skew_prices_the_gap_to_the_longest_kv(tmp_path):
+    bundle = _bundle(tmp_path)
+    _skew(bundle)
+    assert skew_alpha([bundle], None) == pytest.approx(0.1)
+    out, plain = tmp_path / "skewed", tmp_path / "plain"
+    assert _fit(tmp_path, bundle, out, "--ops", "attn_decode") == 0
+    assert _fit(tmp_path, bundle, plain, "--ops", "attn_decode", "--no-skew") == 0
+    skewed, uniform = load_step_model(out), load_step_model(plain)
+    # The synthetic decode attention is flat in KV, so a gap in KV costs nothing; the term is there, and
+    # a batch of equal KV lengths or of one decode gets zero from it.
+    assert "decode_attn_skew" in json.loads((out / "meta.json").read_text())["t_step_terms"]
+    assert "decode_attn_skew" not in json.loads((plain / "meta.json").read_text())["t_step_terms"]
+    for batch in (StepBatch.of([0, 1], [1, 1], [64, 64]), StepBatch.of([0], [1], [900])):
+        assert skewed.features_ms(batch.features())[0] == pytest.approx(uniform.features_ms(batch.features())[0])
+
+
+def test_skew_term_looks_up_the_longest_and_the_mean_kv():
+    from stepcal.costmodel.terms import DecodeSkew
+    knots = (np.array([1.0, 8.0]), np.array([0.0, 1000.0]))
+    grid = np.array([[0.0, 10.0], [0.0, 80.0]])          # decode attention: linear in KV, by batch
+    term = DecodeSkew("decode_attn_skew", knots, 0.1 * grid, np.zeros_like(grid), "", alpha=0.1)
+    q, kv = np.array([1, 1]), np.array([100, 900])          # two decodes: mean 500, longest 900
+    f = StepBatch.of([0, 1], q, kv).features()
+    at = lambda k: 0.1 * (10.0 + (80.0 - 10.0) * (2 - 1) / 7) * k / 1000   # noqa: E731  (grid at n=2)
+    assert term.evaluate(f)[0] == pytest.approx(at(900) - at(500))
+    assert term.row_ms(feature_row(q, kv)) == pytest.approx(at(900) - at(500))
+    assert term.evaluate(StepBatch.of([0], [1], [900]).features())[0] == 0.0
 
 
 @pytest.mark.parametrize("replace, message", [

@@ -146,6 +146,29 @@ def test_terms_extrapolating_below_zero_are_floored_alike(tmp_path):
     assert min(ours) == 0.0     # ([100_000], [0]): the linear term far below zero, no decode
 
 
+def test_skew_term_reads_alike(tmp_path):
+    """A hand-written decode_attn and its decode_attn_skew (alpha 0.05 of the same grid): batches whose
+    KV lengths differ pay alpha x the gap between the longest KV's time and the mean KV's, in both readers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    directory = tmp_path / "skew"
+    directory.mkdir()
+    cells = [(n, kv, 0.01 + 0.002 * n + 0.00001 * n * kv) for n in (1.0, 8.0, 64.0) for kv in (1.0, 512.0, 8192.0)]
+    terms = {}
+    for name, scale in (("decode_attn", 1.0), ("decode_attn_skew", 0.05)):
+        pq.write_table(pa.table({"num_decode": [c[0] for c in cells], "kv_mean": [c[1] for c in cells],
+                                 "time_ms": [scale * c[2] for c in cells], "spread_ms": [0.0] * len(cells)}),
+                       directory / f"{name}.parquet")
+        terms[name] = {"file": f"{name}.parquet", "axes": ["num_decode", "kv_mean"], "unit": "ms"}
+    terms["decode_attn_skew"]["alpha"] = 0.05
+    TableMeta(mode="composed", t_step_terms=list(terms), terms=terms).write(directory)
+    ours, theirs = standalone_step_ms(directory, tmp_path), stepcal_step_ms(directory)
+    assert ours == pytest.approx(theirs, rel=1e-9, abs=0.0)
+    skewed = BATCHES.index(([1] * 3, [200_000, 5, 70]))
+    uniform = resolve_step_model(str(directory)).step_ms(StepBatch.of(range(3), [1] * 3, [66_691] * 3))  # same mean
+    assert ours[skewed] > uniform
+
+
 def run_reader(directory: Path, cwd: Path) -> subprocess.CompletedProcess:
     code = f"import sys; sys.path.insert(0, {str(READERS)!r}); import stepcal_tables; stepcal_tables.load(sys.argv[1])"
     return subprocess.run([sys.executable, "-I", "-c", code, str(directory)], cwd=cwd,
