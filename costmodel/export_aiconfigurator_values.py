@@ -16,7 +16,7 @@ import pandas as pd
 from stepcal.core.errors import InputError
 from stepcal.core.model_spec import ModelSpec
 from stepcal.core.readers import one_line
-from stepcal.costmodel.features import design
+from stepcal.costmodel.features import KINDS, design, kind_of
 from stepcal.costmodel.importers import load_profiles
 from stepcal.costmodel.importers.aiconfigurator import import_table
 from stepcal.costmodel.records import SHAPE_COLUMNS
@@ -49,29 +49,40 @@ def table_values(frame: pd.DataFrame, table: str, target: str, model,
     latency = np.maximum(np.asarray(predicted, dtype=np.float64), FLOOR_MS)
     source = np.full(len(frame), PREDICTED, dtype=object)
     if profile is not None:
-        measured = measured_ms(records, profile, with_name=":" in target)
+        measured = measured_ms(records, profile, target)
         hit = ~np.isnan(measured)
         latency[hit], source[hit] = measured[hit], MEASURED
     return Values(latency, source, floored)
 
 
-def _keys(records: pd.DataFrame, with_name: bool) -> pd.DataFrame:
-    keys = records[["op", "dtype"] + (["name"] if with_name else [])].astype(str)
-    shapes = records[list(SHAPE_COLUMNS)].astype(np.float64).fillna(_ABSENT)
+def shape_columns(target: str) -> tuple[str, ...]:
+    """The record columns that say which shape a row of `target` times: those its regressor reads
+    (an all-reduce's message too), every shape column for an op without a kind."""
+    kind = kind_of(target)
+    if kind not in KINDS:
+        return SHAPE_COLUMNS
+    return KINDS[kind].columns + (("num_tokens", "width") if kind == "all_reduce" else ())
+
+
+def _keys(records: pd.DataFrame, target: str) -> pd.DataFrame:
+    keys = records[["op", "dtype"] + (["name"] if ":" in target else [])].astype(str)
+    shapes = records[list(shape_columns(target))].astype(np.float64)
+    # An absent degree is one GPU, as the regressor reads it.
+    shapes = shapes.fillna({c: 1.0 for c in ("tp", "ep") if c in shapes}).fillna(_ABSENT)
     return pd.concat([keys.reset_index(drop=True), shapes.reset_index(drop=True)], axis=1)
 
 
-def measured_ms(records: pd.DataFrame, profile: pd.DataFrame, with_name: bool) -> np.ndarray:
-    """The profile's median time of each record's exact shape (same op, dtype and every shape
-    column; the name too where the target is one implementation's), NaN where it was not measured."""
+def measured_ms(records: pd.DataFrame, profile: pd.DataFrame, target: str) -> np.ndarray:
+    """The profile's median time of each record's shape (same op, dtype and shape_columns; the
+    name too where the target is one implementation's), NaN where it was not measured."""
     ops = set(records["op"].astype(str))
     timed = profile[profile["op"].astype(str).isin(ops)]
     if timed.empty:
         return np.full(len(records), np.nan)
-    keys = _keys(timed, with_name)
+    keys = _keys(timed, target)
     columns = list(keys.columns)
     medians = keys.assign(time_ms=timed["time_ms"].to_numpy()).groupby(columns, dropna=False)["time_ms"].median()
-    wanted = _keys(records, with_name)
+    wanted = _keys(records, target)
     joined = wanted.merge(medians.reset_index(), on=columns, how="left")
     return joined["time_ms"].to_numpy(dtype=np.float64)
 

@@ -115,8 +115,10 @@ def test_fit_says_where_terms_came_from(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["llmservingsim"]["term_files"] == {"decode_attn": [str(tmp_path / "bf16" / "tp1" / "attention.csv")]}
     assert any("1 mixed prefill+decode rows not used" in note for note in meta["notes"])
-    step = load_step_model(out).features_ms(StepBatch.of([0], [1], [64]).features())[0]
-    assert step == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
+    terms = load_step_model(out).term_ms(StepBatch.of([0], [1], [64]).features())
+    assert terms["decode_attn"][0] == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
+    # The bundle names a GPU with a datasheet: the terms it lacks come from that GPU's memory roofline.
+    assert meta["term_sources"]["elementwise"]["source"] == "roofline"
 
 
 @pytest.mark.parametrize("replace, message", [
