@@ -84,6 +84,8 @@ class Shapes:
     allreduce_sizes: tuple[int, ...] = tuple(2 ** e for e in range(7, 30))    # elements, 128 to 2^29
     moe_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512, 768,
                                    1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+    moe_tp: tuple[int, ...] = (1, 2, 4, 8, 16, 32)       # with moe_ep_size 1
+    moe_ep: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # with moe_tp_size 1
     mla_heads_x_tp: tuple[int, ...] = (64, 128)     # num_heads on one GPU x tp_size
     mla_prefill_max_tokens: int = 65536
     mla_decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

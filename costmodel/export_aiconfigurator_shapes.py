@@ -4,7 +4,8 @@ columns (without `latency`), on the grid of costmodel.aiconfigurator_contract.SH
 GEMMs, attention and all-reduce are written on the whole grid, whatever the model: AIConfigurator
 looks up the shapes of the model it is asked about, at any tensor-parallel degree. A MoE table is
 written for the fitted model's expert shape only (its grid is a list of models' shapes, not a
-product), at every tensor/expert split of up to 8 GPUs that divides its experts.
+product), at AIConfigurator's tensor and expert splits (those of the expert-parallel degree that
+divide the model's experts).
 """
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ import pandas as pd
 
 from stepcal.core.model_spec import ModelSpec
 from stepcal.costmodel.aiconfigurator_contract import SHAPES, TABLES
-
-MAX_MOE_GPUS = 8
 
 
 def _frame(table: str, rows: list[tuple], columns: tuple[str, ...], **constant) -> pd.DataFrame:
@@ -68,8 +67,10 @@ def allreduce_shapes(backend: str, dtype: str) -> pd.DataFrame:
 
 
 def moe_shapes(spec: ModelSpec, distribution: str, dtype: str) -> pd.DataFrame:
-    splits = [(tp, ep) for tp in (1, 2, 4, 8) for ep in (1, 2, 4, 8)
-              if tp * ep <= MAX_MOE_GPUS and spec.num_experts % ep == 0]
+    """The model's expert shape on AIConfigurator's splits: experts split by tensor parallelism
+    (moe_tp_size), or by expert parallelism (moe_ep_size, where it divides the experts)."""
+    splits = [(tp, 1) for tp in SHAPES.moe_tp] + [(1, ep) for ep in SHAPES.moe_ep
+                                                   if ep > 1 and spec.num_experts % ep == 0]
     rows = [(t, spec.hidden_size, spec.expert_ffn_size, spec.experts_per_token, spec.num_experts, tp, ep)
             for tp, ep in splits for t in SHAPES.moe_tokens]
     return _frame("moe_perf", rows, ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts",

@@ -172,3 +172,58 @@ def test_aiconfigurator_flags_belong_to_its_format(aic_fit, tmp_path, capsys):
     code = main(["tables", "export", str(aic_fit["tables"]), "--format", "csv", "--aic-predict-all",
                  "--out", str(tmp_path / "c")])
     assert code == 2 and "--aic-predict-all" in capsys.readouterr().err
+
+
+# ---- a mixture of experts under tensor parallelism: the MoE and all-reduce tables ----
+
+MOE_FILES = {"moe_perf": "moe", "custom_allreduce_perf": "comm"}
+
+
+def _moe_slice(table: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """Qwen3-30B-A3B at TP 2: 16 query and 2 KV heads on a GPU, its experts split in two."""
+    if table == "moe_perf":
+        keep = ((frame["hidden_size"] == 2048) & (frame["inter_size"] == 768) & (frame["moe_dtype"] == "bfloat16")
+                & (frame["moe_tp_size"] == 2) & (frame["distribution"] == "balanced"))
+    elif table == "custom_allreduce_perf":
+        keep = frame["backend"] == "vllm_graph"
+    elif table == "gemm_perf":
+        keep = frame["n"].isin((2048, 4096)) & frame["k"].isin((2048, 4096)) & (frame["gemm_dtype"] == "bfloat16")
+    else:
+        keep = ((frame["num_heads"] == 16) & (frame["num_key_value_heads"] == 2)
+                & (frame["kv_cache_dtype"] == "bfloat16"))
+    return frame[keep].reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def moe_export(tmp_path_factory) -> dict[str, Path]:
+    require_shared(AIC_H100)
+    base = tmp_path_factory.mktemp("aic_moe")
+    profile = base / "h100_sxm"
+    for table, family in {**TABLE_FILES, **MOE_FILES}.items():
+        target = profile / family / VERSION_DIR / f"{table}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _moe_slice(table, pd.read_parquet(AIC_H100 / family / VERSION_DIR / f"{table}.parquet")).to_parquet(
+            target, index=False)
+    tables, out = base / "tables", base / "systems"
+    assert main(["fit", "--profile", str(profile), "--model-spec", "qwen3-30b-a3b", "--tp", "2",
+                 "--regressor", "rf", "--no-mlflow", "--out", str(tables)]) == 0
+    assert main(["tables", "export", str(tables), "--format", "aiconfigurator", "--out", str(out)]) == 0
+    return {"profile": profile, "out": out}
+
+
+@pytest.mark.parametrize("table", sorted(MOE_FILES))
+def test_moe_and_all_reduce_tables_meet_the_contract(moe_export, table):
+    family = MOE_FILES[table]
+    ours = pq.read_table(moe_export["out"] / "data" / "stepcal_h100_sxm" / family / VERSION_DIR / f"{table}.parquet")
+    theirs_path = AIC_H100 / family / VERSION_DIR / f"{table}.parquet"
+    for field in pq.read_schema(theirs_path):
+        assert ours.schema.field(field.name).type == field.type, f"{table}: {field.name}"
+    ours, profile = ours.to_pandas(), pd.read_parquet(moe_export["profile"] / family / VERSION_DIR / f"{table}.parquet")
+    key = {"moe_perf": ["num_tokens", "moe_tp_size", "moe_ep_size", "distribution"],
+           "custom_allreduce_perf": ["num_gpus", "message_size", "backend"]}[table]
+    joined = profile[key + ["latency"]].merge(ours, on=key, how="left", suffixes=("_profile", ""))
+    # Every shape the profile timed is in the export, with the profile's own time.
+    assert joined["latency"].notna().all()
+    assert (joined["stepcal_source"] == "measured").all()
+    assert (joined["latency"] == joined["latency_profile"]).all()
+    assert not ours.duplicated([c for c in ours.columns if c not in ("latency", "stepcal_source")]).any()
