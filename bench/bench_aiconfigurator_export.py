@@ -1,4 +1,4 @@
-"""Runs AIConfigurator on stepcal's exports (issue 55): `stepcal tables export --format aiconfigurator`
+"""Runs AIConfigurator on stepcal's exports: `stepcal tables export --format aiconfigurator`
 of four fits, each estimated by AIConfigurator itself for one fixed deployment, beside stepcal's own
 simulation of it.
 
