@@ -38,6 +38,7 @@ KERNEL_SOURCE = "stepcal"
 # Our dtype -> AIConfigurator's name of it, for the dtypes its vLLM tables hold.
 AIC_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "int4": "int4_wo"}
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+KV_DTYPES = {"bfloat16": "bfloat16", "fp8": "fp8"}
 _PA_TYPES = {"int64": pa.int64(), "double": pa.float64(), "string": pa.string()}
 
 
@@ -79,25 +80,27 @@ def export_aiconfigurator(table_dir: Path, meta: TableMeta, out: Path, system: s
 def plan(table_dir: Path, meta: TableMeta, spec: ModelSpec) -> list[tuple[str, str, pd.DataFrame]]:
     """(table, target, shapes) for every kernel table the fit has a regressor for."""
     targets = sorted(t for t in meta.targets if load_regressor(table_dir, meta, t) is not None)
-    dtype = _aic_dtype(table_dir, spec.dtype, "the model's dtype")
+    weights = _aic_dtype(table_dir, spec.dtype, "the model's dtype")
+    kv = _aic_dtype(table_dir, spec.kv_dtype or spec.dtype, "the KV cache's dtype", KV_DTYPES)
+    compute = _aic_dtype(table_dir, spec.compute_dtype, "the activations' dtype")
     out = []
     for target in targets:
         kind, _, name = target.partition(":")
         if kind == "gemm":
-            gemm_dtype = _aic_dtype(table_dir, name, "a GEMM dtype") if name else _gemm_dtype(table_dir, meta, dtype)
+            gemm_dtype = _aic_dtype(table_dir, name, "a GEMM dtype") if name else _gemm_dtype(table_dir, meta, weights)
             out.append(("gemm_perf", target, shapes.gemm_shapes(gemm_dtype)))
         elif kind == "attn_prefill":
-            out.append(("context_attention_perf", target, shapes.prefill_shapes(dtype, spec.head_dim)))
+            out.append(("context_attention_perf", target, shapes.prefill_shapes(kv, spec.head_dim)))
         elif kind == "attn_decode":
-            out.append(("generation_attention_perf", target, shapes.decode_shapes(dtype, spec.head_dim)))
+            out.append(("generation_attention_perf", target, shapes.decode_shapes(kv, spec.head_dim)))
         elif kind == "all_reduce":
-            out.append(("custom_allreduce_perf", target, shapes.allreduce_shapes(name or KERNEL_SOURCE, dtype)))
+            out.append(("custom_allreduce_perf", target, shapes.allreduce_shapes(name or KERNEL_SOURCE, compute)))
         elif kind == "moe" and spec.is_moe:
-            out.append(("moe_perf", target, shapes.moe_shapes(spec, name or "balanced", dtype)))
+            out.append(("moe_perf", target, shapes.moe_shapes(spec, name or "balanced", weights)))
         elif kind == "mla_prefill":
-            out.append(("context_mla_perf", target, shapes.mla_prefill_shapes(dtype)))
+            out.append(("context_mla_perf", target, shapes.mla_prefill_shapes(kv)))
         elif kind == "mla_decode":
-            out.append(("generation_mla_perf", target, shapes.mla_decode_shapes(dtype)))
+            out.append(("generation_mla_perf", target, shapes.mla_decode_shapes(kv)))
     return out
 
 
@@ -141,12 +144,13 @@ def _refuse_inexpressible(table_dir: Path, meta: TableMeta, spec: ModelSpec) -> 
                          f"estimate {spec.name!r} without those kernels' tables")
 
 
-def _aic_dtype(table_dir: Path, dtype, what: str) -> str:
+def _aic_dtype(table_dir: Path, dtype, what: str, known=None) -> str:
+    known = known or AIC_DTYPES
     name = {"bf16": "bfloat16"}.get(str(dtype), str(dtype))
-    if name not in AIC_DTYPES:
+    if name not in known:
         raise InputError(f"{table_dir}: {what} {shown(dtype)} has no AIConfigurator vLLM table "
-                         f"(it holds {', '.join(AIC_DTYPES)})")
-    return AIC_DTYPES[name]
+                         f"(it holds {', '.join(known)})")
+    return known[name]
 
 
 def _gemm_dtype(table_dir: Path, meta: TableMeta, model_dtype: str) -> str:
