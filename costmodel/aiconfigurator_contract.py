@@ -55,7 +55,7 @@ TABLES = {
     "generation_mla_perf": TableContract("mla", _MLA,
                                          ("kv_cache_dtype", "num_heads", "tp_size", "batch_size", "step")),
 }
-# Tables an estimate of a dense GQA model cannot run without (all-reduce only under TP > 1).
+# Tables no estimate runs without, an MLA model's included (all-reduce only under TP > 1).
 REQUIRED_TABLES = ("gemm_perf", "context_attention_perf", "generation_attention_perf")
 
 # The system yaml: section -> keys its loader requires (data_dir is top-level).

@@ -137,11 +137,14 @@ def _refuse_inexpressible(table_dir: Path, meta: TableMeta, spec: ModelSpec) -> 
         raise InputError(f"{table_dir}: calibrated host terms have no place in AIConfigurator's kernel "
                          f"tables; export the tables `stepcal fit` wrote, before calibration")
     have = {t.partition(":")[0] for t in meta.targets if load_regressor(table_dir, meta, t) is not None}
-    attention = ("mla_prefill", "mla_decode") if spec.is_mla else ("attn_prefill", "attn_decode")
-    missing = [t for t in ("gemm", *attention, *(("moe",) if spec.is_moe else ())) if t not in have]
+    # AIConfigurator's loader stops without GQA attention rows, for an MLA model too.
+    needed = ("gemm", "attn_prefill", "attn_decode", *(("mla_prefill", "mla_decode") if spec.is_mla else ()),
+              *(("moe",) if spec.is_moe else ()))
+    missing = [t for t in needed if t not in have]
     if missing:
+        why = " (its loader needs GQA attention tables for an MLA model too)" if spec.is_mla else ""
         raise InputError(f"{table_dir}: no fitted {', '.join(missing)} regressor: AIConfigurator cannot "
-                         f"estimate {spec.name!r} without those kernels' tables")
+                         f"estimate {spec.name!r} without those kernels' tables{why}")
 
 
 def _aic_dtype(table_dir: Path, dtype, what: str, known=None) -> str:

@@ -21,6 +21,9 @@ INTRA_NODE_BYTES_PER_S = {"h100_sxm": 450e9, "h200_sxm": 450e9, "b200": 900e9, "
                           "a100_sxm_40gb": 300e9, "h100_pcie": 64e9, "l40s": 32e9}
 PCIE_BYTES_PER_S = {"a100_sxm": 32e9, "a100_sxm_40gb": 32e9, "l40s": 32e9}
 DEFAULT_PCIE_BYTES_PER_S = 64e9
+# GPUs whose Tensor Cores run FP8 (Ada, Hopper, Blackwell), at twice their dense BF16 rate; an
+# export with fp8 tables needs the figure (AIConfigurator refuses an fp8 quant mode without it).
+FP8_DEVICES = ("h100_sxm", "h100_pcie", "h200_sxm", "l40s", "b200", "rtx_pro_6000_server")
 # Between nodes: one 400 Gb/s network port per GPU.
 INTER_NODE_BYTES_PER_S = 50e9
 # AIConfigurator's corrections of its own systems (see the module's notes).
@@ -33,13 +36,16 @@ OTHER_MEM_BYTES = 3758096384
 def system_spec(device: DeviceSpec, data_dir: str) -> dict:
     """The yaml's content for `device`, its tables under `data_dir` (relative to the yaml)."""
     pcie = PCIE_BYTES_PER_S.get(device.name, DEFAULT_PCIE_BYTES_PER_S)
+    gpu = {"mem_bw": int(device.memory_bandwidth_bytes_per_s),
+           "mem_bw_empirical_scaling_factor": MEM_BW_SCALING,
+           "mem_empirical_constant_latency": MEM_CONSTANT_LATENCY_S,
+           "mem_capacity": int(device.memory_gb * GIB),
+           "bfloat16_tc_flops": int(device.bf16_dense_tflops * 1e12)}
+    if device.name in FP8_DEVICES:
+        gpu["fp8_tc_flops"] = 2 * gpu["bfloat16_tc_flops"]
     return {
         "data_dir": data_dir,
-        "gpu": {"mem_bw": int(device.memory_bandwidth_bytes_per_s),
-                "mem_bw_empirical_scaling_factor": MEM_BW_SCALING,
-                "mem_empirical_constant_latency": MEM_CONSTANT_LATENCY_S,
-                "mem_capacity": int(device.memory_gb * GIB),
-                "bfloat16_tc_flops": int(device.bf16_dense_tflops * 1e12)},
+        "gpu": gpu,
         "node": {"num_gpus_per_node": GPUS_PER_NODE, "inter_node_bw": int(INTER_NODE_BYTES_PER_S),
                  "intra_node_bw": int(INTRA_NODE_BYTES_PER_S.get(device.name, pcie)), "pcie_bw": int(pcie)},
         "misc": {"nccl_mem": dict(NCCL_MEM_BYTES), "other_mem": OTHER_MEM_BYTES},

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from stepcal.core.model_spec import PRESETS
 from stepcal.costmodel.aiconfigurator_contract import system_problems
 from stepcal.experiments.cli import main
 from tests.costmodel.conftest import PROFILES, require_shared
@@ -227,3 +228,10 @@ def test_moe_and_all_reduce_tables_meet_the_contract(moe_export, table):
     assert (joined["stepcal_source"] == "measured").all()
     assert (joined["latency"] == joined["latency_profile"]).all()
     assert not ours.duplicated([c for c in ours.columns if c not in ("latency", "stepcal_source")]).any()
+
+
+def test_an_mla_fit_without_gqa_attention_is_refused(aic_fit, tmp_path, capsys):
+    """AIConfigurator's loader stops without context-attention rows, for DeepSeek-V3 too."""
+    code, _, err = export(_edited(aic_fit["tables"], tmp_path, model_spec=PRESETS["deepseek-v3"].to_dict()),
+                          tmp_path / "out", capsys)
+    assert code == 2 and "mla_prefill, mla_decode" in err and "GQA attention tables" in err
