@@ -79,6 +79,14 @@ def test_the_system_yaml_names_the_tables_and_the_datasheet(exported):
     assert spec["gpu"]["mem_bw"] == 3_350_000_000_000          # H100 SXM datasheet
     assert spec["gpu"]["mem_capacity"] == 80 * 2 ** 30
     assert spec["gpu"]["bfloat16_tc_flops"] == 989 * 10 ** 12
+    assert spec["gpu"]["fp8_tc_flops"] == 2 * 989 * 10 ** 12    # Hopper: FP8 at twice BF16
+    assert spec["node"]["intra_node_bw"] == 450 * 10 ** 9       # NVLink 4, one direction
+
+
+def test_the_contract_names_what_a_system_yaml_lacks():
+    assert system_problems({"gpu": {"mem_bw": 1, "mem_capacity": 0}}) == [
+        "system yaml: no data_dir", "system yaml: no gpu.bfloat16_tc_flops", "system yaml: no node section",
+        "system yaml: no misc section", "system yaml: gpu.mem_capacity must be a positive number, got 0"]
 
 
 @pytest.mark.parametrize("table", sorted(TABLE_FILES))
