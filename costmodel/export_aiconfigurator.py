@@ -52,13 +52,15 @@ def export_aiconfigurator(table_dir: Path, meta: TableMeta, out: Path, system: s
     spec = _spec(table_dir, meta)
     device = _device(table_dir, meta)
     system = system or f"stepcal_{device.name}"
-    _refuse_inexpressible(table_dir, meta, spec)
+    # Each regressor is unpickled once: a forest of GEMMs takes seconds to load.
+    models = {t: m for t in sorted(meta.targets) if (m := load_regressor(table_dir, meta, t)) is not None}
+    _refuse_inexpressible(table_dir, meta, spec, set(models))
     profile, profile_note = (None, "") if predict_all else profile_records(
         meta.extra.get("inputs"), meta.provenance.get("devices"), spec, meta.tp or 1)
     data_dir = f"data/{system}"
     notes, counts, by_table = [note for note in (profile_note,) if note], Counter(), {}
-    for table, target, frame in plan(table_dir, meta, spec):
-        values = table_values(frame, table, target, load_regressor(table_dir, meta, target), profile)
+    for table, target, frame in plan(table_dir, meta, spec, list(models)):
+        values = table_values(frame, table, target, models[target], profile)
         by_table.setdefault(table, []).append(_finish(frame, device, version, values))
         counts["measured"] += int(np.sum(values.source == MEASURED))
         counts["floored"] += values.floored
@@ -77,9 +79,9 @@ def export_aiconfigurator(table_dir: Path, meta: TableMeta, out: Path, system: s
     return [yaml_path, *files], tuple(notes)
 
 
-def plan(table_dir: Path, meta: TableMeta, spec: ModelSpec) -> list[tuple[str, str, pd.DataFrame]]:
-    """(table, target, shapes) for every kernel table the fit has a regressor for."""
-    targets = sorted(t for t in meta.targets if load_regressor(table_dir, meta, t) is not None)
+def plan(table_dir: Path, meta: TableMeta, spec: ModelSpec,
+         targets: list[str]) -> list[tuple[str, str, pd.DataFrame]]:
+    """(table, target, shapes) for every kernel table of `targets` (the fitted regressors)."""
     weights = _aic_dtype(table_dir, spec.dtype, "the model's dtype")
     kv = _aic_dtype(table_dir, spec.kv_dtype or spec.dtype, "the KV cache's dtype", KV_DTYPES)
     compute = _aic_dtype(table_dir, spec.compute_dtype, "the activations' dtype")
@@ -129,14 +131,14 @@ def _device(table_dir: Path, meta: TableMeta) -> DeviceSpec:
     return known[0]
 
 
-def _refuse_inexpressible(table_dir: Path, meta: TableMeta, spec: ModelSpec) -> None:
+def _refuse_inexpressible(table_dir: Path, meta: TableMeta, spec: ModelSpec, targets: set[str]) -> None:
     if meta.mode != "composed":
         raise InputError(f"{table_dir}: tables of mode {meta.mode!r} time whole steps; AIConfigurator "
                          f"composes steps from kernel tables, so it cannot express them")
     if meta.host_terms:
         raise InputError(f"{table_dir}: calibrated host terms have no place in AIConfigurator's kernel "
                          f"tables; export the tables `stepcal fit` wrote, before calibration")
-    have = {t.partition(":")[0] for t in meta.targets if load_regressor(table_dir, meta, t) is not None}
+    have = {t.partition(":")[0] for t in targets}
     # AIConfigurator's loader stops without GQA attention rows, for an MLA model too.
     needed = ("gemm", "attn_prefill", "attn_decode", *(("mla_prefill", "mla_decode") if spec.is_mla else ()),
               *(("moe",) if spec.is_moe else ()))
