@@ -140,8 +140,10 @@ def test_fit_says_where_terms_came_from(tmp_path):
     assert meta["llmservingsim"]["term_files"] == {"decode_attn": attention_csv, "mixed_decode_attn": attention_csv}
     assert any("skew.csv: decode_attn_skew adds 0.1000 x" in note for note in meta["notes"])
     assert meta["composition"]["decode_skew_alpha"] == pytest.approx(0.1)
-    step = load_step_model(out).features_ms(StepBatch.of([0], [1], [64]).features())[0]
-    assert step == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
+    terms = load_step_model(out).term_ms(StepBatch.of([0], [1], [64]).features())
+    assert terms["decode_attn"][0] == pytest.approx(SPEC.num_layers * DECODE_US / 1000)
+    # The bundle names a GPU with a datasheet: the terms it lacks come from that GPU's memory roofline.
+    assert meta["term_sources"]["elementwise"]["source"] == "roofline"
 
 
 def _skew(bundle: Path) -> None:
