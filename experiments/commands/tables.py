@@ -2,6 +2,7 @@
 CSV or JSON."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from stepcal.core.io import atomic_output_dir
@@ -57,7 +58,8 @@ def register(subparsers) -> None:
 
 
 def _usage(parser) -> int:
-    parser.print_help()
+    """`stepcal tables` without an action: the help on stderr (it is an error: exit 2), as the other groups do."""
+    parser.print_help(sys.stderr)
     return 2
 
 

@@ -159,3 +159,12 @@ def test_import_without_a_source_shows_usage(capsys):
     commands = next(action for action in build_parser()._actions if action.dest == "command")
     usage = commands.choices["import"].format_help()
     assert capsys.readouterr().err == usage and "vllm-bench" in usage.split("SOURCE")[-1]
+
+
+@pytest.mark.parametrize("group", ["import", "tables", "trace"])
+def test_a_command_group_without_an_action_is_an_error_on_stderr(group, capsys):
+    """An action is required: its absence exits 2 with the help (or a one-line error) on stderr, nothing
+    on stdout."""
+    assert main([group]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and (err.startswith(f"usage: stepcal {group}") or err.count("\n") == 1)
