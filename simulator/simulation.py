@@ -29,6 +29,7 @@ from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, step
 from stepcal.simulator.request import make_requests
 from stepcal.simulator.router import make_router
 from stepcal.simulator.schedulers import SchedulerConfig
+from stepcal.simulator.spec_decode import merge_summaries
 
 
 @dataclass
@@ -187,6 +188,10 @@ class Simulation:
         summary.update(prefix_cache_summary(requests, [r.kv for r in self.replicas], self.prefix_caching,
                                             self.reuses_prefixes))
         summary["num_timeouts"] = count_timeouts(self.requests)
+        summary["spec_decode"] = merge_summaries([s.verifier.summary() for s in self.schedulers
+                                                  if s.verifier is not None])
+        summary["mean_tokens_per_step"] = (float(steps.column("num_tokens").to_numpy().sum()) / steps.num_rows
+                                           if steps.num_rows else None)
         summary.update({"num_skipped": self.num_skipped, "num_steps": steps.num_rows,
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})

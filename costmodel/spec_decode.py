@@ -1,0 +1,218 @@
+"""The time of a speculative decoding step: the target's verify step plus the drafter's passes.
+
+Verify. The simulator hands a request that verifies d drafts over s cached tokens as a decode of
+1 + d tokens (simulator.spec_decode.verify_feature_row): the GEMMs and element-wise work run at the
+step's total tokens, and its attention is priced as decode attention over s + d keys. The shared
+tables have no q > 1 decode attention, so that is the interpolation, and why it holds: FlashAttention's
+decode path (vLLM's FlashAttention backend, pack-GQA) puts the 1 + d query tokens of a sequence times
+the query heads that share one KV head into the rows of one tile, and reads each KV block once per
+tile. While (1 + d) x heads / kv_heads rows fit one tile (64 rows, the split-KV kernel's), the memory
+traffic, which bounds decode attention, is that of q = 1; past it each further tile reads the KV again,
+so decode attention is scaled by the number of tiles. (Pricing it as a small prefill chunk over the
+KV would use the prefill kernel's tables, measured from empty caches, far from this shape.)
+
+Drafter, k passes per step as vLLM V1's proposer runs them: the first over every token of the step
+(the drafter builds its KV from the target's hidden states), the other k - 1 over one token per
+sequence. An EAGLE head or MTP layers are composed from the target's own tables: each layer costs
+the target's per-layer share (every term but the LM head and sampling, over its layers), plus one LM
+head and sampling scaled by the drafter's vocabulary over the target's (both read the whole weight
+or logits row: memory-bound, so linear in the vocabulary). EAGLE's input projection and embedding
+are left out (one GEMM of hidden x 2-3 hidden at the step's tokens). A draft model brings its own
+tables; n-gram lookup is a constant per step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stepcal.core.batch import StepFeatures
+from stepcal.core.errors import InputError
+from stepcal.costmodel.tables import TableStepModel
+from stepcal.simulator.step_model import FeatureStepModel
+
+VOCAB_TERMS = ("lm_head", "sampling")
+ATTENTION_TILE_ROWS = 64   # query rows per tile of FlashAttention's split-KV decode kernel
+
+
+def table_of(model) -> TableStepModel | None:
+    """The T_step tables under a model's wrappers (host terms, scaling), None for const/linear."""
+    while model is not None and not isinstance(model, TableStepModel):
+        model = getattr(model, "base", None)
+    return model
+
+
+def _positive_sum(terms, row: tuple) -> float:
+    total = 0.0
+    for term in terms:
+        total = total + max(term.row_ms(row), 0.0)
+    return total
+
+
+def _positive_sum_features(terms, features: StepFeatures) -> np.ndarray:
+    total = np.zeros(len(features))
+    for term in terms:
+        total = total + np.maximum(term.evaluate(features), 0.0)
+    return total
+
+
+def decode_row(row: tuple) -> tuple:
+    """A drafter's later pass over the step's sequences: one token each, over the caches the step left."""
+    num_seqs, num_tokens, _, _, decode_kv_max, _, _, kv_sum = row
+    kv_total = kv_sum + num_tokens
+    return (num_seqs, num_seqs, num_seqs, kv_total, max(decode_kv_max, kv_total / max(num_seqs, 1)), 0, 0.0, kv_total)
+
+
+def decode_features(f: StepFeatures) -> StepFeatures:
+    """decode_row() of many batches."""
+    b = f.num_seqs
+    kv_total = f.kv_sum + f.num_tokens
+    zeros = np.zeros(len(f))
+    return StepFeatures(num_seqs=b, num_tokens=b.copy(), num_decode=b.copy(), decode_kv_sum=kv_total,
+                        decode_kv_max=np.maximum(f.decode_kv_max, kv_total / np.maximum(b, 1)),
+                        prefill_tokens=zeros, prefill_attn_work=zeros.copy(), kv_sum=kv_total.copy())
+
+
+@dataclass(frozen=True)
+class HeadPass:
+    """One forward of an EAGLE head or MTP layers: num_layers of the target's layers and an LM head
+    over vocab_ratio of the target's vocabulary."""
+    table: TableStepModel
+    num_layers: int
+    vocab_ratio: float
+
+    @property
+    def layer_terms(self) -> list:
+        return [t for t in self.table.terms if t.name not in VOCAB_TERMS]
+
+    @property
+    def vocab_terms(self) -> list:
+        return [t for t in self.table.terms if t.name in VOCAB_TERMS]
+
+    @property
+    def layer_share(self) -> float:
+        return self.num_layers / float(self.table.meta.num_layers or self.table.meta.model_spec["num_layers"])
+
+    def row_ms(self, row: tuple) -> float:
+        return (self.layer_share * _positive_sum(self.layer_terms, row)
+                + self.vocab_ratio * _positive_sum(self.vocab_terms, row))
+
+    def features_ms(self, f: StepFeatures) -> np.ndarray:
+        return (self.layer_share * _positive_sum_features(self.layer_terms, f)
+                + self.vocab_ratio * _positive_sum_features(self.vocab_terms, f))
+
+
+@dataclass(frozen=True)
+class PassesDrafter:
+    """k passes of `one_pass` (a HeadPass or a draft model's step model): over the step, then k - 1
+    over one token per sequence."""
+    one_pass: object
+    num_passes: int
+
+    def row_ms(self, row: tuple) -> float:
+        later = self.one_pass.row_ms(decode_row(row)) if self.num_passes > 1 else 0.0
+        return self.one_pass.row_ms(row) + (self.num_passes - 1) * later
+
+    def features_ms(self, f: StepFeatures) -> np.ndarray:
+        first = np.asarray(self.one_pass.features_ms(f), dtype=np.float64)
+        if self.num_passes == 1:
+            return first
+        return first + (self.num_passes - 1) * np.asarray(self.one_pass.features_ms(decode_features(f)))
+
+
+@dataclass(frozen=True)
+class ConstDrafter:
+    time_ms: float
+
+    def row_ms(self, row: tuple) -> float:
+        return self.time_ms
+
+    def features_ms(self, f: StepFeatures) -> np.ndarray:
+        return np.full(len(f), self.time_ms)
+
+
+class DraftedStepModel(FeatureStepModel):
+    """The target's step time (its verify steps as decodes, decode attention scaled by the tiles the
+    drafts' query rows take) plus the drafter's time, every step."""
+
+    def __init__(self, target, drafter, attention_tiles: int = 1, label: str = "") -> None:
+        self.target, self.drafter, self.label = target, drafter, label
+        table = table_of(target)
+        self.extra_attention = [t for t in table.terms if t.name == "decode_attn"] if table and attention_tiles > 1 else []
+        self.attention_tiles = attention_tiles
+        self.front_end = getattr(target, "front_end", None)
+        self.per_request_ms = getattr(target, "per_request_ms", 0.0)
+
+    def row_ms(self, row: tuple) -> float:
+        extra = (self.attention_tiles - 1) * _positive_sum(self.extra_attention, row) if self.extra_attention else 0.0
+        return self.target.row_ms(row) + extra + self.drafter.row_ms(row)
+
+    def features_ms(self, features: StepFeatures) -> np.ndarray:
+        extra = (self.attention_tiles - 1) * _positive_sum_features(self.extra_attention, features)
+        return self.target.features_ms(features) + extra + self.drafter.features_ms(features)
+
+    def split_ms(self, row: tuple) -> dict[str, float]:
+        """One step's time by part: the target's terms (verify), the extra attention tiles, the drafter."""
+        table = table_of(self.target)
+        parts = {t.name: max(t.row_ms(row), 0.0) for t in table.terms} if table else {}
+        parts["target_other"] = self.target.row_ms(row) - sum(parts.values())
+        parts["extra_attention_tiles"] = self.row_ms(row) - self.target.row_ms(row) - self.drafter.row_ms(row)
+        parts["drafter"] = self.drafter.row_ms(row)
+        return parts
+
+    def describe(self) -> str:
+        target = self.target.describe() if hasattr(self.target, "describe") else type(self.target).__name__
+        return f"{target} + drafter {self.label}"
+
+
+def attention_tiles(table: TableStepModel | None, num_draft_tokens: int) -> int:
+    """Tiles of ATTENTION_TILE_ROWS that (1 + k) query tokens x the query heads of one KV head take."""
+    if table is None or not table.meta.model_spec:
+        return 1
+    spec = table.meta.model_spec
+    group = max(1, int(spec.get("num_heads", 1)) // max(1, int(spec.get("num_kv_heads") or spec.get("num_heads", 1))))
+    return max(1, math.ceil((1 + num_draft_tokens) * group / ATTENTION_TILE_ROWS))
+
+
+def make_drafter(text: str | None, method: str, num_draft_tokens: int, target, load_tables) -> tuple[object, str]:
+    """The drafter of `--drafter` (head:LAYERS[,VOCAB], const:MS or a draft model's table directory),
+    by default head:1 for eagle and mtp and const:0 for ngram; a draft model needs its tables.
+    `load_tables(path)` loads a step model from a directory. Returns the drafter and its label."""
+    if text is None:
+        if method == "draft-model":
+            raise InputError("--spec-decode draft-model needs --drafter DIR, the draft model's T_step tables")
+        text = "const:0" if method == "ngram" else "head:1"
+    kind, _, values = text.partition(":")
+    if kind == "const" and values:
+        time_ms = _number(values, text)
+        if time_ms < 0:
+            raise InputError(f"--drafter {text!r}: the constant must be >= 0 ms")
+        return ConstDrafter(time_ms), text
+    if kind == "head" and values:
+        table = table_of(target)
+        if table is None:
+            raise InputError(f"--drafter {text!r}: a head is composed from the target's T_step tables; "
+                             f"--step-model is not a table directory")
+        parts = values.split(",")
+        layers = int(_number(parts[0], text))
+        vocab = _number(parts[1], text) if len(parts) > 1 else None
+        if layers < 1 or len(parts) > 2 or (vocab is not None and vocab < 1):
+            raise InputError(f"--drafter {text!r}: expected head:LAYERS[,VOCAB] with LAYERS >= 1 and VOCAB >= 1")
+        target_vocab = float((table.meta.model_spec or {}).get("vocab_size") or 0)
+        ratio = 1.0 if vocab is None or not target_vocab else vocab / target_vocab
+        return PassesDrafter(HeadPass(table, layers, ratio), num_draft_tokens), text
+    if not Path(text).is_dir():
+        raise InputError(f"--drafter {text!r}: expected head:LAYERS[,VOCAB], const:MS or a T_step table directory")
+    return PassesDrafter(load_tables(text), num_draft_tokens), f"tables:{text}"
+
+
+def _number(value: str, text: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise InputError(f"--drafter {text!r}: {value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise InputError(f"--drafter {text!r}: {value!r} is not a finite number")
+    return number
