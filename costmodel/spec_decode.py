@@ -31,9 +31,11 @@ import numpy as np
 from stepcal.core.batch import StepFeatures
 from stepcal.core.errors import InputError
 from stepcal.costmodel.tables import TableStepModel
-from stepcal.simulator.step_model import FeatureStepModel
+from stepcal.costmodel.terms import FeatureCurve
+from stepcal.simulator.step_model import FeatureStepModel, HostTermsModel
 
 VOCAB_TERMS = ("lm_head", "sampling")
+BATCH_COUNT_AXES = ("num_seqs", "num_tokens", "num_decode")   # all equal to the batch size on a decode row
 ATTENTION_TILE_ROWS = 64   # query rows per tile of FlashAttention's split-KV decode kernel
 
 
@@ -75,33 +77,48 @@ def decode_features(f: StepFeatures) -> StepFeatures:
                         prefill_tokens=zeros, prefill_attn_work=zeros.copy(), kv_sum=kv_total.copy())
 
 
-@dataclass(frozen=True)
 class HeadPass:
     """One forward of an EAGLE head or MTP layers: num_layers of the target's layers and an LM head
     over vocab_ratio of the target's vocabulary."""
-    table: TableStepModel
-    num_layers: int
-    vocab_ratio: float
 
-    @property
-    def layer_terms(self) -> list:
-        return [t for t in self.table.terms if t.name not in VOCAB_TERMS]
+    def __init__(self, table: TableStepModel, num_layers: int, vocab_ratio: float) -> None:
+        self.table, self.num_layers, self.vocab_ratio = table, num_layers, vocab_ratio
+        target_layers = table.meta.num_layers or (table.meta.model_spec or {}).get("num_layers")
+        if not target_layers:
+            raise InputError(f"{table.path}: meta.json gives no num_layers to take a head's share of")
+        self.layer_share = num_layers / float(target_layers)
+        # each term's weight in one pass, in the table's order
+        self.weights = [vocab_ratio if t.name in VOCAB_TERMS else self.layer_share for t in table.terms]
+        # On a decode row (one token per sequence) the curves over a count of the batch take one value
+        # per batch size: kept, so that the later passes evaluate only the terms that read the caches.
+        self._by_count = [isinstance(t, FeatureCurve) and t.axis in BATCH_COUNT_AXES for t in table.terms]
+        self._decode_cache: dict[float, list[float]] = {}
 
-    @property
-    def vocab_terms(self) -> list:
-        return [t for t in self.table.terms if t.name in VOCAB_TERMS]
-
-    @property
-    def layer_share(self) -> float:
-        return self.num_layers / float(self.table.meta.num_layers or self.table.meta.model_spec["num_layers"])
+    def decode_row_ms(self, row: tuple) -> float:
+        """row_ms() of a decode row (decode_row()): the same value, the batch-size terms cached."""
+        cached = self._decode_cache.get(row[0])
+        if cached is None:
+            cached = [max(t.row_ms(row), 0.0) if by_count else None
+                      for t, by_count in zip(self.table.terms, self._by_count)]
+            self._decode_cache[row[0]] = cached
+        return self.weighted_ms([max(t.row_ms(row), 0.0) if value is None else value
+                                 for t, value in zip(self.table.terms, cached)])
 
     def row_ms(self, row: tuple) -> float:
-        return (self.layer_share * _positive_sum(self.layer_terms, row)
-                + self.vocab_ratio * _positive_sum(self.vocab_terms, row))
+        return self.weighted_ms([max(t.row_ms(row), 0.0) for t in self.table.terms])
+
+    def weighted_ms(self, term_values: list[float]) -> float:
+        """The pass's time from the table's term values at its row (each already held at >= 0)."""
+        total = 0.0
+        for weight, value in zip(self.weights, term_values):
+            total = total + weight * value
+        return total
 
     def features_ms(self, f: StepFeatures) -> np.ndarray:
-        return (self.layer_share * _positive_sum_features(self.layer_terms, f)
-                + self.vocab_ratio * _positive_sum_features(self.vocab_terms, f))
+        total = np.zeros(len(f))
+        for weight, term in zip(self.weights, self.table.terms):
+            total = total + weight * np.maximum(term.evaluate(f), 0.0)
+        return total
 
 
 @dataclass(frozen=True)
@@ -139,15 +156,37 @@ class DraftedStepModel(FeatureStepModel):
 
     def __init__(self, target, drafter, attention_tiles: int = 1, label: str = "") -> None:
         self.target, self.drafter, self.label = target, drafter, label
-        table = table_of(target)
+        table = self.table = table_of(target)
         self.extra_attention = [t for t in table.terms if t.name == "decode_attn"] if table and attention_tiles > 1 else []
         self.attention_tiles = attention_tiles
         self.front_end = getattr(target, "front_end", None)
         self.per_request_ms = getattr(target, "per_request_ms", 0.0)
+        # A head on the target's own tables reads the same terms at the step's row as the target:
+        # evaluated once for both (the simulator's one-step path runs every step).
+        one_pass = getattr(drafter, "one_pass", None)
+        self._head = one_pass if isinstance(one_pass, HeadPass) and one_pass.table is table else None
 
     def row_ms(self, row: tuple) -> float:
         extra = (self.attention_tiles - 1) * _positive_sum(self.extra_attention, row) if self.extra_attention else 0.0
-        return self.target.row_ms(row) + extra + self.drafter.row_ms(row)
+        head = self._head
+        if head is None:
+            return self.target.row_ms(row) + extra + self.drafter.row_ms(row)
+        values = [max(t.row_ms(row), 0.0) for t in self.table.terms]
+        table_ms = 0.0
+        for value in values:   # TableStepModel.row_ms's sum, in its order
+            table_ms = table_ms + value
+        passes = self.drafter.num_passes
+        later = head.decode_row_ms(decode_row(row)) if passes > 1 else 0.0
+        return self._target_ms(row, table_ms) + extra + (head.weighted_ms(values) + (passes - 1) * later)
+
+    def _target_ms(self, row: tuple, table_ms: float) -> float:
+        """The target's time at `row` from its tables' sum there, through the wrappers this knows."""
+        target = self.target
+        if target is self.table:
+            return table_ms
+        if isinstance(target, HostTermsModel) and target.base is self.table:
+            return target._with_host(table_ms, float(row[0]), float(row[1]))
+        return target.row_ms(row)
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
         extra = (self.attention_tiles - 1) * _positive_sum_features(self.extra_attention, features)

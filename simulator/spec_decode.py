@@ -24,6 +24,7 @@ METHODS = ("draft-model", "eagle", "mtp", "ngram")
 MAX_DRAFT_TOKENS = {"draft-model": 128, "eagle": 128, "mtp": 128, "ngram": 128}
 RESERVES_LOOKAHEAD = {"draft-model": True, "eagle": True, "mtp": True, "ngram": False}
 _MASK64 = (1 << 64) - 1
+_TWO_POW_53_INV = 1.0 / float(1 << 53)
 
 
 @dataclass(frozen=True)
@@ -136,19 +137,34 @@ class Verifier:
         self.num_drafts = 0                       # verify rounds with at least one draft
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
-        self.accepted_per_position = [0] * k
+        self.rounds_by_accepted = [0] * (k + 1)   # verify rounds by their accepted count
 
     def accept(self, request_id: int, round_index: int, num_drafts: int) -> int:
-        """Accepted drafts (0..num_drafts) of a request's round_index-th verification."""
-        u = _uniform(self._seed ^ ((request_id * 0xBF58476D1CE4E5B9 + round_index) & _MASK64))
-        accepted = min(bisect_right(self._neg_survival, -u), num_drafts)
+        """Accepted drafts (0..num_drafts) of a request's round_index-th verification.
+
+        Written for speed: this runs once per decoding request per step."""
+        # splitmix64's finaliser over (seed, request, round): a uniform in [0, 1) that every bit mixes into
+        x = (self._seed ^ ((request_id * 0xBF58476D1CE4E5B9 + round_index) & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        u = ((x ^ (x >> 31)) >> 11) * _TWO_POW_53_INV
+        accepted = bisect_right(self._neg_survival, -u)
+        if accepted > num_drafts:
+            accepted = num_drafts
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += accepted
-        per_position = self.accepted_per_position
-        for j in range(accepted):
-            per_position[j] += 1
+        self.rounds_by_accepted[accepted] += 1
         return accepted
+
+    @property
+    def accepted_per_position(self) -> list[int]:
+        """Verify rounds whose draft at each position passed (vLLM's num_accepted_tokens_per_pos)."""
+        out, running = [], 0
+        for count in reversed(self.rounds_by_accepted[1:]):
+            running += count
+            out.append(running)
+        return out[::-1]
 
     def summary(self) -> dict:
         """vLLM's spec-decode counters and the mean acceptance length (1 + accepted per draft round)."""
@@ -179,14 +195,6 @@ def verify_feature_row(q_lens, kv_lens, draft_lens) -> tuple:
             tri_sum += q * (q + 1)
     return (len(q_list), sum(q_list), num_decode, decode_kv_sum, decode_kv_max, prefill_tokens,
             pair_sum + tri_sum / 2.0, sum(s_list))
-
-
-def _uniform(x: int) -> float:
-    """A uniform in [0, 1) from a 64-bit key (splitmix64's finaliser: every bit of x mixes in)."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return ((x ^ (x >> 31)) >> 11) / float(1 << 53)
 
 
 def merge_summaries(summaries: list[dict]) -> dict | None:

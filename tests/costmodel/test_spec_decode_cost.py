@@ -73,6 +73,10 @@ def test_the_drafter_runs_one_pass_over_the_step_then_k_minus_one_over_one_token
     assert later[:3] == (2, 2, 2) and later[5] == 0 and later[7] == 100 + 34
     drafter = PassesDrafter(head, 3)
     assert drafter.row_ms(row) == pytest.approx(head.row_ms(row) + 2 * head.row_ms(later))
+    # the cached path of the later passes gives the same bits, before and after its cache fills
+    for kv in (10, 500, 10, 3000):
+        later = decode_row(verify_feature_row(np.array([4, 2]), np.array([kv, 7]), np.array([3, 1])))
+        assert head.decode_row_ms(later) == head.row_ms(later)
 
 
 def test_row_and_vectorised_paths_agree():
