@@ -247,6 +247,14 @@ def make_drafter(text: str | None, method: str, num_draft_tokens: int, target, l
     return PassesDrafter(load_tables(text), num_draft_tokens), f"tables:{text}"
 
 
+def drafted_step_model(model, spec_decode, drafter: str | None, load_tables) -> DraftedStepModel:
+    """`model` with the drafter of `--drafter` (make_drafter) for simulator.spec_decode.SpecDecodeConfig
+    `spec_decode`, and the verify step's attention tiles."""
+    k = spec_decode.num_draft_tokens
+    one, label = make_drafter(drafter, spec_decode.method, k, model, load_tables)
+    return DraftedStepModel(model, one, attention_tiles(table_of(model), k), label)
+
+
 def _number(value: str, text: str) -> float:
     try:
         number = float(value)

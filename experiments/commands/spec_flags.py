@@ -57,13 +57,6 @@ def drafted_model_from_args(args, model, spec_decode):
     if getattr(args, "ranges", 0):
         raise InputError("--ranges: the replications do not draw the drafter's time yet; leave out --spec-decode "
                          "or --ranges")
-    from stepcal.costmodel.spec_decode import (  # lazy: loads numpy, pandas
-        DraftedStepModel,
-        attention_tiles,
-        make_drafter,
-        table_of,
-    )
+    from stepcal.costmodel.spec_decode import drafted_step_model  # lazy: loads numpy, pandas
     from stepcal.experiments.step_models import resolve_step_model  # lazy: loads numpy
-    k = spec_decode.num_draft_tokens
-    drafter, label = make_drafter(args.drafter, spec_decode.method, k, model, resolve_step_model)
-    return DraftedStepModel(model, drafter, attention_tiles(table_of(model), k), label)
+    return drafted_step_model(model, spec_decode, args.drafter, resolve_step_model)
