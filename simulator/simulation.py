@@ -84,6 +84,9 @@ class Simulation:
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
                                                          config.skip_oversize, self.prefix_caching, config.timeout_s)
         self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
+        spec_decode = config.scheduler_config.spec_decode
+        if spec_decode is not None:   # an acceptance trace must cover every request
+            spec_decode.acceptance.check_requests([r.request_id for r in self.requests])
         if self.prefix_caching:
             key_answers(trace, self.requests, config.block_size)   # a turn's answer: its next turn's prefix
         # When each request reaches the scheduler: its arrival plus the request path (simulator.frontend).

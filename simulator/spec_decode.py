@@ -18,6 +18,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from stepcal.core.errors import InputError
+from stepcal.simulator.spec_decode_trace import AcceptanceTrace
 
 METHODS = ("draft-model", "eagle", "mtp", "ngram")
 # vLLM's rejection sampler verifies at most this many drafts per request and step (MAX_SPEC_LEN).
@@ -57,6 +58,9 @@ class AcceptanceModel:
         """Expected tokens a step emits with num_drafts drafts: 1 + the expected accepted drafts."""
         return 1.0 + sum(self.survival(num_drafts))
 
+    def check_requests(self, request_ids) -> None:
+        """Rates hold for every request."""
+
 
 def rates_for_mean_length(mean_length: float, num_drafts: int) -> AcceptanceModel:
     """One rate p for every position, with 1 + p + p^2 + ... + p^k = mean_length at k drafts."""
@@ -70,9 +74,12 @@ def rates_for_mean_length(mean_length: float, num_drafts: int) -> AcceptanceMode
     return AcceptanceModel(((lo + hi) / 2.0,), source=f"mean:{mean_length:g}")
 
 
-def parse_acceptance(text: str, num_drafts: int) -> AcceptanceModel:
-    """`rates:P1,P2,...` (conditional per-position rates) or `mean:AL` (a mean acceptance length)."""
+def parse_acceptance(text: str, num_drafts: int) -> AcceptanceModel | AcceptanceTrace:
+    """`rates:P1,P2,...` (conditional per-position rates), `mean:AL` (a mean acceptance length) or
+    `trace:FILE` (each request's accepted counts, simulator.spec_decode_trace)."""
     kind, _, values = text.partition(":")
+    if kind == "trace" and values:
+        return AcceptanceTrace(values, num_drafts)
     try:
         numbers = [float(v) for v in values.split(",")] if values else []
     except ValueError:
@@ -81,7 +88,7 @@ def parse_acceptance(text: str, num_drafts: int) -> AcceptanceModel:
         return AcceptanceModel(tuple(numbers), source=text)
     if kind == "mean" and len(numbers) == 1:
         return rates_for_mean_length(numbers[0], num_drafts)
-    raise InputError(f"--acceptance {text!r}: expected rates:P1,P2,... or mean:AL")
+    raise InputError(f"--acceptance {text!r}: expected rates:P1,P2,..., mean:AL or trace:FILE")
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class SpecDecodeConfig:
     """`--spec-decode METHOD:k` with its acceptance model and the seed of the draws."""
     method: str
     num_draft_tokens: int
-    acceptance: AcceptanceModel
+    acceptance: AcceptanceModel | AcceptanceTrace
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -131,8 +138,10 @@ class Verifier:
     def __init__(self, config: SpecDecodeConfig) -> None:
         self.config = config
         k = config.num_draft_tokens
+        acceptance = config.acceptance
+        self._trace = acceptance if isinstance(acceptance, AcceptanceTrace) else None
         # bisect_right over the negated survival curve: the accepted count for one uniform draw
-        self._neg_survival = [-p for p in config.acceptance.survival(k)]
+        self._neg_survival = [] if self._trace is not None else [-p for p in acceptance.survival(k)]
         self._seed = (config.seed * 0x9E3779B97F4A7C15) & _MASK64
         self.num_drafts = 0                       # verify rounds with at least one draft
         self.num_draft_tokens = 0
@@ -143,6 +152,8 @@ class Verifier:
         """Accepted drafts (0..num_drafts) of a request's round_index-th verification.
 
         Written for speed: this runs once per decoding request per step."""
+        if self._trace is not None:
+            return self._count(min(self._trace.accepted(request_id, round_index), num_drafts), num_drafts)
         # splitmix64's finaliser over (seed, request, round): a uniform in [0, 1) that every bit mixes into
         x = (self._seed ^ ((request_id * 0xBF58476D1CE4E5B9 + round_index) & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
         x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
@@ -151,6 +162,9 @@ class Verifier:
         accepted = bisect_right(self._neg_survival, -u)
         if accepted > num_drafts:
             accepted = num_drafts
+        return self._count(accepted, num_drafts)
+
+    def _count(self, accepted: int, num_drafts: int) -> int:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += accepted

@@ -24,8 +24,11 @@ def add_spec_decode_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--acceptance", default=None, metavar="SPEC",
                    help="how many drafts pass, drawn per request and step (needed with --spec-decode): "
                         "rates:P1,P2,... conditional acceptance rate of each draft position (in [0, 1], not "
-                        "rising; later positions take the last) or mean:AL, a mean acceptance length "
-                        "(1 + accepted drafts per step, in [1, K + 1]) as one rate for every position")
+                        "rising; later positions take the last); mean:AL, a mean acceptance length "
+                        "(1 + accepted drafts per step, in [1, K + 1]) as one rate for every position; or "
+                        "trace:FILE, each request's accepted counts replayed round by round (CSV with columns "
+                        "request_id and accepted, the counts separated by spaces; every request of the trace "
+                        "must have a row)")
     g.add_argument("--drafter", default=None, metavar="SPEC",
                    help="the drafter's time, added to every step: head:LAYERS[,VOCAB] (EAGLE head or MTP layers "
                         "composed from the target's tables: LAYERS of its layers and an LM head over VOCAB "

@@ -234,3 +234,52 @@ def test_bad_spec_decode_input_is_one_line(text, acceptance, message):
     with pytest.raises(InputError, match=message) as info:
         parse_spec_decode(text, acceptance)
     assert "\n" not in str(info.value)
+
+
+def _acceptance_trace(tmp_path, rows, k=2):
+    path = tmp_path / "accepted.csv"
+    path.write_text("request_id,accepted\n" + "".join(f"{rid},{counts}\n" for rid, counts in rows))
+    return parse_spec_decode(f"eagle:{k}", f"trace:{path}")
+
+
+def test_an_acceptance_trace_is_replayed_round_by_round_and_cycles(tmp_path):
+    config = _acceptance_trace(tmp_path, [(0, "2 0 1"), (1, "0")])
+    sched, _ = scheduler(spec_decode=config)
+    request = decoding(sched, output=40)
+    emitted = []
+    for step in range(5):
+        before = request.num_generated_tokens
+        step_once(sched, 0.02 * (step + 2))
+        emitted.append(request.num_generated_tokens - before)
+    assert emitted == [3, 1, 2, 3, 1]
+    summary = sched.verifier.summary()
+    assert summary["acceptance"].startswith("trace:") and summary["num_accepted_tokens"] == 2 + 0 + 1 + 2 + 0
+    # the trace's own conditional rates: 3 rounds, 2 with >= 1 accepted, 1 of them with 2
+    assert summary["acceptance_rates"] == pytest.approx([2 / 4, 1 / 2])
+
+
+def test_an_acceptance_trace_must_cover_the_simulated_requests(tmp_path):
+    from stepcal.core.trace import Trace
+    config = _acceptance_trace(tmp_path, [(0, "1 1")])
+    trace = Trace.from_arrays(np.array([0.0, 0.1]), np.array([10, 10]), np.array([20, 20]), source="test")
+    sim_config = SimConfig(scheduler="vllm", scheduler_config=SchedulerConfig(spec_decode=config), kv_blocks=100)
+    with pytest.raises(InputError, match="no accepted counts for request 1"):
+        simulate(trace, ConstStepModel(10.0), sim_config)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("request_id,accepted\n0,1 3\n", r"in 0\.\.2"),
+    ("request_id,accepted\n0,1 -1\n", r"in 0\.\.2"),
+    ("request_id,accepted\n0,x\n", "must be integers"),
+    ("request_id,accepted\n0,\n", "no accepted counts"),
+    ("request_id,accepted\n0,1\n0,2\n", "twice"),
+    ("id,counts\n0,1\n", "needs the columns"),
+])
+def test_bad_acceptance_traces_name_the_file_and_row(tmp_path, body, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(body)
+    with pytest.raises(InputError, match=message) as info:
+        parse_spec_decode("eagle:2", f"trace:{path}")
+    assert str(path) in str(info.value)
+    with pytest.raises(InputError, match="cannot read"):
+        parse_spec_decode("eagle:2", f"trace:{tmp_path / 'missing.csv'}")
