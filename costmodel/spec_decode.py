@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepcal.core.batch import StepFeatures
+from stepcal.core.batch import FEATURE_NAMES, StepFeatures
 from stepcal.core.errors import InputError
 from stepcal.costmodel.tables import TableStepModel
 from stepcal.costmodel.terms import FeatureCurve
@@ -165,13 +165,30 @@ class DraftedStepModel(FeatureStepModel):
         # evaluated once for both (the simulator's one-step path runs every step).
         one_pass = getattr(drafter, "one_pass", None)
         self._head = one_pass if isinstance(one_pass, HeadPass) and one_pass.table is table else None
+        # A curve over one feature gives the same value for the same feature value: looked up once each.
+        self._plan = [(t, {}, FEATURE_NAMES.index(t.axis)) if isinstance(t, FeatureCurve) else (t, None, None)
+                      for t in (table.terms if table else [])]
+
+    def _term_values(self, row: tuple) -> list[float]:
+        """Each table term's value at `row`, held at >= 0 (TableStepModel's terms, in its order)."""
+        values = []
+        for term, memo, column in self._plan:
+            if memo is None:
+                values.append(max(term.row_ms(row), 0.0))
+                continue
+            x = row[column]
+            value = memo.get(x)
+            if value is None:
+                value = memo[x] = max(term.row_ms(row), 0.0)
+            values.append(value)
+        return values
 
     def row_ms(self, row: tuple) -> float:
         extra = (self.attention_tiles - 1) * _positive_sum(self.extra_attention, row) if self.extra_attention else 0.0
         head = self._head
         if head is None:
             return self.target.row_ms(row) + extra + self.drafter.row_ms(row)
-        values = [max(t.row_ms(row), 0.0) for t in self.table.terms]
+        values = self._term_values(row)
         table_ms = 0.0
         for value in values:   # TableStepModel.row_ms's sum, in its order
             table_ms = table_ms + value

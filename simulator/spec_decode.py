@@ -162,7 +162,11 @@ class Verifier:
         accepted = bisect_right(self._neg_survival, -u)
         if accepted > num_drafts:
             accepted = num_drafts
-        return self._count(accepted, num_drafts)
+        self.num_drafts += 1   # _count(), inlined
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += accepted
+        self.rounds_by_accepted[accepted] += 1
+        return accepted
 
     def _count(self, accepted: int, num_drafts: int) -> int:
         self.num_drafts += 1

@@ -321,13 +321,16 @@ class SchedulerBase:
         requests = [r for r, _ in scheduled]
         q_lens = [q for _, q in scheduled]
         kv_lens = [r.num_computed_tokens for r in requests]
+        draft_lens = None
+        if self.verifier is not None:
+            draft_lens = [r.num_scheduled_drafts for r in requests]
         # A pure decode batch (what decode runs repeat): each request feeds its one pending token over a
-        # non-empty cache and emits. A 1-token prefill chunk with more prompt after it is not one.
+        # non-empty cache and emits. A 1-token prefill chunk with more prompt after it is not one, nor
+        # is a step that verifies drafts.
         is_pure_decode = len(scheduled) == sum(q_lens) and min(kv_lens) > 0 and all(
             r.num_prompt_tokens + r.num_generated_tokens - r.num_computed_tokens == 1 for r in requests)
         batch = StepBatch(tuple([r.request_id for r in requests]), np.array(q_lens, dtype=np.int64),
                           np.array(kv_lens, dtype=np.int64))
-        draft_lens = None
-        if self.verifier is not None:
-            draft_lens = np.array([r.num_scheduled_drafts for r in requests], dtype=np.int64)
+        if draft_lens is not None:
+            draft_lens = np.array(draft_lens, dtype=np.int64)
         return ScheduledStep(batch, requests, is_pure_decode, preempted, draft_lens)

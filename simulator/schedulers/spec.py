@@ -62,15 +62,14 @@ class SpecDecodeMixin:
         """on_step_done for a step that verified drafts: each request keeps its last token and the
         accepted drafts (the rejected ones roll back its computed tokens) and emits accepted + 1."""
         finished = []
-        itl, verifier = self.itl, self.verifier
+        itl, accept = self.itl, self.verifier.accept
         previous_end, num_consecutive, num_computed = self._last_end_s, 0, 0
         for request, q in zip(step.requests, step.batch.q_lens.tolist()):
             drafts = request.num_scheduled_drafts
             if drafts:
                 request.num_scheduled_drafts = 0
-                accepted = verifier.accept(request.request_id, request.num_verify_rounds, drafts)
+                accepted = accept(request.request_id, request.num_verify_rounds, drafts)
                 request.num_verify_rounds += 1
-                request.num_draft_tokens += drafts
                 request.num_accepted_tokens += accepted
                 q -= drafts - accepted
             request.num_computed_tokens += q
