@@ -101,7 +101,9 @@ class Simulation:
         else:   # open_requests is put in the order they reach the scheduler
             self.open_requests, arrival_s = entry_order(self.open_requests, self.path_s)
         self.loop = EventLoop(arrival_s, self._on_arrival)
-        self.num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, config.block_size)
+        # an unlimited cache holds every request at its largest, lookahead slots of its drafts included
+        lookahead = spec_decode.num_lookahead_tokens if spec_decode is not None else 0
+        self.num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens + lookahead, config.block_size)
                                                          for r in self.requests))
         self.router = make_router(config.router)
         # Without prefix ids nothing can be reused: the counting manager does the same, faster.

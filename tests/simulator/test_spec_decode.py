@@ -283,3 +283,13 @@ def test_bad_acceptance_traces_name_the_file_and_row(tmp_path, body, message):
     assert str(path) in str(info.value)
     with pytest.raises(InputError, match="cannot read"):
         parse_spec_decode("eagle:2", f"trace:{tmp_path / 'missing.csv'}")
+
+
+def test_an_unlimited_cache_leaves_room_for_the_lookahead_slots():
+    from stepcal.core.trace import Trace
+    trace = Trace.from_arrays(np.arange(8) * 0.001, np.full(8, 16), np.full(8, 33), source="test")
+    for spec_decode, preemptions in ((None, 0), (spec(k=3, rates=(0.5,)), 0)):
+        config = SimConfig(scheduler="vllm", scheduler_config=SchedulerConfig(spec_decode=spec_decode), block_size=16)
+        result = simulate(trace, ConstStepModel(10.0), config)
+        assert result.summary["num_preemptions"] == preemptions
+    assert result.summary["kv_blocks"] == 8 * blocks_for(16 + 33 - 1 + 3, 16)
