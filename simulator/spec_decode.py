@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from pathlib import Path
 
 from stepcal.core.errors import InputError
+from stepcal.simulator.spec_decode_fit import fitted_rates, read_counters
 from stepcal.simulator.spec_decode_trace import AcceptanceTrace
 
 METHODS = ("draft-model", "eagle", "mtp", "ngram")
@@ -75,11 +77,14 @@ def rates_for_mean_length(mean_length: float, num_drafts: int) -> AcceptanceMode
 
 
 def parse_acceptance(text: str, num_drafts: int) -> AcceptanceModel | AcceptanceTrace:
-    """`rates:P1,P2,...` (conditional per-position rates), `mean:AL` (a mean acceptance length) or
-    `trace:FILE` (each request's accepted counts, simulator.spec_decode_trace)."""
+    """`rates:P1,P2,...` (conditional per-position rates), `mean:AL` (a mean acceptance length),
+    `trace:FILE` (each request's accepted counts, simulator.spec_decode_trace) or `counters:FILE` (rates
+    fitted to a measured run's counters, simulator.spec_decode_fit)."""
     kind, _, values = text.partition(":")
     if kind == "trace" and values:
         return AcceptanceTrace(values, num_drafts)
+    if kind == "counters" and values:
+        return AcceptanceModel(fitted_rates(*read_counters(Path(values))), source=text)
     try:
         numbers = [float(v) for v in values.split(",")] if values else []
     except ValueError:
@@ -88,7 +93,7 @@ def parse_acceptance(text: str, num_drafts: int) -> AcceptanceModel | Acceptance
         return AcceptanceModel(tuple(numbers), source=text)
     if kind == "mean" and len(numbers) == 1:
         return rates_for_mean_length(numbers[0], num_drafts)
-    raise InputError(f"--acceptance {text!r}: expected rates:P1,P2,..., mean:AL or trace:FILE")
+    raise InputError(f"--acceptance {text!r}: expected rates:P1,P2,..., mean:AL, trace:FILE or counters:FILE")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ def add_spec_decode_flags(parser: argparse.ArgumentParser) -> None:
                         "(1 + accepted drafts per step, in [1, K + 1]) as one rate for every position; or "
                         "trace:FILE, each request's accepted counts replayed round by round (CSV with columns "
                         "request_id and accepted, the counts separated by spaces; every request of the trace "
-                        "must have a row)")
+                        "must have a row); or counters:FILE, rates fitted to a measured run's counters (JSON "
+                        "with vLLM's num_drafts and num_accepted_tokens_per_pos, at the top or under "
+                        "spec_decode as in summary.json; rates that rise with position are pooled)")
     g.add_argument("--drafter", default=None, metavar="SPEC",
                    help="the drafter's time, added to every step: head:LAYERS[,VOCAB] (EAGLE head or MTP layers "
                         "composed from the target's tables: LAYERS of its layers and an LM head over VOCAB "

@@ -293,3 +293,38 @@ def test_an_unlimited_cache_leaves_room_for_the_lookahead_slots():
         result = simulate(trace, ConstStepModel(10.0), config)
         assert result.summary["num_preemptions"] == preemptions
     assert result.summary["kv_blocks"] == 8 * blocks_for(16 + 33 - 1 + 3, 16)
+
+
+def test_rates_fitted_to_counters_are_conditional_and_never_rise():
+    from stepcal.simulator.spec_decode_fit import fitted_rates
+    assert fitted_rates(100, [80, 48, 24]) == pytest.approx((0.8, 0.6, 0.5))
+    # 40 of 80 at position 2 then 36 of 40 at 3 rises: pooled to 76 / 120 for both
+    assert fitted_rates(100, [80, 40, 36]) == pytest.approx((0.8, 76 / 120, 76 / 120))
+    # pooling can cascade back to the first position
+    assert fitted_rates(100, [40, 30, 28]) == pytest.approx((98 / 170,) * 3)
+    assert fitted_rates(10, [5, 0, 0]) == pytest.approx((0.5, 0.0, 0.0))
+
+
+def test_counters_of_one_run_give_back_its_acceptance(tmp_path):
+    trace = random_trace(200, seed=9, max_prompt=200, max_output=300)
+    first = _sim(trace, spec(k=3, rates=(0.8, 0.6, 0.5))).summary
+    path = tmp_path / "summary.json"
+    import json
+    path.write_text(json.dumps(first))
+    fitted = parse_spec_decode("eagle:3", f"counters:{path}")
+    assert fitted.acceptance.rates == pytest.approx((0.8, 0.6, 0.5), abs=0.03)
+    second = _sim(random_trace(200, seed=10, max_prompt=200, max_output=300), fitted).summary["spec_decode"]
+    assert second["acceptance_length"] == pytest.approx(first["spec_decode"]["acceptance_length"], rel=0.03)
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{"num_drafts": 10}', "needs num_drafts and num_accepted_tokens_per_pos"),
+    ('{"num_drafts": 0, "num_accepted_tokens_per_pos": [1]}', "positive integer"),
+    ('{"num_drafts": 10, "num_accepted_tokens_per_pos": [5, 7]}', "exceeds the rounds"),
+    ("not json", "not valid JSON"),
+])
+def test_bad_counters_are_one_line(tmp_path, body, message):
+    path = tmp_path / "counters.json"
+    path.write_text(body)
+    with pytest.raises(InputError, match=message):
+        parse_spec_decode("eagle:2", f"counters:{path}")
