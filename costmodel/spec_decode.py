@@ -11,6 +11,9 @@ traffic, which bounds decode attention, is that of q = 1; past it each further t
 so decode attention is scaled by the number of tiles. (Pricing it as a small prefill chunk over the
 KV would use the prefill kernel's tables, measured from empty caches, far from this shape.)
 
+The LM head and sampling run on every verified position, 1 + d rows a verifying request: the tables
+price one row per sequence, so the rows the drafts add are priced on the same curves.
+
 Drafter, k passes per step as vLLM V1's proposer runs them: the first over every token of the step
 (the drafter builds its KV from the target's hidden states), the other k - 1 over one token per
 sequence. An EAGLE head or MTP layers are composed from the target's own tables: each layer costs
@@ -23,7 +26,7 @@ tables; n-gram lookup is a constant per step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +171,35 @@ class DraftedStepModel(FeatureStepModel):
         # A curve over one feature gives the same value for the same feature value: looked up once each.
         self._plan = [(t, {}, FEATURE_NAMES.index(t.axis)) if isinstance(t, FeatureCurve) else (t, None, None)
                       for t in (table.terms if table else [])]
+        # The LM head and sampling run on every verified position (1 + d rows a verifying request), where
+        # the tables price one row per sequence: the difference is added.
+        self._logits_terms = [t for t in (table.terms if table else [])
+                              if t.name in VOCAB_TERMS and isinstance(t, FeatureCurve) and t.axis == "num_seqs"]
+        self._logits_memo: dict[tuple, float] = {}
+
+    def _extra_ms(self, row: tuple) -> float:
+        """Decode attention's further tiles and the LM head's and sampling's further rows, at `row`."""
+        extra = (self.attention_tiles - 1) * _positive_sum(self.extra_attention, row) if self.extra_attention else 0.0
+        if self._logits_terms:
+            num_seqs, num_tokens, num_decode, _, _, prefill_tokens = row[:6]
+            logits_rows = num_tokens - prefill_tokens + (num_seqs - num_decode)
+            if logits_rows != num_seqs:   # the curves read num_seqs alone: one value per pair
+                key = (logits_rows, num_seqs)
+                more = self._logits_memo.get(key)
+                if more is None:
+                    more = self._logits_memo[key] = (_positive_sum(self._logits_terms, (logits_rows, *row[1:]))
+                                                     - _positive_sum(self._logits_terms, row))
+                extra = extra + more
+        return extra
+
+    def _extra_features_ms(self, f: StepFeatures) -> np.ndarray:
+        """_extra_ms() of many batches."""
+        extra = (self.attention_tiles - 1) * _positive_sum_features(self.extra_attention, f)
+        if self._logits_terms:
+            rows = replace(f, num_seqs=f.num_tokens - f.prefill_tokens + (f.num_seqs - f.num_decode))
+            extra = extra + (_positive_sum_features(self._logits_terms, rows)
+                             - _positive_sum_features(self._logits_terms, f))
+        return extra
 
     def _term_values(self, row: tuple) -> list[float]:
         """Each table term's value at `row`, held at >= 0 (TableStepModel's terms, in its order)."""
@@ -184,7 +216,7 @@ class DraftedStepModel(FeatureStepModel):
         return values
 
     def row_ms(self, row: tuple) -> float:
-        extra = (self.attention_tiles - 1) * _positive_sum(self.extra_attention, row) if self.extra_attention else 0.0
+        extra = self._extra_ms(row)
         head = self._head
         if head is None:
             return self.target.row_ms(row) + extra + self.drafter.row_ms(row)
@@ -206,7 +238,7 @@ class DraftedStepModel(FeatureStepModel):
         return target.row_ms(row)
 
     def features_ms(self, features: StepFeatures) -> np.ndarray:
-        extra = (self.attention_tiles - 1) * _positive_sum_features(self.extra_attention, features)
+        extra = self._extra_features_ms(features)
         return self.target.features_ms(features) + extra + self.drafter.features_ms(features)
 
     def split_ms(self, row: tuple) -> dict[str, float]:
@@ -214,7 +246,7 @@ class DraftedStepModel(FeatureStepModel):
         table = table_of(self.target)
         parts = {t.name: max(t.row_ms(row), 0.0) for t in table.terms} if table else {}
         parts["target_other"] = self.target.row_ms(row) - sum(parts.values())
-        parts["extra_attention_tiles"] = self.row_ms(row) - self.target.row_ms(row) - self.drafter.row_ms(row)
+        parts["verify_extra"] = self._extra_ms(row)   # further attention tiles, LM head rows of the drafts
         parts["drafter"] = self.drafter.row_ms(row)
         return parts
 

@@ -168,3 +168,15 @@ def test_bad_spec_decode_flags_exit_2_with_one_line_and_nothing_written(tmp_path
     err = capsys.readouterr().err
     assert code == 2 and not out.exists()
     assert err.count("\n") == 1 and err.startswith("stepcal: ") and re.search(message, err)
+
+
+def test_the_lm_head_and_sampling_run_on_every_verified_position():
+    table = tables()   # LM head 0.5 ms + 0.001 ms a row, sampling 0.002 ms a row
+    model = DraftedStepModel(table, ConstDrafter(0.0))
+    verify = verify_feature_row(np.array([4, 1, 30]), np.array([100, 50, 0]), np.array([3, 0, 0]))
+    # 4 + 1 decode rows and one for the prefill: 6 rows where the tables see 3 sequences
+    assert model.row_ms(verify) - table.row_ms(verify) == pytest.approx(3 * (0.001 + 0.002))
+    assert model.split_ms(verify)["verify_extra"] == pytest.approx(0.009)
+    plain = feature_row(np.array([1, 1]), np.array([100, 50]))
+    assert model.row_ms(plain) == table.row_ms(plain)
+    assert float(model.features_ms(StepFeatures.from_row(verify))[0]) == pytest.approx(model.row_ms(verify))
