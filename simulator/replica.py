@@ -20,6 +20,7 @@ from stepcal.simulator.prefix_cache import make_block_manager
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.scatter import ScatterSeries
 from stepcal.simulator.schedulers import ScheduledStep, SchedulerConfig, make_scheduler
+from stepcal.simulator.spec_decode import verify_feature_row
 from stepcal.simulator.step_model import FeatureStepModel
 
 
@@ -126,7 +127,10 @@ class Replica:
             if num_steps > 1 and self._start_run(step, now_s, num_steps):
                 return
         batch = step.batch
-        row = feature_row(batch.q_lens, batch.kv_lens)
+        if step.draft_lens is None:
+            row = feature_row(batch.q_lens, batch.kv_lens)
+        else:   # verified drafts are decode tokens, not a prefill chunk
+            row = verify_feature_row(batch.q_lens, batch.kv_lens, step.draft_lens)
         duration_ms = self.model.row_ms(row) if self.is_feature_model else float(self.model.step_ms(batch))
         if self.scatter is not None:
             duration_ms = duration_ms * float(self.scatter.take(self.num_steps_done, 1)[0])

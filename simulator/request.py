@@ -56,6 +56,10 @@ class Request:
     timed_out: bool = False
     think_time_s: float | None = None   # sent this long after the previous turn finished
     next_turn: Request | None = None    # the session's next closed-loop turn
+    # speculative decoding (simulator.spec_decode): drafts in the step in flight, and the request's totals
+    num_scheduled_drafts: int = 0       # drafts the step in flight verifies (its q is 1 + this)
+    num_verify_rounds: int = 0          # steps that verified drafts of this request
+    num_accepted_tokens: int = 0        # drafts of this request that passed
 
     def give_up(self) -> None:
         """The client left (its timeout passed): the request ends aborted, and an answer that was

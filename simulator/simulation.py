@@ -29,6 +29,7 @@ from stepcal.simulator.replica import Replica, ReplicaSettings, itl_arrays, step
 from stepcal.simulator.request import make_requests
 from stepcal.simulator.router import make_router
 from stepcal.simulator.schedulers import SchedulerConfig
+from stepcal.simulator.spec_decode import merge_summaries
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Simulation:
         self.requests, self.num_skipped = make_requests(trace, config.block_size, config.kv_blocks,
                                                          config.skip_oversize, self.prefix_caching, config.timeout_s)
         self.open_requests = link_turns(trace, self.requests)   # the others follow a previous turn
+        spec_decode = config.scheduler_config.spec_decode
+        if spec_decode is not None:   # an acceptance trace must cover every request
+            spec_decode.acceptance.check_requests([r.request_id for r in self.requests])
         if self.prefix_caching:
             key_answers(trace, self.requests, config.block_size)   # a turn's answer: its next turn's prefix
         # When each request reaches the scheduler: its arrival plus the request path (simulator.frontend).
@@ -97,7 +101,9 @@ class Simulation:
         else:   # open_requests is put in the order they reach the scheduler
             self.open_requests, arrival_s = entry_order(self.open_requests, self.path_s)
         self.loop = EventLoop(arrival_s, self._on_arrival)
-        self.num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens, config.block_size)
+        # an unlimited cache holds every request at its largest, lookahead slots of its drafts included
+        lookahead = spec_decode.num_lookahead_tokens if spec_decode is not None else 0
+        self.num_blocks = config.kv_blocks or max(1, sum(blocks_for(r.max_kv_tokens + lookahead, config.block_size)
                                                          for r in self.requests))
         self.router = make_router(config.router)
         # Without prefix ids nothing can be reused: the counting manager does the same, faster.
@@ -187,6 +193,10 @@ class Simulation:
         summary.update(prefix_cache_summary(requests, [r.kv for r in self.replicas], self.prefix_caching,
                                             self.reuses_prefixes))
         summary["num_timeouts"] = count_timeouts(self.requests)
+        summary["spec_decode"] = merge_summaries([s.verifier.summary() for s in self.schedulers
+                                                  if s.verifier is not None])
+        summary["mean_tokens_per_step"] = (float(steps.column("num_tokens").to_numpy().sum()) / steps.num_rows
+                                           if steps.num_rows else None)
         summary.update({"num_skipped": self.num_skipped, "num_steps": steps.num_rows,
                         "kv_blocks": self.num_blocks, "block_size": self.config.block_size,
                         "num_replicas": self.config.num_replicas, "scheduler": self.config.scheduler})

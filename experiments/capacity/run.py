@@ -11,6 +11,7 @@ from stepcal.core.io import atomic_output_dir, atomic_write_json
 from stepcal.core.metrics import clean_json
 from stepcal.core.model_files import load_model_spec
 from stepcal.core.workload import load_workload, mean_rate_rps
+from stepcal.costmodel.spec_decode import drafted_step_model
 from stepcal.experiments.capacity.evaluate import RateEvaluator, aggregated, disaggregated
 from stepcal.experiments.capacity.plot import plot_capacity
 from stepcal.experiments.capacity.ranges import (
@@ -29,7 +30,7 @@ from stepcal.experiments.replications import (
     progress_bar,
     replication_settings,
 )
-from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models
+from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_model, resolve_step_models
 from stepcal.simulator.disaggregation import DisaggConfig, PoolConfig
 from stepcal.simulator.kv_cache import KvCacheSizing
 from stepcal.simulator.ranges import replication_seeds
@@ -70,6 +71,7 @@ class CapacityOptions:
     kv_transfer_alpha_ms: float = 0.5
     kv_transfer_gb_per_s: float = 25.0
     ranges: RangesSettings = field(default_factory=RangesSettings)
+    drafter: str | None = None                  # --drafter, with scheduler_config.spec_decode
     quiet: bool = False
     flags: dict = field(default_factory=dict)   # the command line as parsed, recorded as capacity.json's `args`
 
@@ -96,6 +98,7 @@ def run_capacity(options: CapacityOptions) -> dict:
                          "simulation draws no scatter); run --ranges without --disaggregated")
     num_replicas = aggregated_replicas(o.num_replicas, split)
     (model, *pool_models), added = _step_models(o, split)
+    model = _with_drafter(o, model, split)
     trace = load_workload(o.trace, trace_format=o.trace_format, num_requests=o.num_requests,
                           duration_s=o.duration_s, seed=o.seed)
     print_warnings(trace.warnings)
@@ -130,6 +133,17 @@ def run_capacity(options: CapacityOptions) -> dict:
         plot_capacity(records, o.slo_ttft_ms, o.slo_tpot_ms, staging / "capacity.png")
     return record
 
+
+
+def _with_drafter(o: CapacityOptions, model, split: tuple[int, int] | None):
+    """The aggregated deployment's model with the drafter's time when spec decode is on."""
+    spec = o.scheduler_config.spec_decode
+    if spec is None:
+        return model
+    if split is not None or o.ranges.num_replications:
+        raise InputError("--spec-decode: capacity searches aggregated replicas without --ranges with it; "
+                         "leave out --disaggregated and --ranges")
+    return drafted_step_model(model, spec, o.drafter, resolve_step_model)
 
 
 def _step_models(o: CapacityOptions, split: tuple[int, int] | None):

@@ -13,6 +13,7 @@ from stepcal.experiments.commands.flags import (
     ranges_settings_from_args,
     scheduler_config_from_args,
 )
+from stepcal.experiments.commands.spec_flags import add_spec_decode_flags
 from stepcal.experiments.host_defaults import add_host_defaults_flag
 from stepcal.experiments.output_paths import check_output
 
@@ -76,6 +77,7 @@ def register(subparsers) -> None:
     p.add_argument("--model-spec", default=None,
                    help="model preset, ModelSpec file or Hugging Face config.json: KV bytes per token for --disaggregated, and --device-memory-gb")
     add_scheduler_flags(p)
+    add_spec_decode_flags(p)
     g = p.add_argument_group("deployment")
     g.add_argument("--replicas", type=argtypes.count(1, bounds.MAX_REPLICAS), default=None,
                    help="replicas of the aggregated deployment (default 1; with --disaggregated, P + D)")
@@ -123,7 +125,7 @@ def options_from_args(args):
         min_rps=args.rate_min, max_rps=args.rate_max, disaggregated=args.disaggregated,
         prefill_step_model=args.prefill_step_model, decode_step_model=args.decode_step_model,
         kv_transfer_alpha_ms=args.kv_transfer_alpha_ms, kv_transfer_gb_per_s=args.kv_transfer_gbps,
-        ranges=ranges_settings_from_args(args), quiet=args.quiet,
+        ranges=ranges_settings_from_args(args), drafter=args.drafter, quiet=args.quiet,
         flags={k: v for k, v in vars(args).items() if k != "func"})
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from stepcal.experiments.commands import argtypes
+from stepcal.experiments.commands.spec_flags import spec_decode_from_args
 
 # The keys of simulator.schedulers.SCHEDULERS, listed here so `--help` imports no numpy (a test checks they agree).
 SCHEDULER_NAMES = ("static", "continuous", "vllm", "sarathi", "slo")
@@ -95,10 +96,12 @@ def add_measured_run_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def scheduler_config_from_args(args):
-    """The SchedulerConfig of the scheduler flags; every size must be positive (InputError naming the flag)."""
+    """The SchedulerConfig of the scheduler flags (with --spec-decode where the command has it); every size
+    must be positive (InputError naming the flag)."""
     from stepcal.simulator.schedulers import checked_scheduler_config  # lazy: loads numpy
     return checked_scheduler_config(args.max_num_seqs, args.max_batched_tokens, args.chunk_size,
-                                    block_size=args.block_size, kv_blocks=getattr(args, "kv_blocks", None))
+                                    block_size=args.block_size, kv_blocks=getattr(args, "kv_blocks", None),
+                                    spec_decode=spec_decode_from_args(args))
 
 
 def _kv_sizing(args):

@@ -17,6 +17,7 @@ from stepcal.experiments.commands.flags import (
     scheduler_config_from_args,
 )
 from stepcal.experiments.commands.output import format_summary
+from stepcal.experiments.commands.spec_flags import add_spec_decode_flags, drafted_model_from_args
 from stepcal.experiments.host_defaults import add_host_defaults_flag
 from stepcal.experiments.output_paths import check_output
 from stepcal.experiments.value_checks import ROUTER_NAMES
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
     add_host_defaults_flag(p)
     p.add_argument("--model-spec", default=None, help="model preset, ModelSpec file or Hugging Face config.json (needed for --device-memory-gb)")
     add_scheduler_flags(p)
+    add_spec_decode_flags(p)
     g = p.add_argument_group("replicas and workload")
     g.add_argument("--replicas", type=argtypes.replicas, default=1, help="number of replicas (default 1)")
     g.add_argument("--router", default="round-robin", choices=ROUTER_NAMES,
@@ -89,11 +91,13 @@ def run(args) -> int:
     from stepcal.experiments.step_models import describe_step_model, front_end, resolve_step_models  # lazy: loads numpy
     from stepcal.simulator.simulation import SimConfig, Simulation  # lazy: loads numpy, tqdm
 
+    scheduler_config = scheduler_config_from_args(args)   # bad flags refused before any work
     (model,), added = resolve_step_models([args.step_model], args.host_defaults, args.scheduler, args.tp)
+    model = drafted_model_from_args(args, model, scheduler_config.spec_decode)
     trace = load_workload(args.trace, trace_format=args.trace_format, rate_rps=args.rate,
                           num_requests=args.num_requests, duration_s=args.duration, seed=args.seed)
     print_warnings(trace.warnings)
-    config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config_from_args(args),
+    config = SimConfig(scheduler=args.scheduler, scheduler_config=scheduler_config,
                        block_size=args.block_size, kv_blocks=kv_blocks,
                        num_replicas=args.replicas, router=args.router, step_overhead_ms=args.step_overhead_ms,
                        front_end=front_end(model),

@@ -37,8 +37,9 @@ def check_replay_meta(where: Path, meta: RunMeta) -> None:
             raise InputError(f"{where}: {key} must be a positive integer, got {shown(value)}")
 
 
-# Settings whose null means "no limit" (KV blocks) or "the scheduler's own default" (token budget).
-NULLABLE = ("kv_blocks", "max_num_batched_tokens")
+# Settings whose null means "no limit" (KV blocks), "the scheduler's own default" (token budget) or
+# "off" (speculative decoding, which the engine's runs do not use yet).
+NULLABLE = ("kv_blocks", "max_num_batched_tokens", "spec_decode")
 
 
 # A measured run as a replay needs it: the settings its SimConfig is built from, every statistic

@@ -23,6 +23,7 @@ from stepcal.core.batch import StepBatch
 from stepcal.core.errors import InputError
 from stepcal.simulator.kv_cache import BlockManager
 from stepcal.simulator.request import Request, Status
+from stepcal.simulator.spec_decode import SpecDecodeConfig, Verifier
 
 
 @dataclass
@@ -30,11 +31,13 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None   # None: the scheduler's own default
     chunk_size: int = 512                       # sarathi / slo: prefill chunk, the token budget per step
+    spec_decode: SpecDecodeConfig | None = None   # vllm / sarathi: speculative decoding, None: off
 
 
 def checked_scheduler_config(max_num_seqs: int = SchedulerConfig.max_num_seqs, max_batched_tokens: int | None = None,
                              chunk_size: int = SchedulerConfig.chunk_size, *, block_size: int | None = None,
-                             kv_blocks: int | None = None) -> SchedulerConfig:
+                             kv_blocks: int | None = None,
+                             spec_decode: SpecDecodeConfig | None = None) -> SchedulerConfig:
     """A SchedulerConfig; every size given, the KV cache's block_size and kv_blocks too, must be
     positive (an InputError naming its flag)."""
     sizes = {"max_num_seqs": max_num_seqs, "max_batched_tokens": max_batched_tokens, "chunk_size": chunk_size,
@@ -43,7 +46,7 @@ def checked_scheduler_config(max_num_seqs: int = SchedulerConfig.max_num_seqs, m
         if value is not None and value <= 0:
             raise InputError(f"--{name.replace('_', '-')} must be positive, got {value}")
     return SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched_tokens,
-                           chunk_size=chunk_size)
+                           chunk_size=chunk_size, spec_decode=spec_decode)
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +56,7 @@ class ScheduledStep:
     requests: list[Request]              # in batch order: requests[i] brings batch.q_lens[i] tokens
     is_pure_decode: bool                 # every request feeds its last token over a cache and emits
     preempted: list[Request] = field(default_factory=list)   # lost their KV cache while this step was formed
+    draft_lens: np.ndarray | None = None  # speculative decoding: drafts each request verifies (q = 1 + drafts)
 
 
 class ItlSamples:
@@ -82,6 +86,7 @@ class ItlSamples:
 class SchedulerBase:
     name = "base"
     default_max_batched_tokens: int | None = 8192
+    supports_spec_decode = False
 
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig | None = None) -> None:
         self.kv = block_manager
@@ -95,6 +100,11 @@ class SchedulerBase:
         self.num_preemptions = 0
         self._preempted: list[Request] = []     # preempted since the last schedule() returned
         self._last_end_s: float | None = None   # end of this scheduler's previous step
+        spec = self.config.spec_decode
+        if spec is not None and not self.supports_spec_decode:
+            raise InputError(f"--spec-decode: the {self.name} scheduler has no speculative decoding; "
+                             f"use vllm or sarathi")
+        self.verifier = Verifier(spec) if spec is not None else None
 
     # -- the contract -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -134,6 +144,8 @@ class SchedulerBase:
         """Advance each request of the step by its q tokens; return the ones that finished.
 
         Written for speed: this loop runs once per request per step."""
+        if step.draft_lens is not None:
+            return self._on_verify_step_done(step, end_s)
         finished = []
         itl = self.itl
         previous_end, num_consecutive = self._last_end_s, 0
@@ -168,6 +180,8 @@ class SchedulerBase:
         request (then 1).
         """
         requests = step.requests
+        if self.verifier is not None:
+            return 1   # each step's acceptances differ: no run repeats one batch
         if not step.is_pure_decode or len(requests) != len(self.running) or self._may_admit(step.batch):
             return 1
         num_steps = min(r.num_remaining_output_tokens for r in requests)
@@ -249,6 +263,7 @@ class SchedulerBase:
         self.kv.free(request)
         self.num_outstanding_tokens += request.num_computed_tokens
         request.num_computed_tokens = 0
+        request.num_scheduled_drafts = 0
         request.status = Status.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -306,10 +321,16 @@ class SchedulerBase:
         requests = [r for r, _ in scheduled]
         q_lens = [q for _, q in scheduled]
         kv_lens = [r.num_computed_tokens for r in requests]
+        draft_lens = None
+        if self.verifier is not None:
+            draft_lens = [r.num_scheduled_drafts for r in requests]
         # A pure decode batch (what decode runs repeat): each request feeds its one pending token over a
-        # non-empty cache and emits. A 1-token prefill chunk with more prompt after it is not one.
+        # non-empty cache and emits. A 1-token prefill chunk with more prompt after it is not one, nor
+        # is a step that verifies drafts.
         is_pure_decode = len(scheduled) == sum(q_lens) and min(kv_lens) > 0 and all(
             r.num_prompt_tokens + r.num_generated_tokens - r.num_computed_tokens == 1 for r in requests)
         batch = StepBatch(tuple([r.request_id for r in requests]), np.array(q_lens, dtype=np.int64),
                           np.array(kv_lens, dtype=np.int64))
-        return ScheduledStep(batch, requests, is_pure_decode, preempted)
+        if draft_lens is not None:
+            draft_lens = np.array(draft_lens, dtype=np.int64)
+        return ScheduledStep(batch, requests, is_pure_decode, preempted, draft_lens)

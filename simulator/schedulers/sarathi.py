@@ -18,7 +18,8 @@ class SarathiScheduler(VllmScheduler):
         self.token_budget = min(self.config.chunk_size, cap) if cap else self.config.chunk_size
 
     def _plan(self, now_s: float) -> list[tuple[Request, int]]:
-        scheduled, budget, preempted = self._schedule_running(decode_first(self.running), self.token_budget)
+        schedule_running = self._schedule_running if self.verifier is None else self._schedule_running_spec
+        scheduled, budget, preempted = schedule_running(decode_first(self.running), self.token_budget)
         if not preempted:
             scheduled += self._admit_waiting(budget)
         return scheduled

@@ -31,6 +31,7 @@ class SloScheduler(VllmScheduler):
     capped by max_num_seqs.
     """
     name = "slo"
+    supports_spec_decode = False   # its own plan: drafts are not scheduled
 
     def __init__(self, block_manager, config=None, settings: SloSettings | None = None) -> None:
         super().__init__(block_manager, config)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from stepcal.simulator.request import Request, Status
 from stepcal.simulator.schedulers.base import SchedulerBase
+from stepcal.simulator.schedulers.spec import SpecDecodeMixin
 
 
-class VllmScheduler(SchedulerBase):
+class VllmScheduler(SpecDecodeMixin, SchedulerBase):
     """Each running request, in order, gets min(its pending tokens, budget left); when its KV does not
     fit, the newest running requests are preempted. Then waiting requests are admitted in FCFS order
     with chunks of the remaining budget, unless this step preempted someone.
@@ -13,7 +14,8 @@ class VllmScheduler(SchedulerBase):
     name = "vllm"
 
     def _plan(self, now_s: float) -> list[tuple[Request, int]]:
-        scheduled, budget, preempted = self._schedule_running(self.running, self.token_budget)
+        schedule_running = self._schedule_running if self.verifier is None else self._schedule_running_spec
+        scheduled, budget, preempted = schedule_running(self.running, self.token_budget)
         if not preempted:
             scheduled += self._admit_waiting(budget)
         return scheduled
