@@ -32,6 +32,7 @@ from stepcal.experiments.validation.error_sources import filled_scatter, sources
 from stepcal.experiments.validation.model_error import ModelError, model_error_of, with_model_error
 from stepcal.simulator.ranges import INTERVAL, ranges_block, replication_seeds, run_replication, term_names
 from stepcal.simulator.scatter import Scatter
+from stepcal.simulator.step_model import HostTermsModel
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
@@ -241,7 +242,8 @@ def replicate_ranges(settings: RangesSettings, step_model: str, trace, model, co
     block = {"num_replications": settings.num_replications,
              **replication_settings(settings, model, scatter, time.perf_counter() - wall0),
              "scatter_source": source,
-             "sources": sources_block(error, meta, term_names(model), scatter, origins),
+             "sources": sources_block(error, meta, term_names(model), scatter, origins,
+                                      host_terms=isinstance(model, HostTermsModel)),
              "stats": ranges_block(summaries)}
     if table is not None:
         block["replica_quantiles"] = table

@@ -7,6 +7,7 @@
 | tables_spread | the regressors' own spread per term (simulator.ranges), for terms whose model error is not known | none in the tables |
 | host_terms | the calibration's covariance | not calibrated |
 | step_scatter | --scatter-cv/--scatter-rho, the tables' measured scatter, or the profile's repeat scatter of the T_step's points | not known |
+| missing_terms | never: a composed T_step's terms without data (meta.json missing_terms: an all-reduce, the host overhead) | not known |
 | run_to_run | --scatter-run-cv, the tables' measured run_cv, or the profile's speed probes (the speed guard's through the sweep, else those before and after it) | not known |
 
 A source that is not known is named as such rather than drawn as zero in silence: an interval
@@ -58,8 +59,10 @@ def filled_scatter(scatter: Scatter, given: dict, error: ModelError | None, meta
 
 
 def sources_block(error: ModelError | None, meta: TableMeta, drawn_terms: list[str], scatter: Scatter,
-                  origins: dict) -> dict:
-    """The `sources` of a ranges block: per source, whether it was drawn, from what, and its size."""
+                  origins: dict, host_terms: bool = False) -> dict:
+    """The `sources` of a ranges block: per source, whether it was drawn, from what, and its size.
+    `host_terms`: the model adds host terms (calibrated or an engine's published ones), which price
+    the host overhead the tables may lack."""
     calibrated = meta.calibration is not None
     if calibrated:
         model = {"drawn": False, "from": "carried by the calibration (host terms' covariance, the model's level)"}
@@ -72,8 +75,10 @@ def sources_block(error: ModelError | None, meta: TableMeta, drawn_terms: list[s
     # a term whose held-out error is drawn does not draw the tables' spread too (DrawnErrorTerm.biased)
     replaced = {t.name for t in error.terms if t.kind != "not known"} if model["drawn"] else set()
     spread = [name for name in drawn_terms if not name.startswith("host:") and name not in replaced]
+    missing = [name for name in meta.missing_terms if isinstance(name, str) and not (host_terms and name == "overhead")]
     return {
         "model_error": model,
+        "missing_terms": {"drawn": False, "from": NOT_KNOWN if missing else "none missing", "terms": missing},
         "tables_spread": {"drawn": bool(spread), "terms": spread},
         "host_terms": {"drawn": bool(host), "terms": host},
         "step_scatter": {"drawn": scatter.cv > 0, "from": origins["step_scatter"] if scatter.cv > 0 else NOT_KNOWN,
@@ -86,8 +91,8 @@ def sources_block(error: ModelError | None, meta: TableMeta, drawn_terms: list[s
 
 def sources_text(sources: dict) -> str:
     """One line: 'drawn: model error (held-out residuals, 6 terms), ...; not known: run-to-run spread'."""
-    names = {"model_error": "model error", "tables_spread": "tables' spread", "host_terms": "host terms",
-             "step_scatter": "step scatter", "run_to_run": "run-to-run spread"}
+    names = {"model_error": "model error", "missing_terms": "terms the tables lack", "tables_spread": "tables' spread",
+             "host_terms": "host terms", "step_scatter": "step scatter", "run_to_run": "run-to-run spread"}
     drawn, unknown = [], []
     for key, name in names.items():
         source = sources.get(key) or {}
@@ -99,6 +104,6 @@ def sources_text(sources: dict) -> str:
             detail = ", ".join(part for part in (where, size) if part)
             drawn.append(f"{name} ({detail})" if detail else name)
         elif source.get("from") == NOT_KNOWN:
-            unknown.append(name)
+            unknown.append(f"{name} ({', '.join(source['terms'])})" if source.get("terms") else name)
     return (f"error sources drawn: {'; '.join(drawn) or 'none'}"
             + (f"; not known (not in the interval): {', '.join(unknown)}" if unknown else ""))

@@ -30,14 +30,15 @@ def model_error(inside: float, beyond: float | None = None) -> dict:
     return {"targets": {"gemm": {"splits": splits, "repeat_cv": None}}}
 
 
-def write_tables(directory, error: dict | None, mape: float | None = None):
-    """A one-term table directory (linear, by num_tokens), fitted on num_tokens up to FITTED_MAX."""
+def write_tables(directory, error: dict | None, mape: float | None = None, missing: tuple = ()):
+    """A one-term table directory (linear, by num_tokens), fitted on num_tokens up to FITTED_MAX;
+    `missing`: the terms it says it lacks."""
     directory.mkdir(parents=True, exist_ok=True)
     curve = FeatureCurve("linear", "num_tokens", KNOTS, 2.0 + 0.02 * KNOTS, np.zeros(len(KNOTS)), "GEMMs")
     held = {"gemm": {"random": {"mape": mape}, "extrapolation": {"mape": 3 * mape}}} if mape else {}
     TableMeta(t_step_terms=["linear"], terms={"linear": curve.write(directory)},
               term_sources={"linear": {"source": "data"}}, targets={"gemm": {}} if (error or mape) else {},
-              held_out_errors=held, model_error=error,
+              held_out_errors=held, model_error=error, missing_terms=list(missing),
               axes={"measured": {"num_tokens": [1.0, 16.0, FITTED_MAX]}}).write(directory)
     return directory
 
@@ -112,3 +113,12 @@ def test_a_batch_past_the_fitted_range_draws_the_extrapolation_error(tmp_path):
     assert term.row_ms(rows[1]) == pytest.approx(plain[1] * term.beyond)
     vector = term.evaluate(StepFeatures(*np.array(rows, dtype=np.float64).T))
     np.testing.assert_allclose(vector, [term.row_ms(row) for row in rows])
+
+
+def test_terms_the_tables_lack_are_named_as_not_known(tmp_path):
+    directory = write_tables(tmp_path / "missing", model_error(0.1), missing=("all_reduce", "overhead"))
+    block = replicate_ranges(RangesSettings(2), str(directory), TRACE, load_step_model(directory), CONFIG, quiet=True)
+    assert block["sources"]["missing_terms"] == {"drawn": False, "from": "not known",
+                                                 "terms": ["all_reduce", "overhead"]}
+    assert "not known (not in the interval): terms the tables lack (all_reduce, overhead)" in \
+        sources_text(block["sources"])
