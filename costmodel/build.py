@@ -190,16 +190,26 @@ SHAPE_COLUMNS = ("m", "n", "k", *FEATURE_NAMES)   # what names one profiled poin
 def model_error_meta(result: FitResult) -> dict:
     """meta.json `model_error`: per target and split (random: points among those fitted;
     extrapolation: beyond them), the held-out rows' log(predicted / measured) at the quantiles
-    costmodel.evaluation.RESIDUAL_QUANTILES, and the profile's repeat scatter of its points; the
-    speed guard's probes. `--ranges` draws from these (experiments.validation.model_error)."""
+    costmodel.evaluation.RESIDUAL_QUANTILES, the profile's repeat scatter of its points and the share of
+    them timed once (whose noise the residuals hold); the speed guard's probes. `--ranges` draws from
+    these (experiments.validation.model_error)."""
     targets = assign_targets(result.records).to_numpy()
     by_target = {}
     for name, fit in result.targets.items():
         splits = {split: log_residual_quantiles(*pair) for split, pair in fit.held_out.items()}
+        rows = result.records[targets == name]
         by_target[name] = {"splits": {s: q for s, q in splits.items() if q is not None},
-                           "repeat_cv": repeat_cv(result.records[targets == name], SHAPE_COLUMNS)}
+                           "repeat_cv": repeat_cv(rows, SHAPE_COLUMNS), "timed_once": timed_once(rows)}
     return {"statistic": "log(predicted / measured) of held-out rows", "quantiles": list(RESIDUAL_QUANTILES),
             "targets": by_target, "speed_probes": guard_probe_spread(result.records)}
+
+
+def timed_once(rows) -> float | None:
+    """The share of a target's rows timed once (equal 10th and 90th percentiles: a served step), whose
+    held-out error holds that one timing's noise; None without percentiles (imported profiles)."""
+    if not {"time_ms_p10", "time_ms_p90"} <= set(rows.columns) or not len(rows):
+        return None
+    return round(float((rows["time_ms_p90"] <= rows["time_ms_p10"]).mean()), 4)
 
 
 def guard_probe_spread(records) -> dict | None:

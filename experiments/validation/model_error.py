@@ -18,6 +18,13 @@ over them; the term's time is divided by exp(that). Where the residuals are draw
 of that term is not (it guesses at the same error). Tables fitted before the residuals were stored
 fall back to a lognormal of sigma = MAPE x sqrt(pi / 2) (the normal whose mean absolute value is the
 MAPE) from `held_out_errors`; a term with neither is "not known" and is not drawn.
+
+Residuals of points timed once (a profile's served steps) hold that timing's noise, which the
+replications draw apart as the step scatter, and which averages out over a run's many steps. So a
+target's residuals are pulled towards their median until their spread (half the 16th-84th percentile
+range, a normal's sigma) has lost that noise's variance: timed_once x log(1 + repeat_cv^2) (meta.json
+model_error); to the median alone where the noise is all of the spread, and not at all where either
+is unknown.
 """
 from __future__ import annotations
 
@@ -104,7 +111,7 @@ def model_error_of(meta: TableMeta) -> ModelError:
     for name, targets in meta.term_targets().items():
         residuals, sigma = {}, {}
         for region, split in REGIONS.items():
-            held = [tuple(by_target[t]["splits"][split]["log_ratio"]) for t in targets
+            held = [without_timing_noise(by_target[t]["splits"][split]["log_ratio"], by_target[t]) for t in targets
                     if split in (by_target.get(t) or {}).get("splits", {})]
             if held and len(held) == len(targets):
                 residuals[region] = tuple(held)
@@ -120,6 +127,22 @@ def model_error_of(meta: TableMeta) -> ModelError:
 def _at(u: float, sorted_values) -> float:
     """The value at quantile u of quantiles stored at 0, 1/(n-1), ..., 1 (linear between them)."""
     return float(np.interp(u, np.linspace(0.0, 1.0, len(sorted_values)), sorted_values))
+
+
+def without_timing_noise(log_ratio, target: dict) -> tuple[float, ...]:
+    """A target's residual quantiles pulled towards their median by the noise of its points timed once
+    (module docstring); unchanged where the share or the repeat scatter is unknown."""
+    values = np.asarray(log_ratio, dtype=np.float64)
+    share, noise_cv = target.get("timed_once"), target.get("repeat_cv")
+    if not share or not noise_cv or len(values) < 2:
+        return tuple(values.tolist())
+    median = _at(0.5, values)
+    sigma = (_at(0.8413, values) - _at(0.1587, values)) / 2.0
+    noise_var = share * np.log1p(noise_cv ** 2)   # the variance of the log of a timing of that cv
+    if sigma <= 0:
+        return tuple(values.tolist())
+    shrink = np.sqrt(max(1.0 - noise_var / (sigma * sigma), 0.0))
+    return tuple((median + (values - median) * shrink).tolist())
 
 
 def _fitted_axes(meta: TableMeta, name: str, measured: dict) -> tuple[tuple[int, ...], tuple[float, ...]]:

@@ -45,6 +45,7 @@ def test_fit_stores_the_held_out_error_of_every_target_and_maps_the_terms(fitted
     assert set(stored) == set(meta.targets)
     for target, entry in stored.items():
         assert set(entry["splits"]) == set(meta.held_out_errors[target]) - {"holdout"}, target
+        assert entry["timed_once"] is None or 0.0 <= entry["timed_once"] <= 1.0
         for held in entry["splits"].values():
             assert held["log_ratio"] == sorted(held["log_ratio"]) and held["n"] >= 1
             assert len(held["log_ratio"]) == len(raw["model_error"]["quantiles"])
