@@ -148,3 +148,13 @@ def _erfinv(y: float) -> float:
         mid = (low + high) / 2.0
         low, high = (mid, high) if math.erf(mid) < y else (low, mid)
     return (low + high) / 2.0
+
+
+def test_the_report_line_of_ranges_says_which_sources_were_drawn(tmp_path):
+    from stepcal.experiments.report.ranges import ranges_text
+    directory = write_tables(tmp_path / "report", model_error(0.1), missing=("overhead",))
+    block = replicate_ranges(RangesSettings(2), str(directory), TRACE, load_step_model(directory), CONFIG, quiet=True)
+    text = ranges_text(block)
+    assert "Error sources drawn: model error (held-out residuals, 1 terms)" in text
+    assert "terms the tables lack (overhead)" in text
+    assert "Error sources" not in ranges_text({k: v for k, v in block.items() if k != "sources"})
