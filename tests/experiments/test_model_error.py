@@ -158,3 +158,13 @@ def test_the_report_line_of_ranges_says_which_sources_were_drawn(tmp_path):
     assert "Error sources drawn: model error (held-out residuals, 1 terms)" in text
     assert "terms the tables lack (overhead)" in text
     assert "Error sources" not in ranges_text({k: v for k, v in block.items() if k != "sources"})
+
+
+def test_a_pool_of_workers_draws_the_same_model_error(tmp_path):
+    directory = write_tables(tmp_path / "pool", model_error(0.2, 0.4))
+    model = load_step_model(directory)
+    error = model_error_of(model.meta)
+    with ReplicaPool(TRACE, model, CONFIG, model_error=error) as alone:
+        expected = alone.map(keep_summary, [0, 1, 2])
+    with ReplicaPool(TRACE, model, CONFIG, workers=2, model_error=error) as pool:
+        assert pool.map(keep_summary, [0, 1, 2]) == expected
