@@ -3,7 +3,7 @@
 
 | source | drawn from | else |
 |---|---|---|
-| model_error | the fit's held-out residuals per term and region (experiments.validation.model_error), or its recorded MAPE | not known; a calibrated model's level and host terms carry it (their covariance) |
+| model_error | the fit's held-out residuals per term and region (experiments.validation.model_error); older tables: residuals not known, widened by the recorded MAPE | not known; a calibrated model's level and host terms carry it (their covariance) |
 | tables_spread | the regressors' own spread per term (simulator.ranges), for terms whose model error is not known | none in the tables |
 | host_terms | the calibration's covariance | not calibrated |
 | step_scatter | --scatter-cv/--scatter-rho, the tables' measured scatter, or the profile's repeat scatter of the T_step's points | not known |
@@ -73,7 +73,7 @@ def sources_block(error: ModelError | None, meta: TableMeta, drawn_terms: list[s
         model = {"drawn": False, "from": NOT_KNOWN}
     host = [name for name in drawn_terms if name.startswith("host:")]
     # a term whose held-out error is drawn does not draw the tables' spread too (DrawnErrorTerm.biased)
-    replaced = {t.name for t in error.terms if t.kind != "not known"} if model["drawn"] else set()
+    replaced = {t.name for t in error.terms if t.kind == "held-out residuals"} if model["drawn"] else set()
     spread = [name for name in drawn_terms if not name.startswith("host:") and name not in replaced]
     missing = [name for name in meta.missing_terms if isinstance(name, str) and not (host_terms and name == "overhead")]
     return {

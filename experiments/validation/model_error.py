@@ -16,8 +16,9 @@ per term and region picks the value at quantile u (linear between them), the sam
 term's targets (their errors are taken to move together, which widens rather than narrows), averaged
 over them; the term's time is divided by exp(that). Where the residuals are drawn, the tables' spread
 of that term is not (it guesses at the same error). Tables fitted before the residuals were stored
-fall back to a lognormal of sigma = MAPE x sqrt(pi / 2) (the normal whose mean absolute value is the
-MAPE) from `held_out_errors`; a term with neither is "not known" and is not drawn.
+say their residuals are not known and are widened by a lognormal of sigma = MAPE x sqrt(pi / 2) (the
+normal whose mean absolute value is the MAPE) from `held_out_errors`, on top of the tables' spread; a
+term with neither is "not known" and is not drawn.
 
 Residuals of points timed once (a profile's served steps) hold that timing's noise, which the
 replications draw apart as the step scatter, and which averages out over a run's many steps. So a
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from stepcal.simulator.step_model import HostTermsModel
 
 REGIONS = {"inside": "random", "beyond": "extrapolation"}   # region -> the held-out split it draws from
 MAPE_TO_SIGMA = math.sqrt(math.pi / 2.0) / 100.0             # a MAPE in % -> a normal's sigma
+MAPE_ONLY = "residuals not known: widened by the recorded MAPE"
 SEED_TAG = 0x686f6c64                                         # the draws' own random stream
 
 
@@ -57,7 +59,7 @@ class TermError:
 
     @property
     def kind(self) -> str:
-        return "held-out residuals" if self.residuals else ("recorded MAPE" if self.sigma else "not known")
+        return "held-out residuals" if self.residuals else (MAPE_ONLY if self.sigma else "not known")
 
     def log_ratio(self, region: str, rng: np.random.Generator) -> float:
         """One draw of log(predicted / measured) in `region` (0.0 where nothing is known)."""
@@ -161,13 +163,14 @@ def _fitted_axes(meta: TableMeta, name: str, measured: dict) -> tuple[tuple[int,
 @dataclass(eq=False)
 class DrawnErrorTerm:
     """A T_step term times its drawn error: `inside` within the fitted range of every axis, `beyond`
-    past it. Looks up as the term it wraps (evaluate, row_ms); the tables' spread is not drawn on top
-    (`biased`)."""
+    past it. Looks up as the term it wraps (evaluate, row_ms); the tables' spread is drawn on top
+    only with `keeps_spread` (`biased`)."""
     inner: object
     columns: tuple[int, ...]
     fitted_max: tuple[float, ...]
     inside: float
     beyond: float
+    keeps_spread: bool = False
 
     @property
     def name(self) -> str:
@@ -189,9 +192,11 @@ class DrawnErrorTerm:
         return self.inner.row_ms(row) * (self.beyond if past else self.inside)
 
     def biased(self, z: float) -> DrawnErrorTerm:
-        """Unmoved: the held-out error measures what the tables' spread guesses at (the regressor's
-        error), on rows the fit did not see, so drawing both would count it twice."""
-        return self
+        """Unmoved where the held-out residuals were drawn: they measure what the tables' spread
+        guesses at (the regressor's error), on rows the fit did not see, and drawing both would count
+        it twice. A MAPE alone (older tables) says nothing of the error's bias or tail, so there it
+        widens the spread rather than replace it."""
+        return replace(self, inner=self.inner.biased(z)) if self.keeps_spread else self
 
 
 def with_model_error(model, error: ModelError | None, seed: int):
@@ -208,6 +213,7 @@ def with_model_error(model, error: ModelError | None, seed: int):
     known = {t.name: t for t in error.terms if t.kind != "not known"}
     drawn = copy.copy(model)
     drawn.terms = [DrawnErrorTerm(term, known[term.name].columns, known[term.name].fitted_max,
-                                  factors[term.name]["inside"], factors[term.name]["beyond"])
+                                  factors[term.name]["inside"], factors[term.name]["beyond"],
+                                  keeps_spread=known[term.name].kind == MAPE_ONLY)
                    if term.name in known else term for term in terms]
     return drawn

@@ -62,8 +62,14 @@ def test_the_interval_grows_with_the_held_out_error(tmp_path):
 
 def test_old_tables_fall_back_on_the_recorded_mape_and_grow_with_it(tmp_path):
     small = model_error_of(TableMeta.read(write_tables(tmp_path / "small", None, mape=2.0)))
-    assert [t.kind for t in small.terms] == ["recorded MAPE"]
+    assert [t.kind for t in small.terms] == ["residuals not known: widened by the recorded MAPE"]
     assert widths(tmp_path / "small") < widths(write_tables(tmp_path / "large", None, mape=20.0))
+    block = replicate_ranges(RangesSettings(2), str(tmp_path / "small"), TRACE, load_step_model(tmp_path / "small"),
+                             CONFIG, quiet=True)
+    # the MAPE widens the tables' spread rather than replace it
+    assert block["sources"]["tables_spread"]["terms"] == ["linear"]
+    drawn = with_model_error(load_step_model(tmp_path / "small"), small, seed=0).terms[0]
+    assert drawn.keeps_spread and drawn.biased(1.0) is not drawn
 
 
 def test_tables_with_no_held_out_error_draw_none_and_say_it_is_not_known(tmp_path):
