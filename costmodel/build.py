@@ -4,14 +4,19 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import numpy as np
+
+from stepcal.core.batch import FEATURE_NAMES
 from stepcal.core.errors import InputError
 from stepcal.core.io import atomic_write_parquet
 from stepcal.core.model_spec import ModelSpec, Parallelism
+from stepcal.core.profile_meta import ProfileMeta, is_profile_dir
 from stepcal.costmodel.axes import measured_values
 from stepcal.costmodel.compose import Axes, additive_term, compose_terms, data_axes, measured_axes, moe_target, op_grids
 from stepcal.costmodel.compose_attention import MIXED_DECODE_TARGET, attention_targets
 from stepcal.costmodel.compose_comm import DEFAULT_COMPOSITION, Composition, all_reduce_eager_target, all_reduce_target
 from stepcal.costmodel.coverage import coverage_notes
+from stepcal.costmodel.evaluation import RESIDUAL_QUANTILES, log_residual_quantiles, repeat_cv
 from stepcal.costmodel.features import assign_targets
 from stepcal.costmodel.fitting import FitResult
 from stepcal.costmodel.profile_speed import profile_speed_probes
@@ -76,6 +81,7 @@ def build_tables(result: FitResult, directory: Path, *, spec: ModelSpec | None,
                             **{t: f.errors for t, f in result.targets.items()}},
         "error_note": "absolute percentage errors in %, on rows held out from fitting; "
                       "hyperparameters were tuned on the random split's training rows",
+        "model_error": model_error_meta(result),
         "targets": {t: {"family": f.choice.family, "params": f.choice.params, "rows": f.n_rows,
                         "features": list(f.feature_names), "model": f"models/{_safe(t)}.joblib"}
                     for t, f in result.targets.items()},
@@ -188,6 +194,51 @@ def _composition_meta(result: FitResult, spec: ModelSpec, parallelism: Paralleli
 
 def _safe(target: str) -> str:
     return target.replace(":", "__")
+
+
+SHAPE_COLUMNS = ("m", "n", "k", *FEATURE_NAMES)   # what names one profiled point's shape
+
+
+def model_error_meta(result: FitResult) -> dict:
+    """meta.json `model_error`: per target and split (random: points among those fitted;
+    extrapolation: beyond them), the held-out rows' log(predicted / measured) at the quantiles
+    costmodel.evaluation.RESIDUAL_QUANTILES, the profile's repeat scatter of its points and the share of
+    them timed once (whose noise the residuals hold); the speed guard's probes. `--ranges` draws from
+    these (experiments.validation.model_error)."""
+    targets = assign_targets(result.records).to_numpy()
+    by_target = {}
+    for name, fit in result.targets.items():
+        splits = {split: log_residual_quantiles(*pair) for split, pair in fit.held_out.items()}
+        rows = result.records[targets == name]
+        by_target[name] = {"splits": {s: q for s, q in splits.items() if q is not None},
+                           "repeat_cv": repeat_cv(rows, SHAPE_COLUMNS), "timed_once": timed_once(rows)}
+    return {"statistic": "log(predicted / measured) of held-out rows", "quantiles": list(RESIDUAL_QUANTILES),
+            "targets": by_target, "speed_probes": guard_probe_spread(result.records)}
+
+
+def timed_once(rows) -> float | None:
+    """The share of a target's rows timed once (equal 10th and 90th percentiles: a served step), whose
+    held-out error holds that one timing's noise; None without percentiles (imported profiles)."""
+    if not {"time_ms_p10", "time_ms_p90"} <= set(rows.columns) or not len(rows):
+        return None
+    return round(float((rows["time_ms_p90"] <= rows["time_ms_p10"]).mean()), 4)
+
+
+def guard_probe_spread(records) -> dict | None:
+    """{"n", "log_sd"}: the standard deviation of the log time of the speed guard's probes (one short
+    step timed every few seconds through each fitted profile's sweep): how far the machine's speed
+    strays from one moment to another, what a run's speed level meets. None without three probes."""
+    if not {"source", "file"} <= set(records.columns):
+        return None
+    probes = []
+    for name in sorted(records.loc[records["source"] == "profile", "file"].dropna().astype(str).unique()):
+        if is_profile_dir(Path(name).parent):
+            for guard in ProfileMeta.read(Path(name).parent).speed_guard:
+                values = guard.get("probes_ms") if isinstance(guard, dict) else None
+                probes += [float(v) for v in values or () if isinstance(v, (int, float)) and v > 0]
+    if len(probes) < 3:
+        return None
+    return {"n": len(probes), "log_sd": round(float(np.std(np.log(probes), ddof=1)), 5)}
 
 
 RANGE_FEATURES = ("num_seqs", "num_tokens")   # the batch sizes a whole-step price extrapolates in

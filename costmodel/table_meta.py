@@ -30,7 +30,10 @@ META_WHAT = TABLE_ARTIFACT.describe()
 REQUIRED_KEYS = ("t_step_terms", "terms")
 TERM_KEYS = ("file", "axes")
 # Fields written only when set (None: the key is left out of meta.json, as fit and calibrate do).
-WRITTEN_WHEN_SET = ("scatter", "slowed_servings", "mlflow_tracking_uri", "calibration")
+WRITTEN_WHEN_SET = ("scatter", "slowed_servings", "mlflow_tracking_uri", "calibration", "model_error")
+# The targets whose regressors price each kind of composed term, where its meta.json entry does not
+# name them (the attention and MoE terms name theirs in `composition`; element-wise terms list their ops).
+GEMM_TERMS = ("linear", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class TableMeta:
     slowed_servings: list | None = None  # the profile's servings left out as slowed
     mlflow_tracking_uri: str | None = None
     calibration: dict | None = None      # `stepcal calibrate`'s record
+    model_error: dict | None = None      # held-out residuals per target and split (costmodel.evaluation)
     tool_version: str = TOOL_VERSION     # the stepcal that wrote the file (`write` stamps its own)
     extra: dict = field(default_factory=dict)   # keys without a field, written back unchanged
 
@@ -128,6 +132,33 @@ class TableMeta:
                 or not all(isinstance(axis, str) for axis in entry["axes"]):
             raise InputError(f"{where}: term {name!r}: file must be a file name and axes a list of column names")
         return entry
+
+    def term_targets(self) -> dict[str, list[str]]:
+        """{T_step term: the fitted targets whose regressors price it} ([] for a term priced by a
+        roofline or a datasheet): what the held-out errors of a term are read from."""
+        fitted = set(self.targets) | {t for t in self.held_out_errors if t != "overall"}
+        composition = self.composition or {}
+        # The skew and mixed-call terms are differences of decode attention lookups: they carry the decode
+        # fit's error (the mixed fit's own residuals are relative errors of shares floored near zero).
+        by_composition = {"decode_attn": composition.get("decode_target"),
+                          "decode_attn_skew": composition.get("decode_target"),
+                          "mixed_decode_attn": composition.get("decode_target"),
+                          "prefill_attn": composition.get("prefill_target"), "moe": composition.get("moe_target")}
+        mapping = {}
+        for name in self.t_step_terms:
+            source = self.term_sources.get(name) if isinstance(self.term_sources.get(name), dict) else {}
+            if name in GEMM_TERMS:
+                targets = [t for t in fitted if t == "gemm" or t.startswith("gemm:")]
+            elif by_composition.get(name):
+                targets = [by_composition[name]]
+            elif source.get("source", "data") == "data" and isinstance(source.get("ops"), list):
+                targets = [f"elementwise:{op}" for op in source["ops"]]
+            elif name == "all_reduce":
+                targets = [t for t in fitted if t.startswith("all_reduce")]
+            else:
+                targets = [name]
+            mapping[name] = sorted(t for t in targets if t in fitted)
+        return mapping
 
 
 FIELD_KEYS = tuple(f.name for f in dataclasses.fields(TableMeta) if f.name not in ("tool_version", "extra"))

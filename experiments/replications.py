@@ -10,7 +10,10 @@ what does not depend on the draw (the trace, the loaded step model, the settings
 (keep, seed, rate) and brings back what a top-level function `keep(result)` keeps of the replication.
 
 `RangesSettings` is what a prediction's ranges are asked for (how many replications, their seed, where
-they run, the scatter given); `replicate_ranges` runs them and summarises them as a `ranges` block.
+they run, the scatter given); `replicate_ranges` runs them and summarises them as a `ranges` block. Its
+replications also draw the fit's held-out error per term (experiments.validation.model_error) and fill
+in the scatter the profile knows where no flag or table gives it; the block's `sources` says what was
+drawn and what is not known (experiments.validation.error_sources).
 """
 from __future__ import annotations
 
@@ -24,9 +27,12 @@ from tqdm import tqdm
 
 from stepcal.core.workload import rescale_rate
 from stepcal.experiments.backends import open_runner, ordered
-from stepcal.experiments.step_models import stored_scatter
+from stepcal.experiments.step_models import stored_scatter, tables_meta
+from stepcal.experiments.validation.error_sources import filled_scatter, sources_block
+from stepcal.experiments.validation.model_error import ModelError, model_error_of, with_model_error
 from stepcal.simulator.ranges import INTERVAL, ranges_block, replication_seeds, run_replication, term_names
 from stepcal.simulator.scatter import Scatter
+from stepcal.simulator.step_model import HostTermsModel
 
 CDF_QUANTILES = np.round(np.linspace(0.0, 1.0, 101), 2)   # where each replication's latency CDF is kept
 CDF_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")            # the report's CDF panels
@@ -62,10 +68,12 @@ def keep_summary_and_quantiles(result) -> tuple[dict, dict[str, list[float]]]:
 @dataclass(frozen=True)
 class Shared:
     """What every replication of a run shares: the base trace (rescaled per task when a rate is given),
-    the loaded step model and the simulation settings (with the scatter)."""
+    the loaded step model, the simulation settings (with the scatter) and the model's held-out error
+    each replication draws (None: not drawn)."""
     trace: object
     model: object
     config: object
+    model_error: ModelError | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,8 @@ class Task:
 
 def run_task(task: Task, shared: Shared):
     trace = shared.trace if task.rate_rps is None else rescale_rate(shared.trace, task.rate_rps)
-    return task.keep(run_replication(trace, shared.model, shared.config, task.seed))
+    model = with_model_error(shared.model, shared.model_error, task.seed)
+    return task.keep(run_replication(trace, model, shared.config, task.seed))
 
 
 class ReplicaPool:
@@ -89,9 +98,9 @@ class ReplicaPool:
     whichever backend runs them."""
 
     def __init__(self, trace, model, config, workers: int = 1, *, backend: str = "local",
-                 address: str | None = None) -> None:
-        self._runner = open_runner(run_task, Shared(trace, model, config), backend=backend, workers=workers,
-                                   address=address)
+                 address: str | None = None, model_error: ModelError | None = None) -> None:
+        self._runner = open_runner(run_task, Shared(trace, model, config, model_error), backend=backend,
+                                   workers=workers, address=address)
         self.num_simulations = 0
 
     def __enter__(self) -> ReplicaPool:
@@ -174,9 +183,10 @@ class RangesSettings:
     ray_address: str | None = None
     scatter: ScatterOverrides = field(default_factory=ScatterOverrides)
 
-    def pool(self, trace, model, config) -> ReplicaPool:
-        """A ReplicaPool on these workers and backend."""
-        return ReplicaPool(trace, model, config, self.workers, backend=self.backend, address=self.ray_address)
+    def pool(self, trace, model, config, model_error: ModelError | None = None) -> ReplicaPool:
+        """A ReplicaPool on these workers and backend (drawing `model_error` where given)."""
+        return ReplicaPool(trace, model, config, self.workers, backend=self.backend, address=self.ray_address,
+                           model_error=model_error)
 
 
 def chosen_scatter(overrides: ScatterOverrides, step_model: str) -> tuple[Scatter, str]:
@@ -211,9 +221,16 @@ def replicate_ranges(settings: RangesSettings, step_model: str, trace, model, co
     if not settings.num_replications:
         return None
     scatter, source = chosen_scatter(settings.scatter, step_model)
+    meta = tables_meta(model)
+    # a calibrated model's level and host terms were fitted to a run: their covariance carries its error
+    error = None if meta.calibration is not None else model_error_of(meta)
+    stored = stored_scatter(step_model)
+    given = {"cv": settings.scatter.cv is not None or "cv" in stored,
+             "run_cv": settings.scatter.run_cv is not None or "run_cv" in stored}
+    scatter, origins = filled_scatter(scatter, given, error, meta)
     seeds = replication_seeds(settings.num_replications, settings.seed)
     wall0 = time.perf_counter()
-    with settings.pool(trace, model, replace(config, scatter=scatter)) as pool, \
+    with settings.pool(trace, model, replace(config, scatter=scatter), error) as pool, \
             progress_bar(len(seeds), quiet) as on_done:
         kept = pool.map(keep_summary_and_quantiles if quantiles else keep_summary, seeds, on_done=on_done)
     table = None
@@ -224,7 +241,10 @@ def replicate_ranges(settings: RangesSettings, step_model: str, trace, model, co
         summaries = kept
     block = {"num_replications": settings.num_replications,
              **replication_settings(settings, model, scatter, time.perf_counter() - wall0),
-             "scatter_source": source, "stats": ranges_block(summaries)}
+             "scatter_source": source,
+             "sources": sources_block(error, meta, term_names(model), scatter, origins,
+                                      host_terms=isinstance(model, HostTermsModel)),
+             "stats": ranges_block(summaries)}
     if table is not None:
         block["replica_quantiles"] = table
     return block

@@ -140,12 +140,14 @@ def add_ranges_flags(parser: argparse.ArgumentParser) -> None:
     """--ranges and what the replications draw: simulate and validate."""
     g = parser.add_argument_group("ranges (how sure the prediction is)")
     g.add_argument("--ranges", type=argtypes.num_replications, default=0, metavar="N",
-                   help="also run N seeded replications, each drawing the step model's error (per T_step term, "
-                        "its tables' spread times a standard normal, held for the whole run; calibrated host terms "
-                        "jointly from the covariance of their fit), the device's speed over the run and the step-to-step "
-                        "scatter; for every figure the median and the 5th and 95th percentiles over the "
-                        "replications (a 90%% interval). const:/linear: models have no spread: only the scatter "
-                        "varies (default 0: no ranges)")
+                   help="also run N seeded replications, each drawing the step model's error (per T_step term and "
+                        "region, from the fit's held-out errors, held for the whole run: meta.json model_error, else "
+                        "the recorded MAPE, else the tables' spread; calibrated host terms jointly from the covariance "
+                        "of their fit), the device's speed over the run and the step-to-step scatter (the flags "
+                        "below, else the tables', else the profile's speed probes and repeats); for every figure the "
+                        "median and the 5th and 95th percentiles over the replications (a 90%% interval). The "
+                        "ranges block's `sources` lists what was drawn and what is not known. const:/linear: "
+                        "models have no spread: only the scatter varies (default 0: no ranges)")
     g.add_argument("--scatter-cv", type=argtypes.scatter_cv, default=None,
                    help="step-to-step scatter of step time in the replications: coefficient of variation of a "
                         "multiplicative AR(1) factor (default: the scatter measured on the device and stored "

@@ -157,6 +157,9 @@ def format_ranges(ranges: dict) -> str:
     t = stats.get("throughput_rps")
     if t:
         lines.append(f"  throughput {t['median']:.4g} [{t['low']:.4g}, {t['high']:.4g}] req/s")
+    if ranges.get("sources"):
+        from stepcal.experiments.validation.error_sources import sources_text  # lazy: loads numpy
+        lines.append(sources_text(ranges["sources"]))
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepcal.experiments.replications import scatter_text
+from stepcal.experiments.validation.error_sources import sources_text
 from stepcal.simulator.ranges import INTERVAL
 
 
@@ -79,4 +80,7 @@ def ranges_text(ranges: dict) -> str:
         text += (f" The measured value lies inside in {coverage['num_inside']} of {coverage['num_cells']} cells "
                  f"(coverage {100 * coverage['coverage']:.0f}%)"
                  + (f"; median width {100 * width:.1f}% of the measured value." if width is not None else "."))
+    if ranges.get("sources"):   # blocks written before the sources were listed have none
+        line = sources_text(ranges["sources"])
+        text += f" {line[0].upper()}{line[1:]}."
     return text

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from stepcal.experiments.host_defaults import describe_host_defaults
 from stepcal.experiments.validation.compare import StepMatched, ValidationRecord
+from stepcal.experiments.validation.error_sources import sources_text
 from stepcal.experiments.validation.extrapolated import describe_beyond
 from stepcal.experiments.validation.machine_speed import describe_speed
 from stepcal.experiments.validation.measured import RETRY_HINT, describe_slowed
@@ -98,7 +99,8 @@ def _ranges_line(ranges: dict) -> str:
     if c.get("num_repeats", 1) > 1 and mean:
         line += (f", each of {c['num_repeats']} repeats on its own; their mean in {mean['num_inside']} of "
                  f"{mean['num_cells']}, {_share(mean['coverage'])}")
-    return line + f"), median width {_share(c['median_relative_width'])} of the measured value"
+    line += f"), median width {_share(c['median_relative_width'])} of the measured value"
+    return line + (f"\n{sources_text(ranges['sources'])}" if ranges.get("sources") else "")
 
 
 def timeseries_line(block: dict) -> str:
