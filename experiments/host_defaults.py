@@ -34,8 +34,8 @@ AUTO_HELP = ("Default auto: where --scheduler names an engine with published ter
              "host, overhead or whole-step term), that engine's terms are added; const:/linear: models and tables "
              "with host time of their own get none. none: add nothing. ")
 VALIDATE_AUTO_HELP = ("Default auto: as in `stepcal simulate`, with the measured run's scheduler, for a run "
-                      "imported from `vllm bench` (`stepcal import vllm-bench`; a run of another server needs "
-                      "--host-defaults none); a run of `stepcal measure` is served by the torch engine, not "
+                      "imported from `vllm bench` or from LLMServingSim's bench (`stepcal import vllm-bench`, `stepcal import "
+                      "llmservingsim`: both vLLM servers; a run of another server needs --host-defaults none); a run of `stepcal measure` is served by the torch engine, not "
                       "vLLM, and gets none. none: add nothing. ")
 HELP = ("ENGINE: add the host-time and front-end terms of a serving engine from published measurements, for a "
         "step model without calibrated host terms (one that has them is refused: calibrated terms win). "

@@ -7,7 +7,7 @@ from pathlib import Path
 from stepcal.core.io import atomic_output_dir, atomic_write_bytes, atomic_write_json, atomic_write_parquet
 from stepcal.core.measured_run import RunStats
 from stepcal.core.metrics import clean_json
-from stepcal.core.run_meta import VLLM_BENCH
+from stepcal.core.run_meta import LLMSERVINGSIM, VLLM_BENCH
 from stepcal.experiments.replications import RANGES_PERCENTILES
 from stepcal.experiments.step_models import front_end, resolve_step_models
 from stepcal.experiments.validation.compare import ValidationRecord, compare, step_matched_errors
@@ -23,9 +23,10 @@ from stepcal.simulator.simulation import simulate
 
 TIMESERIES_FILE = "timeseries.parquet"    # both sides' running, waiting and KV use at the run's ticks
 LIST_COLUMNS = ("request_ids", "q_lens", "kv_lens")   # the batch itself: too big for step_predictions.parquet
-# The measured runs served by the engine their scheduler names: imported from `vllm bench`, a vLLM
-# server's. A run of `stepcal measure` was served by the torch engine, whose host time is its own.
-ENGINE_SERVED_SOURCES = (VLLM_BENCH,)
+# The measured runs served by the engine their scheduler names: imported from `vllm bench` or from
+# LLMServingSim's bench, vLLM servers' both. A run of `stepcal measure` was served by the torch
+# engine, whose host time is its own.
+ENGINE_SERVED_SOURCES = (VLLM_BENCH, LLMSERVINGSIM)
 
 
 @dataclass(frozen=True)

@@ -218,3 +218,14 @@ def test_device_memory_needs_a_model_spec(tmp_path, capsys):
     assert main(["import", "llmservingsim", str(root), "--device-memory-gb", "40", "--quiet",
                  "--out", str(tmp_path / "o")]) == 2
     assert "--model-spec" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_validate_adds_vllms_host_terms_by_default(imported, tmp_path):
+    """LLMServingSim's bench records vLLM servers: auto adds vLLM's published host terms to kernel tables."""
+    from tests.costmodel.test_importer_llmservingsim import _bundle, _fit
+    tables = tmp_path / "tables"
+    assert _fit(tmp_path, _bundle(tmp_path), tables) == 0
+    assert main(["validate", "--measured", str(imported), "--step-model", str(tables), "--quiet",
+                 "--out", str(tmp_path / "v")]) == 0
+    added = json.loads((tmp_path / "v" / "validation.json").read_text())["host_defaults"]
+    assert added["engine"] == "vllm" and added["source"] == "auto"
