@@ -13,6 +13,7 @@ from stepcal.core.model_files import load_model_spec
 from stepcal.core.model_spec import DTYPE_BYTES
 
 OPS = ("gemm", "attn_prefill", "attn_decode", "step", "overhead", "host", "moe", "elementwise", "serve")
+REPLAY = "replay:"     # --device replay:PROFILE (experiments.replay)
 
 
 def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str | None = None,
@@ -47,11 +48,26 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     from stepcal.profiler.sweep import SweepConfig, run_sweep  # lazy: loads numpy, pandas, tqdm
     config = SweepConfig(spec=spec, device=device, dtype=dtype, ops=op_names, grid=points,
                          num_threads=threads, shard=shard_part, seed=seed, noise=noise)
+    if device.startswith(REPLAY):
+        from stepcal.experiments.replay.sweep import run_replay_sweep  # lazy: loads pandas, scipy
+        replay = load_replay(device, spec, op_names, dtype)
+        return run_replay_sweep(config, out, replay, max_minutes=max_minutes, retry_failed=retry_failed)
     return run_sweep(config, out, max_minutes=max_minutes, retry_failed=retry_failed, progress=progress)
+
+
+def load_replay(device: str, spec, op_names, dtype: str):
+    """The replay device `replay:PROFILE`, checked to hold every op asked for at the dtype."""
+    from stepcal.experiments.replay.device import ReplayDevice  # lazy: loads pandas, scipy
+    replay = ReplayDevice.load(device[len(REPLAY):], spec)
+    replay.check_ops(op_names, dtype)
+    return replay
 
 
 def describe_sweep(result) -> str:
     """The line `stepcal profile` prints when a sweep stops."""
+    if hasattr(result, "num_interpolated"):
+        from stepcal.experiments.replay.sweep import describe_replay  # lazy: loads pandas, scipy
+        return describe_replay(result)
     state = "complete" if result.complete else "incomplete (run again to resume)"
     rounds = f" x {result.rounds} rounds" if result.rounds > 1 else ""
     return (f"{result.out}/profile.parquet: {result.num_points} points{rounds}, "
@@ -74,7 +90,7 @@ def parse_ops(text: str) -> tuple[str, ...]:
 
 def resolve_dtype(dtype: str | None, device: str) -> str:
     if dtype is None:
-        return "bfloat16" if device.startswith("cuda") else "float32"
+        return "bfloat16" if device.startswith(("cuda", REPLAY)) else "float32"
     canonical = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
     if canonical not in ("float32", "bfloat16", "float16"):
         known = "float32, bfloat16, float16"

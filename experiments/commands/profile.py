@@ -6,7 +6,7 @@ import sys
 
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.output_paths import check_output
-from stepcal.experiments.profiling import OPS, describe_sweep, profile_kernels
+from stepcal.experiments.profiling import OPS, REPLAY, describe_sweep, profile_kernels
 from stepcal.profiler.noise_policy import NoisePolicy
 
 EXIT_INCOMPLETE = 3
@@ -40,6 +40,14 @@ arguments, it measures only the missing points. --max-minutes stops cleanly (exi
 run again to resume). Failed points (out of memory, unsupported shape) are recorded with
 their reason; --retry-failed measures them again.
 
+--device replay:PROFILE answers each point from a profile measured before (ours, Vidur mlp.csv,
+an AIConfigurator system directory or table, an LLMServingSim bundle shaped by --model-spec):
+the measured time where the profile has the shape, else log-log linear interpolation between its
+measured neighbours (the row's `error` column says "interpolated"), with the profile's own repeat
+scatter drawn per point from --seed (its p10-p90 spread, else 2%). A shape outside the profile's
+measured hull is refused (a failed row). Time is simulated: each point charges the device time its
+calls would take, and --max-minutes counts that clock; meta.json's `replay` sums it.
+
 Grids: `quick` (minutes), `full` (a campaign), or a JSON / TOML file of the same shape
 (see profiler/grid.py). CPU timing uses perf_counter with a fixed thread count (--threads,
 default 1); CUDA timing uses events, rotates input buffers past the L2 cache, and replays
@@ -65,7 +73,9 @@ def register(subparsers) -> None:
     parser.add_argument("--model-spec", metavar="NAME|FILE",
                         help="a preset (tiny, tiny-moe, llama-3-8b, mixtral-8x7b, ...), a JSON / TOML ModelSpec file, "
                              "or a Hugging Face config.json (or its directory)")
-    parser.add_argument("--device", type=argtypes.device, default="cpu", help="cpu or cuda (cuda:N) [default: cpu]")
+    parser.add_argument("--device", type=profile_device, default="cpu",
+                        help="cpu, cuda (cuda:N), or replay:PROFILE: answer from a measured profile (ours, Vidur "
+                             "mlp.csv, an AIConfigurator directory or table, an LLMServingSim bundle) [default: cpu]")
     parser.add_argument("--ops", default=None,
                         help=f"comma-separated ops to sweep, of {','.join(OPS)} [default: every op the model has: "
                              f"moe for mixture-of-experts models only]")
@@ -96,6 +106,15 @@ def register(subparsers) -> None:
     merge.set_defaults(func=run_merge)
 
 
+def profile_device(text: str) -> str:
+    """cpu, cuda, cuda:N or replay:PROFILE."""
+    if text.startswith(REPLAY):
+        if not text[len(REPLAY):]:
+            raise argparse.ArgumentTypeError("replay: needs a profile: replay:PATH")
+        return text
+    return argtypes.device(text)
+
+
 def run(args) -> int:
     if args.out:    # a missing --out is refused by profile_kernels
         check_output(args.out, staged=False)   # filled point by point, to resume
@@ -108,8 +127,9 @@ def run(args) -> int:
 
 
 def noise_policy(args):
-    """The sweep's noise handling: the device's (profiler.noise_policy); no flag changes it."""
-    return NoisePolicy.for_device(args.device)
+    """The sweep's noise handling: the device's (profiler.noise_policy); no flag changes it. A
+    replay has no machine noise of its own: it draws the profile's scatter (experiments.replay)."""
+    return None if args.device.startswith(REPLAY) else NoisePolicy.for_device(args.device)
 
 
 def run_merge(args) -> int:
