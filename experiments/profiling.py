@@ -55,6 +55,25 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     return run_sweep(config, out, max_minutes=max_minutes, retry_failed=retry_failed, progress=progress)
 
 
+def plan_profile(model_spec: str | None, device: str, *, ops: str | None = None, grid: str = "quick",
+                 dtype: str | None = None, budget_s: float | None = None):
+    """The plan of `stepcal profile` with these settings (experiments.budget.plan), before any
+    device time; `budget_s`: the budget's share of the grid per op."""
+    from stepcal.profiler.grid import load_grid, ops_for  # lazy: loads numpy
+
+    if not model_spec:
+        raise InputError("profile plan: --model-spec is required")
+    if budget_s is not None and not budget_s > 0:
+        raise InputError(f"--budget-s: must be positive, got {budget_s:g}")
+    spec = load_model_spec(model_spec)
+    op_names = parse_ops(ops) if ops else ops_for(spec, OPS)
+    dtype = resolve_dtype(dtype, "cpu" if device == "cpu" else "cuda")   # a GPU's by default
+    points = load_grid(grid, spec).for_ops(op_names)
+    from stepcal.experiments.budget.plan import Plan, kernel_time_source, plan_campaign  # lazy: loads pandas, scipy
+    price, source = kernel_time_source(device, spec, dtype)
+    return Plan(device, source, budget_s, plan_campaign(points, spec, price, budget_s))
+
+
 def load_replay(device: str, spec, op_names, dtype: str):
     """The replay device `replay:PROFILE`, checked to hold every op asked for at the dtype."""
     from stepcal.experiments.replay.device import ReplayDevice  # lazy: loads pandas, scipy

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepcal.profiler.timing import Measurement, TimingPolicy, measure
+from stepcal.profiler.timing import Measurement, TimingPolicy, measure, summarize
 
 # Wall time of one point beyond its timed calls: building the kernel's inputs, allocating, one
 # synchronisation. An assumption for plans and replays, not a measurement (a pilot replaces it).
@@ -78,3 +78,16 @@ def _expected(timer: DrawnTimer, rel_scatter: float, policy: TimingPolicy, clock
 
 def _no_call(_call: int) -> None:
     """The kernel a drawn timer stands for: nothing runs."""
+
+
+def simulate_rounds(time_ms: float, rel_scatter: float, policy: TimingPolicy, rounds: int,
+                    rng: np.random.Generator | None = None, setup_s: float = POINT_SETUP_S) -> SimulatedPoint:
+    """A point measured in `rounds` passes of the sweep, each with its share of the policy
+    (TimingPolicy.for_round), the passes' samples pooled as the sweep pools them."""
+    passes = [simulate_point(time_ms, rel_scatter, policy.for_round(), rng, setup_s) for _ in range(max(rounds, 1))]
+    if len(passes) == 1:
+        return passes[0]
+    samples = [s for p in passes for s in p.measurement.samples_ms]
+    first = passes[0].measurement
+    pooled = summarize(samples, first.inner_repeats, first.stopped_by)
+    return SimulatedPoint(pooled, sum(p.measure_s for p in passes), sum(p.wall_s for p in passes))

@@ -6,7 +6,7 @@ import sys
 
 from stepcal.experiments.commands import argtypes
 from stepcal.experiments.output_paths import check_output
-from stepcal.experiments.profiling import OPS, REPLAY, describe_sweep, profile_kernels
+from stepcal.experiments.profiling import OPS, REPLAY, describe_sweep, plan_profile, profile_kernels
 from stepcal.profiler.noise_policy import NoisePolicy
 
 EXIT_INCOMPLETE = 3
@@ -95,7 +95,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", metavar="DIR", help="output directory (resumed if it exists)")
     parser.set_defaults(func=run, profile_command=None)
 
-    sub = parser.add_subparsers(dest="profile_command", metavar="merge")
+    sub = parser.add_subparsers(dest="profile_command", metavar="{merge,plan}")
     merge = sub.add_parser(
         "merge", help="join the profiles of several shards or hosts into one",
         description="Join profile directories (shards of one sweep, or resumed pieces) into one "
@@ -104,6 +104,53 @@ def register(subparsers) -> None:
     merge.add_argument("inputs", nargs="+", metavar="DIR", help="profile directories to join")
     merge.add_argument("--out", required=True, metavar="DIR", help="output directory")
     merge.set_defaults(func=run_merge)
+    register_plan(sub)
+
+
+PLAN_DESCRIPTION = """\
+Before any device time: per op, the points a campaign measures, the device time of their timed
+calls (warm-up included) and the wall time with each point's setup (0.02 s assumed), counted as
+the sweep's timing policy would spend them on each point's kernel (the grid's repeats, precision
+target, time cap and rounds). Kernel times come from --device replay:PROFILE (the profile's own
+times; shapes outside it are counted as refused) or from the roofline of a GPU's datasheet
+(--device h100_sxm, a100_sxm, ..., or cuda on a machine whose GPU the datasheets list): the larger
+of FLOPs at 70% of the dense BF16 peak and bytes at 80% of the bandwidth, plus a 6 us floor
+(gemm, attention, element-wise and moe ops). With --budget-s the budget is shared between ops in
+proportion to their whole grid's measurement time, as `stepcal profile --budget-s` spends it.
+A device with neither a datasheet nor a replay profile is refused (exit 2).
+
+Example:
+  stepcal profile plan --model-spec llama-3-8b --device h100_sxm --ops gemm,attn_decode --grid full
+"""
+
+
+def register_plan(sub) -> None:
+    plan = sub.add_parser("plan", help="expected points, measurement and wall time of a profile, per op",
+                          description=PLAN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan.add_argument("--model-spec", metavar="NAME|FILE", help="a preset, a ModelSpec file or a config.json")
+    plan.add_argument("--device", required=True, type=profile_plan_device,
+                      help="a datasheet GPU (h100_sxm, a100_sxm, ...), cuda (this machine's GPU) or replay:PROFILE")
+    plan.add_argument("--ops", default=None, help=f"comma-separated ops, of {','.join(OPS)} [default: every op the model has]")
+    plan.add_argument("--grid", default="quick", metavar="quick|full|FILE", help="the grid [default: quick]")
+    plan.add_argument("--budget-s", type=float, default=None, metavar="S",
+                      help="a budget of measurement seconds spent on the grid's points")
+    plan.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 [default: bfloat16 on a GPU]")
+    plan.set_defaults(func=run_plan)
+
+
+def profile_plan_device(text: str) -> str:
+    """Any name: a datasheet's is checked when the plan is made (one line naming those known)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a device name is required")
+    return text
+
+
+def run_plan(args) -> int:
+    from stepcal.experiments.budget.plan import describe_plan  # lazy: loads pandas, scipy
+    plan = plan_profile(args.model_spec, args.device, ops=args.ops, grid=args.grid, dtype=args.dtype,
+                        budget_s=args.budget_s)
+    print(describe_plan(plan))
+    return 0
 
 
 def profile_device(text: str) -> str:

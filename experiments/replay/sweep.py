@@ -17,7 +17,7 @@ from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.experiments.replay.device import ReplayDevice, scatter_note
 from stepcal.experiments.replay.interpolate import INTERPOLATED
 from stepcal.profiler.point import Point, point_rng
-from stepcal.profiler.simulated_timing import simulate_point
+from stepcal.profiler.simulated_timing import simulate_rounds
 from stepcal.profiler.store import ProfileDir
 from stepcal.profiler.sweep import SweepConfig, _check_meta, shape_columns, timing_columns
 
@@ -50,13 +50,13 @@ class ReplayMeasurer:
                            "schema_version": SCHEMA_VERSION, "fingerprint_id": "replay"}
 
     def measure(self, point: Point, rounds: int = 1) -> tuple[dict, float, float]:
-        """(row, measure_s, wall_s) of one point."""
+        """(row, measure_s, wall_s) of one point, timed in `rounds` passes as the sweep times it."""
         row = {**shape_columns(point, self.config.spec), **self.provenance, "measured_at": _now()}
         found = self.device.estimate(row, self.config.dtype)
         if isinstance(found, str):
             return {**row, "status": "failed", "error": found}, 0.0, 0.0
         rng = point_rng("replay", self.config.seed, point.key)
-        sim = simulate_point(found.time_ms, found.rel_scatter, self.policy, rng)
+        sim = simulate_rounds(found.time_ms, found.rel_scatter, self.policy, rounds, rng)
         mark = INTERPOLATED_MARK if found.kind == INTERPOLATED else None
         row = {**row, **timing_columns(sim.measurement), "rounds": rounds, "status": "ok", "error": mark}
         return row, sim.measure_s, sim.wall_s
