@@ -48,6 +48,15 @@ scatter drawn per point from --seed (its p10-p90 spread, else 2%). A shape outsi
 measured hull is refused (a failed row). Time is simulated: each point charges the device time its
 calls would take, and --max-minutes counts that clock; meta.json's `replay` sums it.
 
+--budget-s S measures only the grid's points worth their time (kernel ops): a space-filling
+first batch per op, then batches chosen by the op's regressor (the physics-informed model the
+fit's tuning starts from) where the spread of its trees, relative to its prediction, squared and
+divided by the point's predicted measurement seconds is highest, until S seconds of timed calls
+(warm-up included) are spent. Each batch is written to DIR/budget.json before it is measured, so a
+killed campaign resumes where it stopped without measuring a point twice, and chooses what the
+uninterrupted one would. The result is an ordinary profile that `stepcal fit` reads. `stepcal
+profile plan` gives the time a grid or a budget takes before any is spent.
+
 Grids: `quick` (minutes), `full` (a campaign), or a JSON / TOML file of the same shape
 (see profiler/grid.py). CPU timing uses perf_counter with a fixed thread count (--threads,
 default 1); CUDA timing uses events, rotates input buffers past the L2 cache, and replays
@@ -87,6 +96,9 @@ def register(subparsers) -> None:
                         help="torch CPU threads, fixed and recorded [default: 1]")
     parser.add_argument("--max-minutes", type=argtypes.positive, default=None, metavar="M",
                         help="stop cleanly after M minutes (exit 3); the next run resumes")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="budgeted adaptive sampling of the grid's points until S seconds of measurement "
+                             "are spent (resumable; see above)")
     parser.add_argument("--shard", default="0/1", metavar="i/n",
                         help="run the i-th (from 0) of n disjoint parts of the grid [default: 0/1]")
     parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights and inputs [default: 0]")
@@ -168,7 +180,7 @@ def run(args) -> int:
     result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
                              dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
                              seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress,
-                             noise=noise_policy(args))
+                             noise=noise_policy(args), budget_s=args.budget_s)
     print(describe_sweep(result), file=sys.stderr)
     return 0 if result.complete else EXIT_INCOMPLETE
 
