@@ -56,17 +56,18 @@ def datasets(only: str | None) -> dict[str, pd.DataFrame]:
     return out
 
 
-def replayed(records: pd.DataFrame, seed: int, policy) -> tuple[np.ndarray, np.ndarray]:
-    """Per record: the median of its replayed samples and the seconds measuring it took."""
+def replayed(records: pd.DataFrame, seed: int, policy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per record: the median of its replayed samples, the seconds measuring it took and the
+    median's relative precision."""
     from stepcal.experiments.replay.device import rel_scatter
     from stepcal.profiler.point import point_rng
     from stepcal.profiler.simulated_timing import simulate_rounds
     scatter = rel_scatter(records)
-    medians, costs = np.empty(len(records)), np.empty(len(records))
+    medians, costs, precision = (np.empty(len(records)) for _ in range(3))
     for i, (t, s) in enumerate(zip(records["time_ms"].to_numpy(float), scatter)):
         sim = simulate_rounds(float(t), float(s), policy, 1, point_rng("bench", seed, i))
-        medians[i], costs[i] = sim.measurement.time_ms, sim.measure_s
-    return medians, costs
+        medians[i], costs[i], precision[i] = sim.measurement.time_ms, sim.measure_s, sim.measurement.rel_precision
+    return medians, costs, precision
 
 
 def quick_mask(candidates: pd.DataFrame) -> np.ndarray:
@@ -122,11 +123,12 @@ def adaptive_order(candidates, costs, full_s, seed, policy) -> np.ndarray:
     """The candidates in the order the adaptive design measures them, up to the largest fraction."""
     from stepcal.experiments.budget.adaptive import AdaptiveDesign, CostCurve
     design = AdaptiveDesign(candidates, CostCurve.for_policy(policy), seed=seed)
-    medians = candidates["_median"].to_numpy()
+    medians, precision = candidates["_median"].to_numpy(), candidates["_precision"].to_numpy()
     budget_s = max(FRACTIONS) * full_s
     measured, order, spent = {}, [], 0.0
     while spent < budget_s:
-        batch = [i for i in design.next_batch(measured, spent, budget_s) if i not in measured]
+        batch = [i for i in design.next_batch(measured, spent, budget_s, dict(enumerate(precision)))
+                 if i not in measured]
         if not batch:
             break
         for i in batch:
@@ -140,10 +142,10 @@ def run_seed(records: pd.DataFrame, seed: int, policy) -> list[dict]:
     rng = np.random.default_rng(seed)
     held = rng.random(len(records)) < HOLD_OUT
     candidates, held_out = records[~held].reset_index(drop=True), records[held].reset_index(drop=True)
-    medians, costs = replayed(candidates, seed, policy)
-    candidates = candidates.assign(_median=medians)
+    medians, costs, precision = replayed(candidates, seed, policy)
+    candidates = candidates.assign(_median=medians, _precision=precision)
     full_s = float(costs.sum())
-    scorer = Scorer(candidates.drop(columns="_median"), held_out, seed)
+    scorer = Scorer(candidates.drop(columns=["_median", "_precision"]), held_out, seed)
     rows = []
     every = np.arange(len(candidates))
     rows.append({"method": "full", "fraction": 1.0, "spent_s": full_s, "points": len(every),

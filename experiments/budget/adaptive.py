@@ -5,10 +5,12 @@ starting from the smallest shape; 2d + 4 points for d varying size axes). Every 
 the op's regressor to what is measured (experiments.budget.op_model) and scores each unmeasured
 candidate by the expected reduction of the model's error per second of measurement:
 
-    score = weight x (tree spread / predicted time)^2 / predicted measurement seconds
+    score = weight x max((tree spread / predicted time)^2 - noise^2, 0) / predicted measurement seconds
 
-(a point's variance is what measuring it removes; `weight` is how much the point matters, e.g. how
-often a target trace's steps land near it). The batch is picked greedily; after each pick the
+(a point's variance is what measuring it removes, less what no measurement removes: `noise` is the
+relative precision of the target's measured medians, the median of their rel_precision, so that a
+noisy op whose trees disagree only by its own scatter stops drawing the budget; `weight` is how
+much the point matters, e.g. how often a target trace's steps land near it). The batch is picked greedily; after each pick the
 scores of same-target candidates nearby are damped by 1 - exp(-(distance / length)^2), so one
 batch does not spend itself on one corner. A candidate whose predicted cost exceeds what is left
 of the budget is passed over. The choice is a function of what has been measured (and the seed)
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.spatial import cKDTree
 
 from stepcal.experiments.budget.op_model import OpModel
 from stepcal.experiments.replay.device import DEFAULT_AXES, DEFAULT_REL_SCATTER, SIZE_AXES
@@ -107,20 +110,49 @@ class AdaptiveDesign:
         depth = max((len(t) for t in per_target), default=0)
         return [t[j] for j in range(depth) for t in per_target if j < len(t)]
 
-    def next_batch(self, measured: dict[int, float], spent_s: float, budget_s: float) -> list[int]:
+    def next_batch(self, measured: dict[int, float], spent_s: float, budget_s: float,
+                   precision: dict[int, float] | None = None) -> list[int]:
         """The next batch given the times `measured` so far (candidate index -> ms; None for a
-        point that failed) and the seconds spent; [] when nothing affordable is left."""
+        point that failed), their relative precision (index -> rel_precision; None: 0) and the
+        seconds spent; [] when nothing affordable is left."""
         if not measured:
             return self.initial()
         ok = {i: t for i, t in measured.items() if t is not None}
         time_ms, spread = self.model.predict(np.array(list(ok), dtype=int), np.array(list(ok.values())))
+        spread = np.sqrt(np.maximum(spread**2 - self._noise(ok, precision or {}) ** 2, 0.0))
         fallback = np.nanmedian(time_ms) if np.isfinite(time_ms).any() else 1.0
         cost_s = self.cost(np.where(np.isfinite(time_ms), time_ms, fallback))
         open_ = np.ones(len(self.coords), dtype=bool)
         open_[list(measured)] = False
         open_ &= cost_s <= max(budget_s - spent_s, 0.0)
-        score = np.where(open_, self.weights * spread**2 / np.maximum(cost_s, 1e-9), -np.inf)
+        reach = self._reach(open_, np.array(list(measured), dtype=int))
+        score = np.where(open_, self.weights * reach * spread**2 / np.maximum(cost_s, 1e-9), -np.inf)
         return self._greedy(score, max(MIN_BATCH, int(BATCH_FRACTION * len(measured))))
+
+    def _reach(self, open_: np.ndarray, measured: np.ndarray) -> np.ndarray:
+        """Per open candidate: the unmeasured candidates of its target that it would be the nearest
+        measured point to (those within its distance to the nearest measured point), itself
+        included: a point in a sparse region informs more shapes than one among measured ones."""
+        reach = np.ones(len(self.coords))
+        for index, _, _ in self.model.targets.values():
+            done = np.intersect1d(index, measured)
+            todo = index[~np.isin(index, measured)]
+            if not len(done) or not len(todo):
+                continue
+            gap, _ = cKDTree(self.coords[done]).query(self.coords[todo])
+            tree = cKDTree(self.coords[todo])
+            counts = tree.query_ball_point(self.coords[todo], gap * (1 + 1e-9), return_length=True)
+            reach[todo] = np.maximum(counts, 1)
+        return np.where(open_, reach, 0.0)
+
+    def _noise(self, ok: dict[int, float], precision: dict[int, float]) -> np.ndarray:
+        """Per candidate: the median relative precision of its target's measured points."""
+        noise = np.zeros(len(self.coords))
+        for index, _, _ in self.model.targets.values():
+            values = [precision[i] for i in index if i in ok and precision.get(i) is not None
+                      and np.isfinite(precision[i])]
+            noise[index] = float(np.median(values)) if values else 0.0
+        return noise
 
     def _greedy(self, score: np.ndarray, count: int) -> list[int]:
         score = score.copy()
