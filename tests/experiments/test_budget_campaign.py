@@ -70,3 +70,16 @@ def test_a_budget_that_is_not_positive_is_one_line_and_writes_nothing(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--budget-s: must be positive" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_on_the_cpu_times_real_kernels_until_it_is_spent(tmp_path, capsys):
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"timing": {"max_point_s": 0.02, "min_repeats": 3, "warmup": 1},
+                                "gemm": {"m": [1, 4, 16, 64, 256]}}))
+    out = tmp_path / "cpu"
+    assert main(["profile", "--model-spec", "tiny", "--device", "cpu", "--ops", "gemm", "--grid", str(grid),
+                 "--budget-s", "0.05", "--no-progress", "--out", str(out)]) == 0
+    rows = _rows(out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert 1 <= len(rows) < 25 and (rows["device"] == "cpu").all() and rows["samples_ms"].notna().all()
+    assert meta["status"] == "complete" and 0 < meta["budget"]["spent_s"]
