@@ -75,9 +75,9 @@ def quick_mask(candidates: pd.DataFrame) -> np.ndarray:
     each size axis, per op and sub-operation: a coarser grid of the same shapes."""
     from stepcal.experiments.replay.device import DEFAULT_AXES, SIZE_AXES
     keep = np.ones(len(candidates), dtype=bool)
-    groups = candidates["op"].astype(str) + "/" + candidates["name"].astype(str)
-    for group in groups.unique():
-        rows = (groups == group).to_numpy()
+    groups = np.array([f"{op}/{name}" for op, name in zip(candidates["op"], candidates["name"])])
+    for group in np.unique(groups):
+        rows = groups == group
         for col in SIZE_AXES.get(group.split("/")[0], DEFAULT_AXES):
             values = candidates.loc[rows, col]
             if values.isna().all():
