@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.spatial import cKDTree
 
 from stepcal.experiments.budget.op_model import OpModel
 from stepcal.experiments.replay.device import DEFAULT_AXES, DEFAULT_REL_SCATTER, SIZE_AXES
@@ -125,25 +124,8 @@ class AdaptiveDesign:
         open_ = np.ones(len(self.coords), dtype=bool)
         open_[list(measured)] = False
         open_ &= cost_s <= max(budget_s - spent_s, 0.0)
-        reach = self._reach(open_, np.array(list(measured), dtype=int))
-        score = np.where(open_, self.weights * reach * spread**2 / np.maximum(cost_s, 1e-9), -np.inf)
+        score = np.where(open_, self.weights * spread**2 / np.maximum(cost_s, 1e-9), -np.inf)
         return self._greedy(score, max(MIN_BATCH, int(BATCH_FRACTION * len(measured))))
-
-    def _reach(self, open_: np.ndarray, measured: np.ndarray) -> np.ndarray:
-        """Per open candidate: the unmeasured candidates of its target that it would be the nearest
-        measured point to (those within its distance to the nearest measured point), itself
-        included: a point in a sparse region informs more shapes than one among measured ones."""
-        reach = np.ones(len(self.coords))
-        for index, _, _ in self.model.targets.values():
-            done = np.intersect1d(index, measured)
-            todo = index[~np.isin(index, measured)]
-            if not len(done) or not len(todo):
-                continue
-            gap, _ = cKDTree(self.coords[done]).query(self.coords[todo])
-            tree = cKDTree(self.coords[todo])
-            counts = tree.query_ball_point(self.coords[todo], gap * (1 + 1e-9), return_length=True)
-            reach[todo] = np.maximum(counts, 1)
-        return np.where(open_, reach, 0.0)
 
     def _noise(self, ok: dict[int, float], precision: dict[int, float]) -> np.ndarray:
         """Per candidate: the median relative precision of its target's measured points."""
