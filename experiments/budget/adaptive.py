@@ -10,9 +10,9 @@ candidate by the expected reduction of the model's error per second of measureme
 (a point's variance is what measuring it removes, less what no measurement removes: `noise` is the
 relative precision of the target's measured medians, the median of their rel_precision, so that a
 noisy op whose trees disagree only by its own scatter stops drawing the budget; `weight` is how
-much the point matters, e.g. how often a target trace's steps land near it). The batch is picked greedily; after each pick the
-scores of same-target candidates nearby are damped by 1 - exp(-(distance / length)^2), so one
-batch does not spend itself on one corner. A candidate whose predicted cost exceeds what is left
+much the point matters, e.g. how often a target trace's steps land near it). The batch is picked
+greedily; after each pick the scores of same-target candidates nearby are damped by
+1 - exp(-(distance / length)^2), so one batch does not spend itself on one corner. A candidate whose predicted cost exceeds what is left
 of the budget is passed over. The choice is a function of what has been measured (and the seed)
 only, so a campaign resumed after a kill picks what the uninterrupted one would.
 """

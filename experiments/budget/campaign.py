@@ -102,12 +102,11 @@ class _Campaign:
                                      seed=config.seed)
         frame, _ = pdir.read_rows()
         self.measured: dict[int, float | None] = {}
+        self.precision: dict[int, float | None] = {}    # rel_precision of each measured median
         self.spent_s = 0.0
         for row in frame.to_dict("records"):
             if row["point_key"] in self.index:
-                ok = row["status"] == "ok"
-                self.measured[self.index[row["point_key"]]] = float(row["time_ms"]) if ok else None
-                self.spent_s += row_measure_s(row, self.warmup)
+                self._record(self.index[row["point_key"]], row)
         self.batches = self._read_state()
         self.num_measured, self.wall_s, self.complete, self.pending = 0, 0.0, False, []
 
@@ -123,8 +122,8 @@ class _Campaign:
                     self._measure(i)
                 if self.spent_s >= self.budget_s:
                     break
-                batch = [i for i in self.design.next_batch(self.measured, self.spent_s, self.budget_s)
-                         if i not in self.measured]
+                batch = [i for i in self.design.next_batch(self.measured, self.spent_s, self.budget_s,
+                                                           self.precision) if i not in self.measured]
                 if not batch:
                     break
                 self.batches.append(batch)
@@ -136,14 +135,20 @@ class _Campaign:
     def _measure(self, i: int) -> None:
         point = self.points[i]
         row, _, wall_s = self.measurer.measure(point, self.config.grid.rounds_of(point, self.config.policy.rounds))
-        self.measured[i] = float(row["time_ms"]) if row["status"] == "ok" else None
-        self.spent_s += row_measure_s(row, self.warmup)
+        self._record(i, row)
         self.wall_s += wall_s
         self.num_measured += 1
         self.pending.append(row)
         if len(self.pending) >= FLUSH_POINTS:
             self.pdir.append(self.pending)
             self.pending = []
+
+    def _record(self, i: int, row: dict) -> None:
+        ok = row["status"] == "ok"
+        self.measured[i] = float(row["time_ms"]) if ok else None
+        precision = row.get("rel_precision")
+        self.precision[i] = float(precision) if ok and precision is not None and not pd.isna(precision) else None
+        self.spent_s += row_measure_s(row, self.warmup)
 
     def _read_state(self) -> list[list[int]]:
         path = self.pdir.path / STATE_FILE
