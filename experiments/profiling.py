@@ -19,12 +19,15 @@ REPLAY = "replay:"     # --device replay:PROFILE (experiments.replay)
 def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: str = "cpu", ops: str | None = None,
                     grid: str = "quick", dtype: str | None = None, threads: int = 1, max_minutes: float | None = None,
                     shard: str = "0/1", seed: int = 0, retry_failed: bool = False, progress: bool = True,
-                    rounds: int | None = None, noise=None, budget_s: float | None = None):
+                    rounds: int | None = None, noise=None, budget_s: float | None = None,
+                    for_trace: str | None = None, trace_format: str | None = None,
+                    trace_step_model: str | None = None):
     """Sweep `ops` of a model spec over a grid into OUT (resumable); returns profiler.sweep's result.
     `ops` None: every op the model has (moe for mixture-of-experts models only). `rounds`: passes
     over the grid instead of the grid's own number (the quickstart splits them over its run).
     `noise`: the sweep's profiler.noise_policy.NoisePolicy (None: the device's). `budget_s`: a
-    budgeted adaptive campaign over the grid's points instead (experiments.budget.campaign)."""
+    budgeted adaptive campaign over the grid's points instead (experiments.budget.campaign),
+    weighted by where the steps of the trace `for_trace` land (experiments.budget.trace_weights)."""
     from stepcal.profiler.grid import load_grid, ops_for, parse_shard  # lazy: loads numpy
 
     if not model_spec:
@@ -37,6 +40,8 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
         raise InputError(f"--max-minutes: must be positive, got {max_minutes:g}")
     if budget_s is not None and not budget_s > 0:
         raise InputError(f"--budget-s: must be positive, got {budget_s:g}")
+    if (for_trace is not None or trace_step_model is not None) and budget_s is None:
+        raise InputError("--for-trace: weights a budgeted campaign; give --budget-s too")
     op_names = parse_ops(ops) if ops else None
     shard_part = parse_shard(shard)
     spec = load_model_spec(model_spec)
@@ -52,7 +57,8 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     config = SweepConfig(spec=spec, device=device, dtype=dtype, ops=op_names, grid=points,
                          num_threads=threads, shard=shard_part, seed=seed, noise=noise)
     if budget_s is not None:
-        return budget_campaign(config, out, budget_s, max_minutes)
+        return budget_campaign(config, out, budget_s, max_minutes,
+                               target_trace(for_trace, trace_format, trace_step_model))
     if device.startswith(REPLAY):
         from stepcal.experiments.replay.sweep import run_replay_sweep  # lazy: loads pandas, scipy
         replay = load_replay(device, spec, op_names, dtype)
@@ -60,19 +66,29 @@ def profile_kernels(model_spec: str | None, out: str | Path | None, *, device: s
     return run_sweep(config, out, max_minutes=max_minutes, retry_failed=retry_failed, progress=progress)
 
 
-def budget_campaign(config, out, budget_s: float, max_minutes: float | None):
-    """The budgeted adaptive campaign of `stepcal profile --budget-s` on the config's device."""
+def target_trace(for_trace: str | None, trace_format: str | None, step_model: str | None):
+    """The simulated step log of --for-trace (experiments.budget.trace_weights); None without one."""
+    if for_trace is None:
+        return None
+    from stepcal.experiments.budget.trace_weights import DEFAULT_TRACE_STEP_MODEL, trace_weighting  # lazy: loads pandas
+    return trace_weighting(for_trace, trace_format, step_model or DEFAULT_TRACE_STEP_MODEL)
+
+
+def budget_campaign(config, out, budget_s: float, max_minutes: float | None, for_trace=None):
+    """The budgeted adaptive campaign of `stepcal profile --budget-s` on the config's device,
+    weighted by `for_trace` (a trace_weights.TraceWeighting) where given."""
     from stepcal.experiments.budget.campaign import run_budget_campaign  # lazy: loads pandas, sklearn
     if config.device.startswith(REPLAY):
         from stepcal.experiments.replay.sweep import ReplayMeasurer  # lazy: loads pandas, scipy
         measurer = ReplayMeasurer(config, load_replay(config.device, config.spec, config.ops, config.dtype))
-        return run_budget_campaign(config, out, budget_s, measurer, max_minutes=max_minutes)
+        return run_budget_campaign(config, out, budget_s, measurer, max_minutes=max_minutes, for_trace=for_trace)
     from stepcal.experiments.budget.measurers import DeviceMeasurer  # lazy: loads torch, numpy, pandas, tqdm
     from stepcal.profiler.sweep import _check_device  # lazy: loads pandas
     from stepcal.profiler.timing import torch_threads  # lazy: loads numpy
     _check_device(config.device)
     with torch_threads(config.num_threads):
-        return run_budget_campaign(config, out, budget_s, DeviceMeasurer(config), max_minutes=max_minutes)
+        return run_budget_campaign(config, out, budget_s, DeviceMeasurer(config), max_minutes=max_minutes,
+                                   for_trace=for_trace)
 
 
 def plan_profile(model_spec: str | None, device: str, *, ops: str | None = None, grid: str = "quick",

@@ -10,7 +10,8 @@ candidate by the expected reduction of the model's error per second of measureme
 (a point's variance is what measuring it removes, less what no measurement removes: `noise` is the
 relative precision of the target's measured medians, the median of their rel_precision, so that a
 noisy op whose trees disagree only by its own scatter stops drawing the budget; `weight` is how
-much the point matters, e.g. how often a target trace's steps land near it). The batch is picked
+much the point matters, e.g. how often a target trace's steps land near it; at least 1 while its
+target has too few measured points to fit, so a weighting never starves a target). The batch is picked
 greedily; after each pick the scores of same-target candidates nearby are damped by
 1 - exp(-(distance / length)^2), so one batch does not spend itself on one corner. A candidate whose predicted cost exceeds what is left
 of the budget is passed over. The choice is a function of what has been measured (and the seed)
@@ -124,7 +125,9 @@ class AdaptiveDesign:
         open_ = np.ones(len(self.coords), dtype=bool)
         open_[list(measured)] = False
         open_ &= cost_s <= max(budget_s - spent_s, 0.0)
-        score = np.where(open_, self.weights * spread**2 / np.maximum(cost_s, 1e-9), -np.inf)
+        # a target too thinly measured to fit weighs at least 1: no weighting starves one the tables need
+        weights = np.where(np.isfinite(time_ms), self.weights, np.maximum(self.weights, 1.0))
+        score = np.where(open_, weights * spread**2 / np.maximum(cost_s, 1e-9), -np.inf)
         return self._greedy(score, max(MIN_BATCH, int(BATCH_FRACTION * len(measured))))
 
     def _noise(self, ok: dict[int, float], precision: dict[int, float]) -> np.ndarray:

@@ -1,7 +1,9 @@
 """`stepcal profile --budget-s S`: a budgeted adaptive campaign over a grid's points, written as an
 ordinary, resumable profile directory.
 
-The grid's points are the candidates; experiments.budget.adaptive picks the batches. Seconds spent
+The grid's points are the candidates; experiments.budget.adaptive picks the batches, weighting
+each candidate by where a target trace's steps land when one is given (experiments.budget.trace_weights;
+meta.json's budget record names the weighting). Seconds spent
 are those of the timed calls of the rows in the directory (their samples times calls per sample,
 plus the warm-up calls), so a resumed campaign counts what the earlier runs spent. Each batch is
 written to DIR/budget.json before it is measured: a campaign killed mid-batch first measures what
@@ -24,6 +26,7 @@ from stepcal.core.errors import InputError
 from stepcal.core.io import atomic_write_json
 from stepcal.costmodel.importers.native import import_profile
 from stepcal.experiments.budget.adaptive import AdaptiveDesign, CostCurve
+from stepcal.experiments.budget.trace_weights import TraceWeighting, candidate_weights
 from stepcal.profiler.store import ProfileDir
 from stepcal.profiler.sweep import SweepConfig, _check_meta, shape_columns
 
@@ -42,6 +45,7 @@ class BudgetResult:
     num_batches: int
     complete: bool            # the budget is spent (nothing affordable is left)
     wall_s: float             # this run (simulated on a replay device)
+    weighting: str = "uniform"    # or "for-trace"
 
 
 def row_measure_s(row: dict, warmup: int) -> float:
@@ -62,9 +66,10 @@ def candidate_records(config: SweepConfig) -> pd.DataFrame:
 
 
 def run_budget_campaign(config: SweepConfig, out: str | Path, budget_s: float, measurer, *,
-                        max_minutes: float | None = None) -> BudgetResult:
+                        max_minutes: float | None = None, for_trace: TraceWeighting | None = None) -> BudgetResult:
     """Measure the grid's points the adaptive design picks until `budget_s` is spent (see the
-    module's docstring). `measurer.measure(point, rounds)` -> (row, measure_s, wall_s)."""
+    module's docstring). `measurer.measure(point, rounds)` -> (row, measure_s, wall_s). `for_trace`:
+    weight the candidates by where that trace's steps land (experiments.budget.trace_weights)."""
     if not budget_s > 0:
         raise InputError(f"--budget-s: must be positive, got {budget_s:g}")
     points = config.points()
@@ -77,29 +82,34 @@ def run_budget_campaign(config: SweepConfig, out: str | Path, budget_s: float, m
         meta = _check_meta(pdir, config)
         pdir.write_meta(meta.started(hardware={"device": config.device}, fingerprint_id="budget", allocator=None,
                                      started_at=_now()))
-        state = _Campaign(config, pdir, budget_s, measurer)
+        state = _Campaign(config, pdir, budget_s, measurer, for_trace)
         state.run(max_minutes)
         frame = pdir.compact([p.key for p in config.grid.points])
         meta = meta.finished(complete=state.complete, finished_at=_now(), num_points=len(points),
                              num_done=len(frame), num_failed=int((frame["status"] == "failed").sum()))
-        record = {"budget_s": budget_s, "spent_s": state.spent_s, "num_batches": len(state.batches)}
+        weighting = {"kind": "uniform"} if for_trace is None else for_trace.to_dict()
+        record = {"budget_s": budget_s, "spent_s": state.spent_s, "num_batches": len(state.batches),
+                  "weighting": weighting}
         pdir.write_meta(replace(meta, status="complete" if state.complete else "incomplete",
                                 extra={**meta.extra, "budget": record}))
     return BudgetResult(Path(out), budget_s, state.spent_s, len(state.measured), len(points), state.num_measured,
-                        len(state.batches), state.complete, state.wall_s)
+                        len(state.batches), state.complete, state.wall_s, weighting["kind"])
 
 
 class _Campaign:
     """One run of a budgeted campaign over a profile directory."""
 
-    def __init__(self, config: SweepConfig, pdir: ProfileDir, budget_s: float, measurer) -> None:
+    def __init__(self, config: SweepConfig, pdir: ProfileDir, budget_s: float, measurer,
+                 for_trace: TraceWeighting | None = None) -> None:
         self.config, self.pdir, self.budget_s, self.measurer = config, pdir, budget_s, measurer
         self.points = config.points()
         self.index = {p.key: i for i, p in enumerate(self.points)}
         policy = config.policy
         self.warmup = policy.warmup
-        self.design = AdaptiveDesign(candidate_records(config), CostCurve.for_policy(policy.for_round(), policy.rounds),
-                                     seed=config.seed)
+        candidates = candidate_records(config)
+        weights = None if for_trace is None else candidate_weights(candidates, for_trace.steps)
+        self.design = AdaptiveDesign(candidates, CostCurve.for_policy(policy.for_round(), policy.rounds),
+                                     weights=weights, seed=config.seed)
         frame, _ = pdir.read_rows()
         self.measured: dict[int, float | None] = {}
         self.precision: dict[int, float | None] = {}    # rel_precision of each measured median
@@ -173,7 +183,8 @@ def describe_budget(result: BudgetResult) -> str:
     state = "budget spent" if result.complete else "incomplete (run again to resume)"
     return (f"{result.out}/profile.parquet: {result.num_points} of {result.num_candidates} candidate points "
             f"measured ({result.num_measured} now) in {result.num_batches} batches; {result.spent_s:.2f} s of "
-            f"the {result.budget_s:g} s budget spent; {state}; {result.wall_s:.1f} s wall")
+            f"the {result.budget_s:g} s budget spent ({result.weighting} weighting); {state}; "
+            f"{result.wall_s:.1f} s wall")
 
 
 def _now() -> str:

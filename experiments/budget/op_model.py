@@ -17,11 +17,13 @@ import numpy as np
 import pandas as pd
 
 from stepcal.costmodel.features import assign_targets, design, kind_for, kind_of
-from stepcal.costmodel.fitting import build_estimator
+from stepcal.costmodel.fitting import MIN_ROWS, build_estimator
 from stepcal.costmodel.regressors import predict_with_spread
 from stepcal.costmodel.tuning import Choice, default_choice
 
-MIN_FIT_ROWS = 3     # below this a target's forest says nothing: its candidates count as unknown
+# below the rows `stepcal fit` needs to fit a target at all, its candidates count as unknown: a target
+# whose points mostly fall outside a replayed profile's hull keeps drawing picks until the fit can use it
+MIN_FIT_ROWS = MIN_ROWS
 UNKNOWN_REL_SPREAD = 1.0
 PHYSICS = Choice("physics", {"residual": "ratio", "intercept": True, "tree": "et", "n_estimators": 60,
                              "min_samples_leaf": 1, "max_features": 0.7})

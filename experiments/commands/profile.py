@@ -57,6 +57,13 @@ killed campaign resumes where it stopped without measuring a point twice, and ch
 uninterrupted one would. The result is an ordinary profile that `stepcal fit` reads. `stepcal
 profile plan` gives the time a grid or a budget takes before any is spent.
 
+--for-trace TRACE weights that choice by where serving the trace puts its steps: the trace runs
+once through the simulator (vllm scheduler at its defaults, unlimited KV cache) under a cheap
+--trace-step-model, each step becomes its ops' shapes (GEMM m = its tokens; decode attention over
+its decodes and their KV; prefill attention over its prefills, their tokens and cached context),
+and each point is weighted by the steps nearest to it (log sizes), over its op's mean, plus 0.05.
+meta.json's budget record names the weighting used (uniform or for-trace).
+
 Grids: `quick` (minutes), `full` (a campaign), or a JSON / TOML file of the same shape
 (see profiler/grid.py). CPU timing uses perf_counter with a fixed thread count (--threads,
 default 1); CUDA timing uses events, rotates input buffers past the L2 cache, and replays
@@ -99,6 +106,12 @@ def register(subparsers) -> None:
     parser.add_argument("--budget-s", type=float, default=None, metavar="S",
                         help="budgeted adaptive sampling of the grid's points until S seconds of measurement "
                              "are spent (resumable; see above)")
+    parser.add_argument("--for-trace", default=None, metavar="TRACE",
+                        help="with --budget-s: weight each point by how many of this trace's simulated steps "
+                             "land nearest to it (a trace file or generator spec, as simulate --trace takes)")
+    parser.add_argument("--trace-format", default=None, help="force the --for-trace format (default: auto-detect)")
+    parser.add_argument("--trace-step-model", default=None, metavar="const:MS|linear:A,B,C",
+                        help="the cheap step model the --for-trace simulation runs under [default: linear:8,0.03,0.00005]")
     parser.add_argument("--shard", default="0/1", metavar="i/n",
                         help="run the i-th (from 0) of n disjoint parts of the grid [default: 0/1]")
     parser.add_argument("--seed", type=argtypes.seed, default=0, help="seed of weights and inputs [default: 0]")
@@ -180,7 +193,8 @@ def run(args) -> int:
     result = profile_kernels(args.model_spec, args.out, device=args.device, ops=args.ops, grid=args.grid,
                              dtype=args.dtype, threads=args.threads, max_minutes=args.max_minutes, shard=args.shard,
                              seed=args.seed, retry_failed=args.retry_failed, progress=not args.no_progress,
-                             noise=noise_policy(args), budget_s=args.budget_s)
+                             noise=noise_policy(args), budget_s=args.budget_s, for_trace=args.for_trace,
+                             trace_format=args.trace_format, trace_step_model=args.trace_step_model)
     print(describe_sweep(result), file=sys.stderr)
     return 0 if result.complete else EXIT_INCOMPLETE
 
