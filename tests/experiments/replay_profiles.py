@@ -25,3 +25,19 @@ def write_gemm_profile(path: Path, dtype: str = "float32") -> Path:
                      "time_ms_p90": t * (1 + 1.2816 * REL_SCATTER), "status": "ok"})
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
+
+
+def gemm_replay_campaign(tmp_path: Path, m_values):
+    """run(out, *flags): `stepcal profile` of the tiny model's GEMMs at these m on the replay device, answered
+    from write_gemm_profile's table, into tmp_path/out; returns its exit status."""
+    import json
+
+    from stepcal.experiments.cli import main
+    source = write_gemm_profile(tmp_path / "measured.csv")
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"timing": {"min_repeats": 5, "max_point_s": 0.5}, "gemm": {"m": list(m_values)}}))
+
+    def run(out: str, *extra: str) -> int:
+        return main(["profile", "--model-spec", "tiny", "--device", f"replay:{source}", "--ops", "gemm",
+                     "--grid", str(grid), "--dtype", "float32", "--no-progress", "--out", str(tmp_path / out), *extra])
+    return run

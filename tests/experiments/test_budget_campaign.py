@@ -8,22 +8,14 @@ import pytest
 
 from stepcal.costmodel.importers import load_profiles
 from stepcal.experiments.cli import main
-from tests.experiments.replay_profiles import write_gemm_profile
+from tests.experiments.replay_profiles import gemm_replay_campaign
 
 M = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
-GRID = {"timing": {"min_repeats": 5, "max_point_s": 0.5}, "gemm": {"m": M}}
 
 
 @pytest.fixture
 def campaign(tmp_path):
-    source = write_gemm_profile(tmp_path / "measured.csv")
-    grid = tmp_path / "grid.json"
-    grid.write_text(json.dumps(GRID))
-
-    def run(out: str, *extra: str) -> int:
-        return main(["profile", "--model-spec", "tiny", "--device", f"replay:{source}", "--ops", "gemm",
-                     "--grid", str(grid), "--dtype", "float32", "--no-progress", "--out", str(tmp_path / out), *extra])
-    return run
+    return gemm_replay_campaign(tmp_path, M)
 
 
 def _full_grid_s(tmp_path, campaign) -> float:

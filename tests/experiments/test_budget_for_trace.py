@@ -7,25 +7,16 @@ import pandas as pd
 import pytest
 
 from stepcal.experiments.budget.trace_weights import WEIGHT_FLOOR, candidate_weights, step_op_shapes
-from stepcal.experiments.cli import main
-from tests.experiments.replay_profiles import write_gemm_profile
+from tests.experiments.replay_profiles import gemm_replay_campaign
 
 M = [*range(1, 33), 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
-GRID = {"timing": {"min_repeats": 5, "max_point_s": 0.5}, "gemm": {"m": M}}
 # few requests with 2-4 token prompts: nearly every step is a decode of at most 8 sequences
 SMALL_DECODES = "poisson:rate=2,n=40,prompt=uniform:2:4,output=uniform:50:100"
 
 
 @pytest.fixture
 def campaign(tmp_path):
-    source = write_gemm_profile(tmp_path / "measured.csv")
-    grid = tmp_path / "grid.json"
-    grid.write_text(json.dumps(GRID))
-
-    def run(out: str, *extra: str) -> int:
-        return main(["profile", "--model-spec", "tiny", "--device", f"replay:{source}", "--ops", "gemm",
-                     "--grid", str(grid), "--dtype", "float32", "--no-progress", "--out", str(tmp_path / out), *extra])
-    return run
+    return gemm_replay_campaign(tmp_path, M)
 
 
 def _budget(tmp_path, campaign, fraction: float) -> str:
