@@ -21,15 +21,7 @@ def attention_terms(result, spec: ModelSpec, parallelism: Parallelism, axes,
     decode, prefill = attention_targets(spec)
     terms = []
     if decode in result.targets:
-        terms.append(_decode_term(result, decode, spec, parallelism, axes))
-        if skew_alpha is not None:
-            pure = terms[-1]
-            terms.append(DecodeSkew("decode_attn_skew", pure.knots, skew_alpha * pure.time_ms,
-                                    abs(skew_alpha) * pure.spread_ms,
-                                    f"{skew_alpha:g} x (decode attention at the batch's longest KV - at its mean "
-                                    "KV): KV lengths that differ within a batch", alpha=skew_alpha))
-        if MIXED_DECODE_TARGET in result.targets and not spec.is_mla:
-            terms.append(_mixed_decode_term(result, decode, spec, parallelism, axes))
+        terms += _decode_terms(result, decode, spec, parallelism, axes, skew_alpha)
     if prefill in result.targets:
         terms.append(_prefill_term(result, prefill, spec, parallelism, axes))
     return terms
@@ -56,20 +48,28 @@ def _decode_predictions(result, target: str, spec: ModelSpec, parallelism: Paral
         kv_sum=b * kv, **_heads(spec, parallelism, len(b))), spec.kv_dtype or spec.dtype)
 
 
-def _decode_term(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
-    mean, spread = _decode_predictions(result, target, spec, parallelism, axes)
-    return _layers_grid(DecodeAttention, "decode_attn", (axes.num_decode, axes.kv_mean), mean, spread, spec,
-                        "decode attention by batch and mean KV length")
-
-
-def _mixed_decode_term(result, decode: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:
-    """The mixed call's decodes less the pure decode call: what a prefill in the step adds to them."""
-    mixed, mixed_spread = _decode_predictions(result, MIXED_DECODE_TARGET, spec, parallelism, axes)
+def _decode_terms(result, decode: str, spec: ModelSpec, parallelism: Parallelism, axes,
+                  skew_alpha: float | None) -> list[Term]:
+    """decode_attn, and where the data and composition give them decode_attn_skew and mixed_decode_attn:
+    both read the pure decode grid, predicted once."""
+    knots = (axes.num_decode, axes.kv_mean)
     pure, pure_spread = _decode_predictions(result, decode, spec, parallelism, axes)
-    return _layers_grid(MixedDecodeAttention, "mixed_decode_attn", (axes.num_decode, axes.kv_mean),
-                        mixed - pure, np.hypot(mixed_spread, pure_spread), spec,
-                        "decode attention's extra when a prefill shares the kernel call (mixed less pure "
-                        "decode), by batch and mean KV length; zero without prefill tokens")
+    terms = [_layers_grid(DecodeAttention, "decode_attn", knots, pure, pure_spread, spec,
+                          "decode attention by batch and mean KV length")]
+    if skew_alpha is not None:
+        grid = terms[0]
+        terms.append(DecodeSkew("decode_attn_skew", grid.knots, skew_alpha * grid.time_ms,
+                                abs(skew_alpha) * grid.spread_ms,
+                                f"{skew_alpha:g} x (decode attention at the batch's longest KV - at its mean "
+                                "KV): KV lengths that differ within a batch", alpha=skew_alpha))
+    if MIXED_DECODE_TARGET in result.targets and not spec.is_mla:
+        # The mixed call's decodes less the pure decode call: what a prefill in the step adds to them.
+        mixed, mixed_spread = _decode_predictions(result, MIXED_DECODE_TARGET, spec, parallelism, axes)
+        terms.append(_layers_grid(MixedDecodeAttention, "mixed_decode_attn", knots, mixed - pure,
+                                  np.hypot(mixed_spread, pure_spread), spec,
+                                  "decode attention's extra when a prefill shares the kernel call (mixed less "
+                                  "pure decode), by batch and mean KV length; zero without prefill tokens"))
+    return terms
 
 
 def _prefill_term(result, target: str, spec: ModelSpec, parallelism: Parallelism, axes) -> Term:

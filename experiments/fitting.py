@@ -88,7 +88,7 @@ def fit_tables(options: FitOptions) -> None:
     ops = options.ops or (composed_ops(spec, parallelism) if spec else None)
     records = select_records(load_profiles(options.profile, options.format, spec, options.tp), device=options.device,
                              dtype=dtype, tp=options.tp, ops=ops)
-    imported = _import_meta(records, options)
+    imported = _import_meta(records, options, composition.decode_skew_alpha)
     profile_speed_probes(records)   # each profile's meta.json read now: one of a newer schema is refused before fitting
     records, slowed = without_slowed_servings(records, options.noise)
     if slowed:
@@ -126,13 +126,13 @@ def _skew_alpha(options: FitOptions) -> float | None:
     return skew_alpha(options.profile, options.tp)
 
 
-def _import_meta(records, options: FitOptions) -> dict:
-    """meta.json's account of an LLMServingSim bundle's import (which file each term came from,
-    what was left out); nothing for other formats."""
+def _import_meta(records, options: FitOptions, skew_alpha: float | None) -> dict:
+    """meta.json's account of an LLMServingSim bundle's import (which file each term came from, the
+    skew term the composition adds, what was left out); nothing for other formats."""
     if options.format != "llmservingsim":
         return {}
     from stepcal.costmodel.importers.llmservingsim import bundle_meta  # lazy: loads numpy, pandas
-    account = bundle_meta(records, options.profile, options.tp)
+    account = bundle_meta(records, skew_alpha)
     return {"llmservingsim": {"term_files": account["term_files"]}, "notes": account["notes"]}
 
 

@@ -116,15 +116,22 @@ class MeanGrid:
 
     def ms(self, f: dict) -> float:
         count = float(f[self.count])
-        if self.name == "decode_attn_skew":     # the grid at the longest KV less at the mean, past one decode
-            if not count > 1:
-                return 0.0
-            longest, mean = float(f["decode_kv_max"]), float(f[self.total]) / count
-            return interp2(count, longest, *self.knots, self.values) - interp2(count, mean, *self.knots, self.values)
         if not count > 0 or (self.gate is not None and not float(f[self.gate]) > 0):
             return 0.0
         mean = float(f[self.total]) / max(count, 1.0)
         return interp2(count, mean, *self.knots, self.values)
+
+
+@dataclass
+class SkewGrid(MeanGrid):
+    """decode_attn_skew: its grid at the batch's longest KV less at its mean KV, past one decode."""
+
+    def ms(self, f: dict) -> float:
+        count = float(f[self.count])
+        if not count > 1:
+            return 0.0
+        longest, mean = float(f["decode_kv_max"]), float(f[self.total]) / count
+        return interp2(count, longest, *self.knots, self.values) - interp2(count, mean, *self.knots, self.values)
 
 
 @dataclass
@@ -235,8 +242,8 @@ def _term(directory: Path, name, entry):
         if len(cells) != len(columns["time_ms"]) or len(cells) != len(xs) * len(ys):
             raise TableFormatError(f"{file}: grid is not complete ({len(columns['time_ms'])} rows for "
                                    f"{len(xs)} x {len(ys)} axis values)")
-        return MeanGrid(name, count, total, (xs, ys), [[cells[(x, y)] for y in ys] for x in xs],
-                        GATED_TERMS.get(name))
+        kind = SkewGrid if name == "decode_attn_skew" else MeanGrid
+        return kind(name, count, total, (xs, ys), [[cells[(x, y)] for y in ys] for x in xs], GATED_TERMS.get(name))
     if name in ADDITIVE_TERMS:
         return _additive(directory, name, entry, file)
     raise TableFormatError(f"{file}: unknown term {name!r}")

@@ -252,9 +252,10 @@ _TERMS = (("gemm", "lm_head", "lm_head"), ("gemm", None, "linear"), ("elementwis
           ("attn_decode_mixed", None, "mixed_decode_attn"), ("attn_prefill", None, "prefill_attn"))
 
 
-def bundle_meta(records: pd.DataFrame, paths, tp: int | None) -> dict:
+def bundle_meta(records: pd.DataFrame, alpha: float | None) -> dict:
     """meta.json's account of the import: the files each composed term came from (sampling also
-    holds dense.csv's final norm) and the notes on what was not used."""
+    holds dense.csv's final norm) and the notes on the skew term (`alpha`: skew_alpha's, None when
+    the composition has no decode_attn_skew)."""
     files: dict[str, set] = {}
     for op, name, term in _TERMS:
         # Named rows are taken first (lm_head before the other GEMMs), then dropped.
@@ -265,7 +266,6 @@ def bundle_meta(records: pd.DataFrame, paths, tp: int | None) -> dict:
     for term, sources in files.items():
         if term == "sampling":
             sources.update(f.replace("per_sequence.csv", "dense.csv") for f in list(sources))
-    alpha = skew_alpha(paths, tp)
     notes = [] if alpha is None else [
         f"LLMServingSim skew.csv: decode_attn_skew adds {alpha:.4f} x (decode attention at the batch's longest KV "
         "- at its mean KV), the median alpha of its pure-decode batches; its bucketed skew_fit.csv and its "
