@@ -121,9 +121,9 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
     points = config.points()
     rounds = config.policy.rounds
     pdir = ProfileDir(out)
-    _check_meta(pdir, config)      # before the lock and parts/ exist: a refused directory stays as it was
+    check_profile_meta(pdir, config)      # before the lock and parts/ exist: a refused directory stays as it was
     with pdir:
-        meta = _check_meta(pdir, config)
+        meta = check_profile_meta(pdir, config)
         fingerprint = hardware_fingerprint(config.device, config.num_threads)
         frame, _ = pdir.read_rows()
         previous = _previous_rows(frame, retry_failed)
@@ -132,7 +132,7 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
         # Round r measures every point with r rounds done: pass after pass over the grid.
         tasks = [p for r in range(rounds) for p in points if done[p.key] <= r < wanted[p.key]]
         meta = meta.started(hardware=fingerprint, fingerprint_id=fingerprint_id(fingerprint), allocator=allocator,
-                            started_at=_now())
+                            started_at=utc_now())
         pdir.write_meta(meta)
         provenance = {
             "device": config.device, "device_name": device_name(fingerprint), "dtype": config.dtype,
@@ -156,7 +156,7 @@ def _run_sweep(config: SweepConfig, out: Path, started: float, max_minutes, retr
         finished = in_shard["rounds"].fillna(0).ge(in_shard["point_key"].map(wanted)) | in_shard["status"].eq("failed")
         complete = len(in_shard) == len(points) and bool(finished.all())
         num_failed = int((in_shard["status"] == "failed").sum())
-        meta = meta.finished(complete=complete, finished_at=_now(), num_points=len(points),
+        meta = meta.finished(complete=complete, finished_at=utc_now(), num_points=len(points),
                              num_done=int(finished.sum()), num_failed=num_failed)
         pdir.write_meta(meta)
     num_done_before = sum(1 for k, n in done.items() if n >= wanted[k])
@@ -240,7 +240,7 @@ def _measure_all(tasks, previous, measurer, pdir, provenance, num_done, total, s
     def measure(point, earlier: dict) -> None:
         nonlocal last_flush
         bar.set_postfix_str(f"{point.op}/{point.name}", refresh=False)
-        stamp = {**provenance, "measured_at": _now()}
+        stamp = {**provenance, "measured_at": utc_now()}
         rows = [{**row, **stamp} for row in measurer.measure_rows(point, earlier)]
         previous.update((row["point_key"], row) for row in rows)
         pending.extend(rows)
@@ -444,7 +444,7 @@ def _check_device(device: str) -> None:
                          f"(torch {torch.__version__})")
 
 
-def _check_meta(pdir: ProfileDir, config: SweepConfig) -> ProfileMeta:
+def check_profile_meta(pdir: ProfileDir, config: SweepConfig) -> ProfileMeta:
     """meta.json of the directory: new, or the same configuration (else mixing would corrupt it)."""
     identity = config.identity()
     shard = {"index": config.shard[0], "count": config.shard[1]}
@@ -461,7 +461,7 @@ def _check_meta(pdir: ProfileDir, config: SweepConfig) -> ProfileMeta:
                              "use another --out, or the same arguments to resume")
         return meta
     return ProfileMeta(identity=identity, shard=shard, grid=config.grid.name, grid_source=config.grid.source,
-                       grid_num_points=len(config.grid.points), created_at=_now())
+                       grid_num_points=len(config.grid.points), created_at=utc_now())
 
 
 def _rotate_bytes(device: str) -> int:
@@ -496,5 +496,6 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """Now, UTC, to the second, as profile meta.json and rows stamp it."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ from stepcal.costmodel.importers.native import import_profile
 from stepcal.experiments.budget.adaptive import AdaptiveDesign, CostCurve
 from stepcal.experiments.budget.trace_weights import TraceWeighting, candidate_weights
 from stepcal.profiler.store import ProfileDir
-from stepcal.profiler.sweep import SweepConfig, _check_meta, shape_columns
+from stepcal.profiler.sweep import SweepConfig, check_profile_meta, shape_columns, utc_now
 
 STATE_FILE = "budget.json"
 FLUSH_POINTS = 16
@@ -77,15 +76,15 @@ def run_budget_campaign(config: SweepConfig, out: str | Path, budget_s: float, m
         raise InputError("--budget-s: adaptive sampling covers kernel ops (gemm, attn_prefill, attn_decode, "
                          "elementwise, moe); profile whole steps and host work with a grid")
     pdir = ProfileDir(Path(out))
-    _check_meta(pdir, config)
+    check_profile_meta(pdir, config)
     with pdir:
-        meta = _check_meta(pdir, config)
+        meta = check_profile_meta(pdir, config)
         pdir.write_meta(meta.started(hardware={"device": config.device}, fingerprint_id="budget", allocator=None,
-                                     started_at=_now()))
+                                     started_at=utc_now()))
         state = _Campaign(config, pdir, budget_s, measurer, for_trace)
         state.run(max_minutes)
         frame = pdir.compact([p.key for p in config.grid.points])
-        meta = meta.finished(complete=state.complete, finished_at=_now(), num_points=len(points),
+        meta = meta.finished(complete=state.complete, finished_at=utc_now(), num_points=len(points),
                              num_done=len(frame), num_failed=int((frame["status"] == "failed").sum()))
         weighting = {"kind": "uniform"} if for_trace is None else for_trace.to_dict()
         record = {"budget_s": budget_s, "spent_s": state.spent_s, "num_batches": len(state.batches),
@@ -186,6 +185,3 @@ def describe_budget(result: BudgetResult) -> str:
             f"the {result.budget_s:g} s budget spent ({result.weighting} weighting); {state}; "
             f"{result.wall_s:.1f} s wall")
 
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

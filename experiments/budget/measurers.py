@@ -4,12 +4,11 @@ experiments.replay.sweep.ReplayMeasurer.)"""
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 
 from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
 from stepcal.profiler.fingerprint import device_name, fingerprint_id, hardware_fingerprint
 from stepcal.profiler.point import Point
-from stepcal.profiler.sweep import PointMeasurer, SweepConfig
+from stepcal.profiler.sweep import PointMeasurer, SweepConfig, utc_now
 
 
 class DeviceMeasurer:
@@ -32,5 +31,5 @@ class DeviceMeasurer:
         for _ in range(max(rounds, 1)):
             row = self.inner.measure_row(point, row)
         wall_s = time.monotonic() - started
-        stamp = {**self.provenance, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        stamp = {**self.provenance, "measured_at": utc_now()}
         return {**row, **stamp}, wall_s, wall_s

@@ -10,7 +10,6 @@ interpolated one is an ok row whose `error` column marks it, so nothing made up 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 from stepcal.core.schemas import SCHEMA_VERSION, TOOL_VERSION
@@ -19,7 +18,7 @@ from stepcal.experiments.replay.interpolate import INTERPOLATED
 from stepcal.profiler.point import Point, point_rng
 from stepcal.profiler.simulated_timing import simulate_rounds
 from stepcal.profiler.store import ProfileDir
-from stepcal.profiler.sweep import SweepConfig, _check_meta, shape_columns, timing_columns
+from stepcal.profiler.sweep import SweepConfig, check_profile_meta, shape_columns, timing_columns, utc_now
 
 FLUSH_POINTS = 64
 INTERPOLATED_MARK = "replay: interpolated between measured shapes"
@@ -51,7 +50,7 @@ class ReplayMeasurer:
 
     def measure(self, point: Point, rounds: int = 1) -> tuple[dict, float, float]:
         """(row, measure_s, wall_s) of one point, timed in `rounds` passes as the sweep times it."""
-        row = {**shape_columns(point, self.config.spec), **self.provenance, "measured_at": _now()}
+        row = {**shape_columns(point, self.config.spec), **self.provenance, "measured_at": utc_now()}
         found = self.device.estimate(row, self.config.dtype)
         if isinstance(found, str):
             return {**row, "status": "failed", "error": found}, 0.0, 0.0
@@ -68,15 +67,15 @@ def run_replay_sweep(config: SweepConfig, out: str | Path, device: ReplayDevice,
     points = config.points()
     rounds = config.policy.rounds
     pdir = ProfileDir(Path(out))
-    _check_meta(pdir, config)
+    check_profile_meta(pdir, config)
     with pdir:
-        meta = _check_meta(pdir, config)
+        meta = check_profile_meta(pdir, config)
         frame, _ = pdir.read_rows()
         if retry_failed:
             frame = frame[frame["status"] == "ok"]
         done = set(frame["point_key"])
         meta = meta.started(hardware={"replay": device.source, "device_name": device.device_name},
-                            fingerprint_id="replay", allocator=None, started_at=_now())
+                            fingerprint_id="replay", allocator=None, started_at=utc_now())
         pdir.write_meta(meta)
         measurer = ReplayMeasurer(config, device)
         tasks = [p for p in points if p.key not in done]
@@ -85,7 +84,7 @@ def run_replay_sweep(config: SweepConfig, out: str | Path, device: ReplayDevice,
         in_shard = frame[frame["point_key"].isin({p.key for p in points})]
         num_failed = int((in_shard["status"] == "failed").sum())
         complete = len(in_shard) == len(points)
-        meta = meta.finished(complete=complete, finished_at=_now(), num_points=len(points),
+        meta = meta.finished(complete=complete, finished_at=utc_now(), num_points=len(points),
                              num_done=len(in_shard), num_failed=num_failed)
         spent = dict(meta.extra.get("replay") or {})
         replay = {"profile": device.source, "device_name": device.device_name, "scatter": scatter_note(device),
@@ -127,6 +126,3 @@ def describe_replay(result: ReplayResult) -> str:
             f"{result.num_failed} outside the profile (failed); {state}; simulated device time "
             f"{result.measure_s:.1f} s measuring, {result.wall_s:.1f} s wall")
 
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -247,9 +247,9 @@ def test_parts_from_a_killed_run_are_read_and_joined(tmp_path):
                       "time_ms": 1.0, "time_ms_p10": 0.9, "time_ms_p90": 1.1, "repeats": 3}])
     (tmp_path / "parts" / ".part-x.parquet.tmp").write_bytes(b"half a file")
     # A run with the same settings needs meta.json; write the one a killed run would have left.
-    from stepcal.profiler.sweep import _check_meta
+    from stepcal.profiler.sweep import check_profile_meta
     with ProfileDir(tmp_path) as pdir:
-        pdir.write_meta(_check_meta(pdir, cfg))
+        pdir.write_meta(check_profile_meta(pdir, cfg))
     result = run_sweep(cfg, tmp_path, progress=False)
     assert result.num_done_before == 1 and result.num_measured == len(keys) - 1
     frame, parts = read_rows(tmp_path)
