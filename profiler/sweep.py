@@ -496,6 +496,5 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def utc_now() -> str:
-    """Now, UTC, to the second, as profile meta.json and rows stamp it."""
+def utc_now() -> str:   # the stamp of profile meta.json and rows: UTC, to the second
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
